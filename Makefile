@@ -1,0 +1,32 @@
+# make demo   -- create .venv if missing, install, run the main job on the embedded default
+# make test   -- create .venv if missing, install, run the test suite
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export HF_HUB_DISABLE_PROGRESS_BARS ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: demo test install reproduce clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+demo: $(STAMP)
+	bash scripts/demo.sh
+
+reproduce: $(STAMP)
+	bash scripts/reproduce.sh
+
+clean:
+	rm -rf runs results/*.tmp
