@@ -311,7 +311,10 @@ def structured_forward(model, input_ids, attention_mask_2d, prompt_lengths, tag_
 
     `mode="sequential"` is treated like "seen" (a plain causal forward). The mask is built in the
     model's dtype and passed as a 4-D tensor together with explicit `position_ids`.
+    Raises ValueError for any other mode (a typo must not silently train Seen).
     """
+    if mode not in ("seen", "unseen", "sequential"):
+        raise ValueError(f"mode must be 'seen', 'unseen' or 'sequential', got {mode!r}")
     dtype = next(model.parameters()).dtype
     mask, pos = build_mask_and_positions(input_ids, prompt_lengths, attention_mask_2d, tag_ids,
                                          "unseen" if mode == "unseen" else "seen", dtype=dtype)
