@@ -1,0 +1,189 @@
+"""Tests of model.py: the tiny default, the character tokenizer, the six tags and their embedding
+initialisation, offline errors, atomic checkpoints, and the tags on the real Qwen3 tokenizer."""
+
+import hashlib
+import os
+import string
+import time
+
+import pytest
+import torch
+from conftest import SHARED
+
+from attention import TagIds
+from model import TAGS, TINY_CONFIG, build_char_tokenizer, load_model, load_trainer_state, save_checkpoint
+
+QWEN3_TOKENIZER = os.path.join(SHARED, "tokenizers", "qwen3")
+# printable ASCII and newline (string.printable minus tab, carriage return, vertical tab, form feed)
+PRINTABLE = "".join(ch for ch in string.printable if ch not in "\t\r\x0b\x0c")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny")
+
+
+def tiny_param_count(vocab: int) -> int:
+    """Parameters of a Qwen3 decoder with TINY_CONFIG, counted from the architecture (no biases,
+    RMSNorm weights, q/k norms per head_dim, SwiGLU MLP, tied embeddings)."""
+    h, hd, ffn = TINY_CONFIG["hidden_size"], TINY_CONFIG["head_dim"], TINY_CONFIG["intermediate_size"]
+    q, kv = TINY_CONFIG["num_attention_heads"] * hd, TINY_CONFIG["num_key_value_heads"] * hd
+    layer = h * q + 2 * h * kv + q * h + 2 * hd + 3 * h * ffn + 2 * h
+    return vocab * h + TINY_CONFIG["num_hidden_layers"] * layer + h
+
+
+def test_tiny_model_size_and_vocabulary(tiny):
+    model, tok = tiny
+    vocab = 3 + len(PRINTABLE) + len(TAGS)                 # <pad> <eos> <unk>, 96 characters, 6 tags
+    assert len(tok) == vocab == 105
+    assert model.get_input_embeddings().weight.shape == (vocab, TINY_CONFIG["hidden_size"])
+    n = sum(p.numel() for p in model.parameters())
+    assert n == tiny_param_count(vocab)
+    assert 0.95e6 < n < 2e6                                # "~1M" (ENV_NOTES §3); exactly 997,888
+    assert type(model).__name__ == "Qwen3ForCausalLM" and not model.training
+    assert next(model.parameters()).dtype == torch.float32
+    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+
+
+def test_char_tokenizer(tiny):
+    _, tok = tiny
+    assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2)
+    assert [tok.convert_tokens_to_ids(t) for t in TAGS] == [99, 100, 101, 102, 103, 104]
+    ids = tok.encode(PRINTABLE, add_special_tokens=False)
+    assert len(ids) == len(PRINTABLE) and sorted(ids) == list(range(3, 99))   # one id per character
+    text = "Sam has 3 pens; 4 * 3?\n  {x: [1, 2]} ~`'\"\\ end\n"
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    assert tok.decode(tok.encode(PRINTABLE, add_special_tokens=False)) == PRINTABLE
+    # anything else is <unk>, one id per character
+    a, b = tok.encode("a", add_special_tokens=False)[0], tok.encode("b", add_special_tokens=False)[0]
+    assert tok.encode("aéb\t€", add_special_tokens=False) == [a, 2, b, 2, 2]
+    # each tag is one id, also inside text; skip_special_tokens removes exactly the tags
+    for t, i in zip(TAGS, range(99, 105)):
+        assert tok.encode(t, add_special_tokens=False) == [i]
+        assert tok.encode(f"a{t}b", add_special_tokens=False) == [a, i, b]
+    s = "x<Parallel><Path>1</Path><Path>2</Path></Parallel>\n<Summary>3</Summary>y"
+    ids = tok.encode(s, add_special_tokens=False)
+    assert len(ids) == 14 and tok.decode(ids) == s
+    assert tok.decode(ids, skip_special_tokens=True) == "x12\n3y"
+    tags = TagIds.from_tokenizer(tok)
+    assert (tags.parallel, tags.end_summary, tags.newline, tags.eos) == (99, 104, (tok.encode("\n")[0],), 1)
+
+
+def check_tag_rows(model, tok, base_tok):
+    """Each new tag row = mean of the rows of the pieces `base_tok` (the tokenizer before the tags)
+    splits the tag into, plus noise of 0.02 x the weight's std; the six rows differ pairwise."""
+    emb = model.get_input_embeddings().weight.detach().float()
+    n_old = len(base_tok)
+    scale = emb[:n_old].std().item()
+    rows = []
+    for t in TAGS:
+        i = tok.convert_tokens_to_ids(t)
+        assert i >= n_old                                   # a new row, not a reused one
+        pieces = base_tok.encode(t, add_special_tokens=False)
+        assert len(pieces) > 1
+        noise = emb[i] - emb[pieces].mean(0)
+        assert noise.abs().max().item() < 6 * 0.02 * scale   # within the noise scale ...
+        assert 0.01 * scale < noise.std().item() < 0.04 * scale   # ... and the noise is there
+        rows.append(emb[i])
+    rows = torch.stack(rows)
+    d = torch.cdist(rows, rows) + torch.eye(len(TAGS)) * 1e9
+    assert d.min().item() > 0.02 * scale                    # pairwise different
+
+
+def test_tag_embedding_init(tiny):
+    model, tok = tiny
+    check_tag_rows(model, tok, build_char_tokenizer())
+    out = model.get_output_embeddings().weight
+    assert torch.equal(out[99:105], model.get_input_embeddings().weight[99:105])   # tied
+
+
+def test_unknown_name_offline_fails_fast(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(OSError, match="local folder"):
+        load_model("no-such-org/no-such-model-7b")
+    assert time.monotonic() - t0 < 5
+
+
+def digest(folder):
+    return {f: hashlib.sha256(open(os.path.join(folder, f), "rb").read()).hexdigest() for f in sorted(os.listdir(folder))}
+
+
+def test_save_checkpoint_is_atomic_and_reloads(tmp_path, monkeypatch):
+    model, tok = load_model("tiny")
+    ids = torch.tensor([tok.encode("12+3=<Parallel><Path>", add_special_tokens=False)])
+    with torch.no_grad():
+        ref = model(ids).logits
+    path = str(tmp_path / "ckpt")
+    assert save_checkpoint(path, model, tok, trainer_state={"step": 3}) == path
+    before = digest(path)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "trainer_state.pt"} <= set(before)
+
+    # a crash half-way through the next save leaves the previous checkpoint and no temp folder
+    with torch.no_grad():
+        model.model.norm.weight += 1.0
+    def crash(*args, **kwargs):
+        raise RuntimeError("simulated crash while writing the tokenizer")
+    monkeypatch.setattr(tok, "save_pretrained", crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        save_checkpoint(path, model, tok, trainer_state={"step": 4})
+    assert os.listdir(tmp_path) == ["ckpt"]
+    assert digest(path) == before
+    assert load_trainer_state(path) == {"step": 3}
+
+    # the intact checkpoint reloads to the same tokenizer (nothing added) and the same logits
+    m2, t2 = load_model(path)
+    assert len(t2) == len(tok) and t2.get_vocab() == tok.get_vocab()
+    with torch.no_grad():
+        assert torch.equal(m2(ids).logits, ref)
+
+    # a successful save replaces it, again without leftovers
+    monkeypatch.undo()
+    save_checkpoint(path, model, tok, trainer_state={"step": 4})
+    assert os.listdir(tmp_path) == ["ckpt"] and load_trainer_state(path) == {"step": 4}
+    with pytest.raises(FileNotFoundError, match="trainer_state.pt"):
+        load_trainer_state(str(tmp_path))
+
+
+def test_real_qwen3_tokenizer(tmp_path):
+    if not os.path.isfile(os.path.join(QWEN3_TOKENIZER, "tokenizer.json")):
+        pytest.skip("the real Qwen3 tokenizer is not at ../shared/tokenizers/qwen3 (shared folder absent)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    raw = AutoTokenizer.from_pretrained(QWEN3_TOKENIZER)
+    model, tok = load_model("tiny", tokenizer=QWEN3_TOKENIZER)
+    ids = [tok.convert_tokens_to_ids(t) for t in TAGS]
+    # six single, distinct ids, new (distinct from every token the tokenizer had), the rest unchanged
+    assert len(tok) == len(raw) + 6 and sorted(ids) == list(range(len(raw), len(raw) + 6))
+    assert not set(TAGS) & set(raw.get_vocab())
+    for t, i in zip(TAGS, ids):
+        assert tok.encode(t, add_special_tokens=False) == [i]
+    text = "Let x = 2.<Parallel><Path>x+1</Path></Parallel>\n<Summary>3</Summary>"
+    expected = []
+    for piece in ("Let x = 2.", "<Parallel>", "<Path>", "x+1", "</Path>", "</Parallel>", "\n", "<Summary>", "3", "</Summary>"):
+        expected += [ids[TAGS.index(piece)]] if piece in TAGS else raw.encode(piece, add_special_tokens=False)
+    assert tok.encode(text, add_special_tokens=False) == expected
+    assert tok.decode(expected, skip_special_tokens=True) == "Let x = 2.x+1\n3"
+    check_tag_rows(model, tok, raw)
+
+    # the chat template still applies, with the tags as single tokens
+    msgs = [{"role": "user", "content": "Begin the block with <Parallel>."}]
+    chat = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert chat == raw.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert chat.endswith("<|im_start|>assistant\n")
+    assert tok.encode(chat, add_special_tokens=False).count(ids[0]) == 1
+
+    # save + reload adds nothing and gives identical logits; plain transformers loads the folder
+    path = save_checkpoint(str(tmp_path / "qwen3-tiny"), model, tok)
+    m2, t2 = load_model(path)
+    assert len(t2) == len(tok) and t2.get_vocab() == tok.get_vocab()
+    assert m2.get_input_embeddings().weight.shape[0] == len(tok)
+    x = torch.tensor([expected])
+    with torch.no_grad():
+        ref = model(x).logits
+        assert torch.equal(m2(x).logits, ref)
+        hf = AutoModelForCausalLM.from_pretrained(path)
+        assert torch.equal(hf(x).logits, ref)
+    tags = TagIds.from_tokenizer(t2)
+    assert (tags.parallel, tags.newline, tags.eos) == (ids[0], tuple(raw.encode("\n")), raw.eos_token_id)
