@@ -186,13 +186,14 @@ def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = No
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=parent)
+    os.chmod(tmp, 0o755)                          # mkdtemp makes it private; a checkpoint is ordinary output
     try:
         unwrapped = getattr(model, "module", model)
         unwrapped.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         if trainer_state is not None:
             torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
-        old = None
+        old = None                                # replacing: move the old one aside, rename, then delete it
         if os.path.exists(path):
             old = tempfile.mkdtemp(prefix=".old-" + os.path.basename(path) + "-", dir=parent)
             os.rmdir(old)
