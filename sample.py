@@ -162,8 +162,9 @@ class _Row:
 class _Engine:
     def __init__(self, model, tags: TagIds, vocab_size: int, mode: str, num_paths: int, max_new_tokens: int,
                  max_path_tokens: int, max_blocks: int, allow_parallel: bool, temperature: float, top_p: float,
-                 top_k: int, greedy: bool, gen: torch.Generator, pad_id: int):
+                 top_k: int, greedy: bool, gen: torch.Generator, pad_id: int, min_new_tokens: int = 0):
         self.model, self.tags, self.mode = model, tags, mode
+        self.min_new_tokens = min_new_tokens
         self.num_paths, self.max_new_tokens, self.max_path_tokens = num_paths, max_new_tokens, max_path_tokens
         self.max_blocks = max_blocks
         self.temperature, self.top_p, self.top_k, self.greedy, self.gen = temperature, top_p, top_k, greedy, gen
@@ -211,7 +212,7 @@ class _Engine:
         # Fork each prompt's cache to its group_size rows: the prompt is computed once.
         src = torch.arange(P).repeat_interleave(group_size)
         index = (src[:, None] * L + torch.arange(L)[None, :]).masked_fill(~am.bool()[src], -1)
-        self.cache = gather_cache(out.past_key_values, index)
+        self.cache = gather_cache(out.cache, index)
         self.valid = am.bool()[src].to(self.device)       # (R, S): which cache slots each row may attend to
         samples = [_Sample(i, prompts[i]) for i in src.tolist()]
         self.rows = [_Row(s, "main", feed=-1, pos=len(s.prompt_ids)) for s in samples]
@@ -230,7 +231,7 @@ class _Engine:
         mask = torch.zeros(R, 1, 1, vis.shape[1], dtype=self.dtype, device=self.device)
         mask.masked_fill_(~vis[:, None, None, :], torch.finfo(self.dtype).min)   # (R, 1, 1, S+1) additive
         out = self.model(input_ids=inp, attention_mask=mask, position_ids=pos, cache=self.cache, use_cache=True)
-        self.cache = out.past_key_values
+        self.cache = out.cache
         self.valid = torch.cat([self.valid, live[:, None]], dim=1)   # a dummy slot stays hidden forever
         for r in self.rows:
             r.pos += not r.parked
@@ -246,6 +247,9 @@ class _Engine:
                  ("main_full" if r.sample.blocks >= self.max_blocks else "main") if r.kind == "main" else r.kind
                  for r in self.rows]
         banned = torch.stack([self.ban[k] for k in kinds])
+        if self.min_new_tokens:                           # no EOS before min_new_tokens (benchmarks)
+            banned[:, tags.eos] |= torch.tensor([r.sample.used < self.min_new_tokens for r in self.rows],
+                                                device=banned.device)
         chosen = _choose(logits, banned, self.temperature, self.top_p, self.top_k, self.greedy, self.gen)
         lps = token_logprobs(logits, chosen, self.temperature).tolist()
         chosen = chosen.tolist()
@@ -415,7 +419,7 @@ def critical_path_length(structure: Structure, mode: str) -> int:
 def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen", max_new_tokens: int = 256,
              max_path_tokens: int | None = None, num_paths: int = 2, max_blocks: int = 4,
              allow_parallel: bool = True, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-             greedy: bool = False, seed: int | None = None) -> list[Rollout]:
+             greedy: bool = False, seed: int | None = None, min_new_tokens: int = 0) -> list[Rollout]:
     """Sample `group_size` responses for each prompt with the branching runtime.
 
     Args:
@@ -435,6 +439,7 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
         allow_parallel: sequential mode only: False masks <Parallel> out.
         temperature, top_p, top_k, greedy: sampling; top_k=0 and top_p=1 disable truncation.
         seed: seeds the sampling generator: the same seed and inputs give the same rollouts.
+        min_new_tokens: EOS is masked out until a sample has this many tokens (as in HF generate).
     Returns:
         `len(prompts) * group_size` `Rollout`s, prompt-major (prompt 0's group first).
         `Rollout.logprobs` is log softmax(logits / temperature) of each *sampled* token, taken before
@@ -457,7 +462,7 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
     vocab = model.get_output_embeddings().weight.shape[0]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tags.eos
     engine = _Engine(model, tags, vocab, mode, num_paths, max_new_tokens, max_path_tokens or max_new_tokens,
-                     max_blocks, allow_parallel, temperature, top_p, top_k, greedy, gen, pad_id)
+                     max_blocks, allow_parallel, temperature, top_p, top_k, greedy, gen, pad_id, min_new_tokens)
     samples = engine.run(prompts, group_size)
     out = []
     for s in samples:
@@ -468,3 +473,82 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
                            critical_path=critical_path_length(st, mode), finish_reason=s.done or "budget",
                            text=tokenizer.decode(body, skip_special_tokens=False)))
     return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# `python sample.py --bench`: speed of the engine on CPU (numbers go into the README)
+
+
+class _TagBias(torch.nn.Module):
+    """Benchmark helper: adds a fixed bias to a model's logits (random weights rarely emit tags)."""
+
+    def __init__(self, inner, bias: torch.Tensor):
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("bias", bias)
+
+    def forward(self, **kw):
+        out = self.inner(**kw)
+        out.logits = out.logits + self.bias
+        return out
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+
+def bench(batch: int = 16, new_tokens: int = 128, repeats: int = 2):
+    """Print tokens/s of plain sampling vs `transformers` generate(), and Unseen vs Seen blocks."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from model import TINY_CONFIG, add_parallel_tags, build_char_tokenizer, load_model
+
+    torch.manual_seed(0)
+    tiny, tok = load_model("tiny", device="cpu")
+    cfg20 = Qwen3Config(**{**TINY_CONFIG, "hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6,
+                           "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 1152},
+                        vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    big = Qwen3ForCausalLM(cfg20).eval()
+    tags = TagIds.from_tokenizer(tok)
+    prompts = [tok.encode(f"Problem {i}: Ava has {i} boxes of 7 pens.", add_special_tokens=False) for i in range(batch)]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {batch}, {new_tokens} new tokens")
+    print("| model | params | ours seq. tok/s | generate() tok/s | ratio | unseen s | seen s | unseen/seen | D/T |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, m in (("tiny", tiny), ("20M", big)):
+        n_params = sum(p.numel() for p in m.parameters())
+
+        def timed(fn):
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                res = fn()
+                best = min(best, time.perf_counter() - t0)
+            return best, res
+
+        t_ours, rs = timed(lambda: generate(m, tok, prompts, mode="sequential", allow_parallel=False,
+                                             max_new_tokens=new_tokens, min_new_tokens=new_tokens, seed=0))
+        n_ours = sum(r.num_tokens for r in rs)
+        L = max(map(len, prompts))
+        ids = torch.tensor([[tok.pad_token_id] * (L - len(p)) + p for p in prompts])
+        am = (torch.arange(L)[None] >= torch.tensor([L - len(p) for p in prompts])[:, None]).long()
+        t_hf, _ = timed(lambda: m.generate(input_ids=ids, attention_mask=am, do_sample=True, max_new_tokens=new_tokens,
+                                           min_new_tokens=new_tokens, pad_token_id=tok.pad_token_id))
+        n_hf = batch * new_tokens
+        # Blocks of 2 paths: <Parallel> likely in the main chain, paths run to their budget, short summaries.
+        bias = torch.zeros(m.get_output_embeddings().weight.shape[0])
+        bias[tags.parallel], bias[tags.end_path], bias[tags.end_summary] = 2.0, -30.0, 3.0
+        biased = _TagBias(m, bias).eval()
+        kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, max_path_tokens=24, seed=0)
+        t_un, ru = timed(lambda: generate(biased, tok, prompts, mode="unseen", **kw))
+        t_se, rse = timed(lambda: generate(biased, tok, prompts, mode="seen", **kw))
+        dt = sum(r.critical_path for r in ru) / sum(r.num_tokens for r in ru)
+        print(f"| {name} | {n_params / 1e6:.1f}M | {n_ours / t_ours:,.0f} | {n_hf / t_hf:,.0f} | "
+              f"{(n_ours / t_ours) / (n_hf / t_hf):.2f}x | {t_un:.2f} | {t_se:.2f} | {t_un / t_se:.2f} | {dt:.2f} |")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if "--bench" in sys.argv:
+        bench()
+    else:
+        print("usage: python sample.py --bench")

@@ -1,0 +1,199 @@
+"""The branching sampler: its recorded log-probs equal one training forward, budgets hold, nothing crashes."""
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from attention import TagIds, parse_structure, structured_forward
+from model import add_parallel_tags, build_char_tokenizer
+from sample import generate, token_logprobs
+
+PROMPTS = ["Ava has 3 boxes of 7 pens.", "Hi", "Bob has 12 pens and 5 cups; how many?"]
+
+
+class TagBiased(torch.nn.Module):
+    """A model whose logits favour the structural tags, so random weights produce many blocks."""
+
+    def __init__(self, inner, bias):
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("bias", bias)
+
+    def forward(self, **kw):
+        out = self.inner(**kw)
+        out.logits = out.logits + self.bias
+        return out
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+
+def tiny(attn="sdpa", seed=0):
+    tok = build_char_tokenizer()
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=512,
+                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    model = Qwen3ForCausalLM._from_config(cfg, attn_implementation=attn, dtype=torch.float32)
+    add_parallel_tags(model, tok)
+    return model.eval(), tok
+
+
+def biased(model, tok, strength=3.0):
+    tags = TagIds.from_tokenizer(tok)
+    bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
+    bias[[tags.parallel, tags.end_path, tags.end_summary]] = strength
+    bias[tags.eos] = strength / 3
+    return TagBiased(model, bias).eval()
+
+
+@pytest.fixture(scope="module")
+def models():
+    model, tok = tiny()
+    return model, biased(model, tok), tok
+
+
+def max_logprob_diff(model, tok, rollouts, mode, temperature):
+    """Max |recorded - training forward| log-prob over every sampled token of every rollout."""
+    tags = TagIds.from_tokenizer(tok)
+    seqs = [r.prompt_ids + r.response_ids for r in rollouts]
+    L = max(map(len, seqs))
+    ids = torch.full((len(seqs), L), tok.pad_token_id)
+    am = torch.zeros(len(seqs), L, dtype=torch.long)
+    for i, s in enumerate(seqs):                       # right padding
+        ids[i, :len(s)] = torch.tensor(s)
+        am[i, :len(s)] = 1
+    with torch.no_grad():
+        logits = structured_forward(model, ids, am, [len(r.prompt_ids) for r in rollouts], tags, mode)
+    worst, checked = 0.0, 0
+    for i, r in enumerate(rollouts):
+        n, R = len(r.prompt_ids), len(r.response_ids)
+        lp = token_logprobs(logits[i, n - 1:n + R - 1], torch.tensor(r.response_ids), temperature)
+        for j in range(R):
+            if r.sampled_mask[j]:
+                worst = max(worst, abs(lp[j].item() - r.logprobs[j]))
+                checked += 1
+            else:
+                assert r.logprobs[j] == 0.0
+    assert checked > 0
+    return worst
+
+
+@pytest.mark.parametrize("mode", ["unseen", "seen"])
+@pytest.mark.parametrize("num_paths", [2, 3])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_recorded_logprobs_equal_training_forward(models, mode, num_paths, temperature):
+    _, model, tok = models
+    rollouts = generate(model, tok, PROMPTS, group_size=3, mode=mode, max_new_tokens=90, max_path_tokens=12,
+                        num_paths=num_paths, temperature=temperature, seed=7)
+    # the batch really exercises the structure: several blocks, N paths each, truncations
+    blocks = [b for r in rollouts for b in r.structure.blocks]
+    assert sum(len(r.structure.blocks) >= 2 for r in rollouts) >= 2
+    assert any(len(b.paths) == num_paths and b.summary for b in blocks)
+    assert max_logprob_diff(model, tok, rollouts, mode, temperature) <= 1e-4
+
+
+@pytest.mark.parametrize("mode", ["unseen", "seen", "sequential"])
+def test_same_seed_same_samples(models, mode):
+    _, model, tok = models
+    a = generate(model, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=40, seed=3)
+    b = generate(model, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=40, seed=3)
+    c = generate(model, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=40, seed=4)
+    assert [r.response_ids for r in a] == [r.response_ids for r in b]
+    assert [r.logprobs for r in a] == [r.logprobs for r in b]
+    assert [r.response_ids for r in a] != [r.response_ids for r in c]
+
+
+def test_greedy_sequential_equals_plain_greedy_loop(models):
+    model, _, tok = models
+    budget = 25
+    rollouts = generate(model, tok, PROMPTS, mode="sequential", greedy=True, max_new_tokens=budget)
+    for r, p in zip(rollouts, PROMPTS):
+        ids = tok.encode(p, add_special_tokens=False)
+        out = []
+        with torch.no_grad():
+            while len(out) < budget:                 # no cache, no mask: the textbook loop
+                nxt = model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax().item()
+                out.append(nxt)
+                if nxt == tok.eos_token_id:
+                    break
+        assert r.response_ids == out
+
+
+def test_unseen_paths_share_the_prefix_and_positions(models):
+    """Greedy Unseen with identical paths: every path of a block is the same text (same context, same
+    positions), and the summary follows at p + longest + 1 -- checked through the training forward."""
+    _, model, tok = models
+    tags = TagIds.from_tokenizer(tok)
+    rollouts = generate(model, tok, PROMPTS, mode="unseen", greedy=True, max_new_tokens=80, max_path_tokens=10)
+    some = False
+    for r in rollouts:
+        for b in r.structure.blocks:
+            texts = [r.response_ids[s:e] for s, e in b.paths]
+            if b.end is not None:
+                some = True
+                assert all(t == texts[0] for t in texts), "greedy paths from one prefix must be identical"
+    assert some
+    assert max_logprob_diff(model, tok, rollouts, "unseen", 1.0) <= 1e-4
+
+
+@pytest.mark.parametrize("mode", ["unseen", "seen"])
+def test_budgets_hold_and_truncated_responses_still_match(models, mode):
+    _, model, tok = models
+    tags = TagIds.from_tokenizer(tok)
+    for budget, path_budget, max_blocks in [(15, 6, 4), (40, 4, 1), (70, 9, 2)]:
+        rollouts = generate(model, tok, PROMPTS, group_size=4, mode=mode, max_new_tokens=budget,
+                            max_path_tokens=path_budget, max_blocks=max_blocks, seed=budget)
+        for r in rollouts:
+            assert r.num_tokens == len(r.response_ids) <= budget
+            st = parse_structure(r.response_ids, tags)
+            assert st.blocks == r.structure.blocks
+            assert len(st.blocks) <= max_blocks
+            for b in st.blocks:
+                assert len(b.paths) <= 2 if b.end is None else len(b.paths) == 2
+                assert all(e - s <= path_budget for s, e in b.paths)
+            if r.finish_reason == "eos":
+                assert r.response_ids[-1] == tags.eos
+        assert any(r.finish_reason == "budget" for r in rollouts)
+        assert max_logprob_diff(model, tok, rollouts, mode, 1.0) <= 1e-4
+
+
+def test_max_blocks_masks_parallel_so_the_answer_can_follow(models):
+    _, model, tok = models
+    rollouts = generate(model, tok, PROMPTS, group_size=4, mode="unseen", max_new_tokens=150,
+                        max_path_tokens=6, max_blocks=1, seed=1)
+    assert all(len(r.structure.blocks) <= 1 for r in rollouts)
+    assert any(len(r.structure.blocks) == 1 and r.structure.blocks[0].summary
+               and r.structure.blocks[0].summary[1] < r.num_tokens - 1 for r in rollouts)
+
+
+def test_critical_path(models):
+    """D = T - sum over blocks of (sum of path lengths - longest path) in Unseen; D = T in Seen."""
+    _, model, tok = models
+    for mode in ("unseen", "seen"):
+        for r in generate(model, tok, PROMPTS, group_size=3, mode=mode, max_new_tokens=80, max_path_tokens=12, seed=5):
+            saved = sum(sum(e - s for s, e in b.paths) - max(e - s for s, e in b.paths)
+                        for b in r.structure.blocks if b.paths)
+            assert r.critical_path == (r.num_tokens - saved if mode == "unseen" else r.num_tokens)
+
+
+@pytest.mark.parametrize("strength", [0.0, 3.0, 8.0])
+def test_fuzz_never_crashes_hangs_or_overruns(strength):
+    """Random weights, and logits that favour tags heavily: over many seeds the sampler always returns,
+    stays within every budget, and each response parses into exactly the spans it was sampled with."""
+    model, tok = tiny(seed=1)
+    model = biased(model, tok, strength)
+    tags = TagIds.from_tokenizer(tok)
+    for seed in range(12):
+        mode = ("unseen", "seen", "sequential")[seed % 3]
+        rollouts = generate(model, tok, PROMPTS[: 1 + seed % 3], group_size=2, mode=mode, max_new_tokens=30,
+                            max_path_tokens=5, num_paths=2 + seed % 2, max_blocks=1 + seed % 3,
+                            temperature=(1.0, 2.0, 0.5)[seed % 3], top_p=(1.0, 0.9)[seed % 2],
+                            top_k=(0, 10)[seed % 2], seed=seed)
+        for r in rollouts:
+            assert len(r.response_ids) <= 30
+            assert len(r.sampled_mask) == len(r.logprobs) == len(r.response_ids)
+            if mode != "sequential":
+                assert len(r.structure.blocks) <= 1 + seed % 3
+                assert all(e - s <= 5 for b in r.structure.blocks for s, e in b.paths)
+            assert parse_structure(r.response_ids, tags).blocks == r.structure.blocks
