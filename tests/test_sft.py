@@ -1,0 +1,352 @@
+"""Tests of sft.py: the loss is the token mean of the global batch however it is split, resume is exact.
+
+References come from outside the code under test: Hugging Face's own `labels=` loss (which masks the
+prompt with -100 and shifts in sequence order, exactly our rule), one un-split batch as the reference
+for gradient accumulation and for 2 ranks (DDP and FSDP2, gloo on CPU), and an uninterrupted 6-step run
+as the reference for 3 steps + resume + 3 steps. The model is a ~100k-parameter Qwen3 (hidden 64,
+2 layers) with the character tokenizer, saved once as a checkpoint folder so every path loads it with
+`--model=<folder>`. The records are hand-made in the canonical layout (2- and 3-path blocks, text before
+a block, different lengths so micro-batches hold different numbers of response tokens).
+
+This file is also the worker script of the 2-rank test: `torchrun --nproc_per_node=2 tests/test_sft.py ...`.
+"""
+
+import inspect
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)                     # also when run by torchrun as a script
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+
+import sft  # noqa: E402
+from attention import TagIds  # noqa: E402
+from model import add_parallel_tags, build_char_tokenizer, load_model, save_checkpoint  # noqa: E402
+
+
+def make_records(n: int, seed: int = 0) -> list[dict]:
+    """n word problems with canonical parallel traces of varying length (2 or 3 paths)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        parts = [(rng.randint(2, 9), rng.randint(2, 9)) for _ in range(2 + i % 2)]
+        products = [a * b for a, b in parts]
+        paths = "".join(f"<Path>{a}*{b}={a * b}</Path>" for a, b in parts)
+        lead = "Split it.\n" * (i % 3)
+        solution = (f"{lead}<Parallel>{paths}</Parallel>\n<Summary>{'+'.join(map(str, products))}={sum(products)}"
+                    f"</Summary>Final Answer: {sum(products)}")
+        out.append({"id": f"t{i}", "problem": "What is " + " + ".join(f"{a}*{b}" for a, b in parts) + "?",
+                    "answer": str(sum(products)), "solution": solution, "source": "test"})
+    return out
+
+
+def small_model(seed: int = 0):
+    tok = build_char_tokenizer()
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=32, intermediate_size=128, max_position_embeddings=256,
+                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                      bos_token_id=None)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
+    add_parallel_tags(model, tok)
+    return model, tok
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The models here are tiny: one intra-op thread is as fast, and on a shared 2-core machine two
+    spinning threads made each step 50x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("small") / "model")
+    model, tok = small_model()
+    save_checkpoint(path, model, tok)
+    return path
+
+
+def grads(model) -> dict:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def config(model_dir, out_dir, **kw) -> sft.SFTConfig:
+    base = dict(model=model_dir, out_dir=str(out_dir), lr=1e-3, batch_size=8, micro_batch_size=4, max_steps=6,
+                warmup_ratio=0.2, max_length=256, max_time=0.0, save_every=3, keep_last=0, eval_samples=0,
+                log_every=0)
+    return sft.SFTConfig(**{**base, **kw})
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hand-worked pieces
+
+
+def test_collate_worked_example():
+    b = sft.collate([sft.Example([5, 6], [7, 1]), sft.Example([5], [8, 9, 4, 1])], pad_id=0)
+    assert b.input_ids.tolist() == [[5, 6, 7, 1, 0], [5, 8, 9, 4, 1]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert b.loss_mask.tolist() == [[0, 0, 1, 1, 0], [0, 1, 1, 1, 1]]
+    assert b.prompt_lengths == [2, 1]
+
+
+def test_shards_are_disjoint_and_cover_the_batch():
+    ex = [sft.Example([i + 3], [1]) for i in range(8)]
+    shards = [sft.shard_micro_batches(ex, list(range(8)), r, 2, 3, pad_id=0) for r in range(2)]
+    firsts = [[mb.input_ids[:, 0].tolist() for mb in s] for s in shards]
+    assert firsts == [[[3, 4, 5], [6]], [[7, 8, 9], [10]]]         # rank 0: i0-i3, rank 1: i4-i7
+
+
+def test_schedule_warmup_then_cosine():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = sft.build_scheduler(opt, total_steps=10, warmup_ratio=0.2)   # 2 warm-up steps, 8 cosine steps
+    lrs = []
+    for _ in range(10):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    # warm-up 1/2, 2/2; then 0.5 * (1 + cos(pi * k / 7)) for k = 0..7
+    expected = [0.5, 1.0, 1.0, 0.9504844, 0.8117449, 0.6112605, 0.3887395, 0.1882551, 0.0495156, 0.0]
+    assert lrs == pytest.approx(expected, abs=1e-6)
+
+
+def test_stream_position_resumes_the_same_order():
+    a = sft.ShuffledStream(5, seed=3)
+    first = a.take(4) + a.take(4)                      # spans epochs 0 and 1
+    assert sorted(first[:5]) == [0, 1, 2, 3, 4] and a.position() == {"epoch": 1, "index": 3}
+    b = sft.ShuffledStream(5, seed=3, **a.position())
+    assert b.take(6) == a.take(6)
+
+
+def test_parse_config():
+    cfg = sft.parse_config(sft.SFTConfig, ["--lr=3e-4", "--fsdp=True", "--betas=0.9,0.99", "--max_steps=None",
+                                           "--mode=seen", "--batch_size=64"])
+    assert (cfg.lr, cfg.fsdp, cfg.betas, cfg.max_steps, cfg.mode, cfg.batch_size) == \
+        (3e-4, True, (0.9, 0.99), None, "seen", 64)
+    assert sft.parse_config(sft.SFTConfig, ["--lr=1"], base={"lr": 5.0, "seed": 7}).seed == 7
+    for bad, msg in [(["--lr"], "--key=value"), (["--learning_rate=1"], "unknown config key"),
+                     (["--fsdp=maybe"], "True or False"), (["--batch_size=1.5"], "int")]:
+        with pytest.raises(ValueError, match=msg):
+            sft.parse_config(sft.SFTConfig, bad)
+
+
+def test_tiny_and_real_defaults():
+    tiny = sft.resolve_defaults(sft.SFTConfig())
+    assert (tiny.lr, tiny.batch_size, tiny.micro_batch_size, tiny.warmup_ratio, tiny.max_steps) == (1e-3, 32, 32, 0.05, 300)
+    real = sft.resolve_defaults(sft.SFTConfig(model="Qwen/Qwen3-4B-Base"), world_size=8)
+    assert (real.lr, real.batch_size, real.micro_batch_size, real.warmup_ratio, real.epochs, real.betas,
+            real.weight_decay, real.grad_clip) == (1e-5, 128, 1, 0.1, 5.0, (0.9, 0.95), 0.01, 1.0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The loss
+
+
+def test_loss_equals_hf_labels_loss():
+    """Our masked, padded Seen loss = HF's own loss (labels=-100 on the prompt), example by example,
+    combined as a token mean: sum_i loss_i * n_i / sum_i n_i."""
+    model, tok = small_model()
+    tags = TagIds.from_tokenizer(tok)
+    ex = sft.tokenize_records(make_records(4), tok, "parallel", 256)
+    nll_sum, n = sft.response_nll(model, sft.collate(ex, tok.pad_token_id), tags, "seen")
+    ref_sum, ref_n = 0.0, 0
+    for e in ex:
+        ids = torch.tensor([e.prompt_ids + e.response_ids])
+        labels = torch.tensor([[-100] * len(e.prompt_ids) + e.response_ids])
+        loss = model(input_ids=ids, labels=labels).loss
+        ref_sum, ref_n = ref_sum + loss.item() * len(e.response_ids), ref_n + len(e.response_ids)
+    assert n.item() == ref_n
+    assert nll_sum.item() / n.item() == pytest.approx(ref_sum / ref_n, rel=1e-6)
+
+
+@pytest.mark.parametrize("grad_checkpointing", [False, True])
+def test_accumulation_equals_one_batch(grad_checkpointing):
+    """4 micro-batches of 2 give the gradients of one batch of 8 (Unseen, padded). The micro-batches
+    hold different numbers of response tokens, so averaging per micro-batch (§8.2.6) would not."""
+    model, tok = small_model()
+    if grad_checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    tags = TagIds.from_tokenizer(tok)
+    ex = sft.tokenize_records(make_records(8), tok, "parallel", 256)
+    one = sft.shard_micro_batches(ex, list(range(8)), 0, 1, 8, tok.pad_token_id)
+    four = sft.shard_micro_batches(ex, list(range(8)), 0, 1, 2, tok.pad_token_id)
+    counts = [mb.loss_mask[:, 1:].sum().item() for mb in four]
+    assert len(set(counts)) > 1
+    nll_1, n_1 = sft.accumulate_gradients(model, one, tags, "unseen")
+    g1 = grads(model)
+    model.zero_grad()
+    nll_4, n_4 = sft.accumulate_gradients(model, four, tags, "unseen")
+    assert n_1 == n_4 == sum(counts)
+    assert nll_4 == pytest.approx(nll_1, rel=1e-6)
+    assert max_diff(grads(model), g1) < 1e-6
+    assert max(g.abs().max().item() for g in g1.values()) > 1e-2     # the gradients are not all ~0
+
+
+# ----------------------------------------------------------------------------------------------------
+# 2 ranks (DDP and FSDP2 over gloo) = one process
+
+
+def _worker(model_dir: str, out_dir: str):
+    """Run by torchrun in 2 processes: gradients of an 8-sequence batch under DDP and under FSDP2
+    (micro-batches of 2, so 2 per rank), then a 2-step DDP `train` run."""
+    info = sft.setup_distributed()
+    records = make_records(16)
+    for kind in ("ddp", "fsdp"):
+        model, tok = load_model(model_dir, device="cpu")
+        model.train()
+        if kind == "ddp":
+            wrapped = torch.nn.parallel.DistributedDataParallel(model)
+        else:
+            from torch.distributed.fsdp import fully_shard
+            for layer in model.model.layers:
+                fully_shard(layer)
+            wrapped = fully_shard(model)
+        ex = sft.tokenize_records(records[:8], tok, "parallel", 256)
+        mbs = sft.shard_micro_batches(ex, list(range(8)), info.rank, info.world_size, 2, tok.pad_token_id)
+        nll, n = sft.accumulate_gradients(wrapped, mbs, TagIds.from_tokenizer(tok), "unseen", info.world_size, info.device)
+        g = {k: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+             for k, p in model.named_parameters()}
+        if info.is_main:
+            torch.save({"grads": g, "nll": nll, "n": n}, os.path.join(out_dir, f"{kind}.pt"))
+    sft.train(config(model_dir, os.path.join(out_dir, "ddp_run"), max_steps=2, save_every=0), records=records)
+    if FSDP_CAN_SAVE:
+        sft.train(config(model_dir, os.path.join(out_dir, "fsdp_run"), max_steps=2, save_every=0, fsdp=True),
+                  records=records)
+    sft.teardown_distributed()
+
+
+# Saving an FSDP2 model needs model.save_checkpoint(..., state_dict=<gathered full state dict>).
+FSDP_CAN_SAVE = "state_dict" in inspect.signature(save_checkpoint).parameters
+
+
+def test_two_ranks_equal_one_process(model_dir, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.abspath(__file__), model_dir, str(tmp_path)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)          # its own process group: a hang is killed whole
+    try:
+        output, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+    assert proc.returncode == 0, output[-5000:]
+
+    model, tok = load_model(model_dir, device="cpu")
+    model.train()
+    ex = sft.tokenize_records(make_records(8), tok, "parallel", 256)
+    mbs = sft.shard_micro_batches(ex, list(range(8)), 0, 1, 2, tok.pad_token_id)
+    nll, n = sft.accumulate_gradients(model, mbs, TagIds.from_tokenizer(tok), "unseen")
+    ref = grads(model)
+    for kind in ("ddp", "fsdp"):
+        got = torch.load(tmp_path / f"{kind}.pt")
+        assert got["n"] == n and got["nll"] == pytest.approx(nll, rel=1e-6), kind
+        assert max_diff(got["grads"], ref) < 1e-6, kind
+
+    # the whole training loop: same losses, gradient norms and weights as one process
+    one = sft.train(config(model_dir, tmp_path / "single", max_steps=2, save_every=0), records=make_records(16))
+    ref_log = [json.loads(line) for line in open(tmp_path / "single" / "log.jsonl")]
+    ref_w = load_file(tmp_path / "single" / "checkpoint-2" / "model.safetensors")
+    assert [r["step"] for r in ref_log] == [1, 2] and one["checkpoint"].endswith("checkpoint-2")
+    for run in ["ddp_run"] + ["fsdp_run"] * FSDP_CAN_SAVE:
+        log = [json.loads(line) for line in open(tmp_path / run / "log.jsonl")]
+        assert [r["tokens"] for r in log] == [r["tokens"] for r in ref_log], run
+        for a, b in zip(log, ref_log):
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-6), run
+            assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5), run
+        w = load_file(tmp_path / run / "checkpoint-2" / "model.safetensors")
+        assert max((w[k] - ref_w[k]).abs().max().item() for k in ref_w) < 1e-6, run
+
+
+# ----------------------------------------------------------------------------------------------------
+# Checkpoints and resume
+
+
+def test_resume_is_bit_exact(model_dir, tmp_path, capsys):
+    """6 steps in one go = 3 steps, stop, resume from checkpoint-3, 3 more steps: equal bit for bit.
+    Batches of 8 over 13 examples, so the data position crosses epochs at odd places. Everything goes
+    through the command line: the data from a .jsonl file, the config of the resumed run from the
+    checkpoint; then --resume=True continues the latest checkpoint with a command-line override and
+    greedy-samples the model for the end-of-run summary."""
+    data = tmp_path / "train.jsonl"
+    with open(data, "w") as f:
+        for r in make_records(13):
+            f.write(json.dumps({"problem": r["problem"], "answer": r["answer"], "solution": r["solution"]}) + "\n")
+    a, b = tmp_path / "a", tmp_path / "b"
+    args = [f"--model={model_dir}", f"--data={data}", f"--out_dir={a}", "--lr=1e-3", "--batch_size=8",
+            "--micro_batch_size=4", "--max_steps=6", "--warmup_ratio=0.2", "--max_length=256", "--max_time=0",
+            "--save_every=3", "--keep_last=0", "--eval_samples=0", "--log_every=0"]
+    full = sft.main(args)
+    assert sorted(os.listdir(a)) == ["checkpoint-3", "checkpoint-6", "log.jsonl"]
+    state = torch.load(a / "checkpoint-3" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 3 and state["data_position"] == {"epoch": 1, "index": 11}   # 24 = 13 + 11
+    assert {"optimizer", "scheduler", "rng", "config"} <= state.keys()
+
+    resumed = sft.main([f"--resume={a / 'checkpoint-3'}", f"--out_dir={b}"])
+    wa, wb = (load_file(d / "checkpoint-6" / "model.safetensors") for d in (a, b))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    log_a = [json.loads(line)["loss"] for line in open(a / "log.jsonl")]
+    log_b = [json.loads(line)["loss"] for line in open(b / "log.jsonl")]
+    assert len(log_a) == 6 and log_b == log_a[3:]
+    assert full["steps"] == resumed["steps"] == 6
+    start = load_file(os.path.join(model_dir, "model.safetensors"))
+    assert not torch.equal(start["model.layers.0.mlp.up_proj.weight"], wa["model.layers.0.mlp.up_proj.weight"])
+
+    capsys.readouterr()
+    more = sft.main([f"--out_dir={b}", "--resume=True", "--max_steps=7", "--eval_samples=2"])
+    assert more["steps"] == 7 and more["checkpoint"] == str(b / "checkpoint-7")
+    assert more["eval"]["n"] == 2 and 0.0 <= more["eval"]["format_valid"] <= 1.0
+    assert f"checkpoint: {b / 'checkpoint-7'}" in capsys.readouterr().out
+    assert [json.loads(line)["step"] for line in open(b / "log.jsonl")] == [4, 5, 6, 7]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_bad_input_is_dropped_or_refused(model_dir, tmp_path):
+    _, tok = load_model(model_dir, device="cpu")
+    records = make_records(4)
+    records[1]["solution"] = "<Parallel><Path>2*3=6</Path></Parallel>\n<Summary>6</Summary>Final Answer: 6"  # 1 path
+    records[2]["solution"] = "x" * 300                                                                # too long
+    printed = []
+    ex = sft.tokenize_records(records, tok, "parallel", 256, log=printed.append)
+    assert len(ex) == 2
+    assert printed == ["dropped 1 of 4 examples longer than max_length=256 tokens",
+                       "dropped 1 of 4 examples with a malformed parallel structure (first: t1: block at token 0 "
+                       "has 1 path(s), needs >= 2)"]
+    with pytest.raises(ValueError, match="no training examples left out of 1 records"):
+        sft.tokenize_records(records[2:3], tok, "parallel", 256, log=lambda *a: None)
+    with pytest.raises(ValueError, match="does not have '<Parallel>' as one token"):
+        sft.tokenize_records(records, build_char_tokenizer(), "parallel", 256)
+    with pytest.raises(ValueError, match="no solution"):
+        sft.tokenize_records([dict(records[0], solution=None)], tok, "parallel", 256)
+    with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
+        sft.train(config(model_dir, tmp_path, resume=str(tmp_path / "nope")), records=records)
+    with pytest.raises(FileNotFoundError, match="found no checkpoint"):
+        sft.train(config(model_dir, tmp_path, resume="True"), records=records)
+    with pytest.raises(OSError, match="not a local folder"):
+        sft.train(config(str(tmp_path / "no_model"), tmp_path), records=records)
+    with pytest.raises(ValueError, match="launch with torchrun"):
+        sft.train(config(model_dir, tmp_path, fsdp=True), records=records)
+
+
+if __name__ == "__main__":                   # torchrun worker of test_two_ranks_equal_one_process
+    _worker(*sys.argv[1:3])
