@@ -1,0 +1,278 @@
+"""eval.py: Pass@k / Mean@k arithmetic, the Table 2 layout, evaluate() against the sampler, the CLI, plots."""
+import json
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+import eval as ev
+from data import build_prompt, load_data
+from model import build_char_tokenizer, load_model, save_checkpoint
+from rewards import extract_answer, verify
+from sample import generate
+
+# ----------------------------------------------------------------------------------------------------
+# Pass@k
+
+
+def test_pass_at_k_hand_values():
+    assert ev.pass_at_k(16, 1, 16) == 1.0              # the one correct sample is always among the 16
+    assert ev.pass_at_k(16, 1, 1) == pytest.approx(1 / 16, abs=1e-15)
+    assert ev.pass_at_k(5, 2, 2) == pytest.approx(0.7, abs=1e-15)   # 1 - C(3,2)/C(5,2) = 1 - 3/10
+    assert ev.pass_at_k(16, 0, 16) == 0.0
+    assert ev.pass_at_k(4, 1, 2) == pytest.approx(0.5, abs=1e-15)   # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert ev.pass_at_k(10, 3, 3) == pytest.approx(1 - 35 / 120, abs=1e-15)   # C(7,3)=35, C(10,3)=120
+    assert ev.pass_at_k(1000, 1, 500) == pytest.approx(0.5, abs=1e-12)       # C(999,500)/C(1000,500) = 1/2
+    # verl's bootstrap expectation is biased low: one correct of 16 -> 1 - (15/16)^16
+    assert ev.pass_at_k_verl(16, 1, 16) == pytest.approx(1 - (15 / 16) ** 16, abs=1e-15)
+    assert 0.643 < ev.pass_at_k_verl(16, 1, 16) < 0.645
+
+
+def test_pass_at_k_equals_binomial_formula():
+    for n in range(1, 21):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                exact = 1 - math.comb(n - c, k) / math.comb(n, k)
+                assert ev.pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12), (n, c, k)
+
+
+@pytest.mark.parametrize("n,c,k", [(4, 5, 1), (4, -1, 1), (4, 1, 0), (4, 1, 5)])
+def test_pass_at_k_rejects_bad_counts(n, c, k):
+    with pytest.raises(ValueError, match="pass_at_k"):
+        ev.pass_at_k(n, c, k)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Mean@k, Pass@k and the structure statistics over hand-made samples
+
+
+def _sample(pid, correct, blocks=(), valid=True, T=10, D=10, bench="b"):
+    return {"benchmark": bench, "id": pid, "correct": correct, "has_parallel": bool(blocks),
+            "num_blocks": len(blocks), "parallel_positions": list(blocks), "format_valid": valid, "T": T, "D": D}
+
+
+def test_summarize_hand_computed():
+    samples = [_sample("A", True, [0.1], T=20, D=14), _sample("A", False), _sample("A", False),
+               _sample("A", False, [0.2, 0.6], valid=False, T=30, D=22),
+               _sample("B", True), _sample("B", True, [0.4]), _sample("B", False), _sample("B", True)]
+    m = ev.summarize(samples, k=4)
+    assert m["mean_at_k"] == pytest.approx((1 / 4 + 3 / 4) / 2)            # 0.5
+    assert m["pass_at_k"] == 1.0                                            # both problems have a hit
+    assert ev.summarize(samples, k=2)["pass_at_k"] == pytest.approx((0.5 + 1.0) / 2)   # A: 1-C(3,2)/C(4,2)
+    assert ev.summarize(samples, k=1)["pass_at_k"] == pytest.approx(0.5)   # Pass@1 = Mean
+    assert m["pass_at_k_verl"] == pytest.approx(((1 - 0.75 ** 4) + (1 - 0.25 ** 4)) / 2)
+    assert m["parallel_ratio"] == 3 / 8
+    assert m["mean_blocks"] == 4 / 8
+    assert m["mean_parallel_position"] == pytest.approx((0.1 + 0.2 + 0.6 + 0.4) / 4)   # every block once
+    assert m["mean_T"] == (20 + 30 + 6 * 10) / 8 and m["mean_D"] == (14 + 22 + 6 * 10) / 8
+    assert m["format_valid"] == 7 / 8 and m["format_valid_parallel"] == pytest.approx(2 / 3)
+    assert (m["k"], m["num_problems"], m["num_responses"]) == (4, 2, 8)
+    # the same id in two benchmarks is two problems; a problem with fewer than k samples is an error
+    two = ev.summarize([_sample("A", True, bench="x"), _sample("A", False, bench="y")], k=1)
+    assert (two["num_problems"], two["pass_at_k"]) == (2, 0.5)
+    with pytest.raises(ValueError, match="fewer than k"):
+        ev.summarize(samples, k=5)
+    none = ev.summarize([_sample("A", False)], k=1)
+    assert none["mean_parallel_position"] is None and none["format_valid_parallel"] is None
+
+
+def test_avg_is_the_mean_of_the_mean_at_columns():
+    # Table 2, GRPO (DAPO): (14.8 + 18.5 + 63.6 + 83.5) / 4 = 45.1, unweighted by benchmark size
+    benches = {"aime25": {"mean_at_k": 0.148, "num_responses": 480}, "aime24": {"mean_at_k": 0.185, "num_responses": 480},
+               "amc23": {"mean_at_k": 0.636, "num_responses": 640}, "math500": {"mean_at_k": 0.835, "num_responses": 316}}
+    assert ev.average_mean_at_k(benches) == pytest.approx(0.451)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The table
+
+
+def _m(k, mean, pss, ratio, n):
+    return {"k": k, "mean_at_k": mean, "pass_at_k": pss, "parallel_ratio": ratio, "num_responses": n}
+
+
+def test_format_table_layout_reproduces_table2_rows():
+    rows = {
+        "GRPO (DAPO)": {"aime25": _m(16, .148, .324, 0, 480), "aime24": _m(16, .185, .306, 0, 480),
+                        "amc23": _m(16, .636, .851, 0, 640), "math500": _m(1, .835, .835, 0, 316)},
+        "Parallel-R1-Unseen (S1)": {"aime25": _m(16, .177, .378, .136, 480), "aime24": _m(16, .183, .332, .136, 480),
+                                    "amc23": _m(16, .697, .889, .136, 640), "math500": _m(1, .826, .826, .136, 316)},
+        # pooled Parallel %: (0.5*100 + 0*300) / 400 = 12.5 (not the unweighted 25.0); a missing bench is "-"
+        "partial": {"aime25": _m(16, .2, .5, .5, 100), "math500": _m(1, .5, .5, 0.0, 300)},
+    }
+    assert ev.format_table(rows) == (
+        "| Method | Parallel % | AIME25 Mean@16 | AIME25 Pass@16 | AIME24 Mean@16 | AIME24 Pass@16 "
+        "| AMC23 Mean@16 | AMC23 Pass@16 | MATH Mean@1 | Avg |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
+        "| GRPO (DAPO) | 0.0 | 14.8 | 32.4 | 18.5 | 30.6 | 63.6 | 85.1 | 83.5 | 45.1 |\n"
+        "| Parallel-R1-Unseen (S1) | 13.6 | 17.7 | 37.8 | 18.3 | 33.2 | 69.7 | 88.9 | 82.6 | 47.1 |\n"
+        "| partial | 12.5 | 20.0 | 50.0 | - | - | - | - | 50.0 | 35.0 |")
+    with pytest.raises(ValueError, match="k=8"):
+        ev.format_table({"a": {"aime25": _m(16, 0, 0, 0, 1)}, "b": {"aime25": _m(8, 0, 0, 0, 1)}})
+
+
+# ----------------------------------------------------------------------------------------------------
+# evaluate() on a tiny random model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model gains nothing from intra-op threads, and on a shared 2-core machine their spin-waits
+    made these tests ~7x slower; restored afterwards for the other test files."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def records():
+    return load_data("synthetic:hard:test", limit=2)
+
+
+@pytest.mark.parametrize("mode,batch_size", [("unseen", 2), ("sequential", 1)])
+def test_evaluate_is_the_sampler_scored_and_deterministic(tiny, records, mode, batch_size):
+    model, tok = tiny
+    model.train()
+    kw = dict(k=2, max_new_tokens=16, seed=3, batch_size=batch_size)
+    metrics, samples = ev.evaluate(model, tok, records, mode, **kw)
+    assert model.training                                   # the caller's train/eval state is restored
+    model.eval()
+    # what evaluate sampled is exactly sample.generate on the built prompts, batch b seeded with seed + b
+    style = "sequential" if mode == "sequential" else "parallel"
+    prompts = [build_prompt(tok, r["problem"], style) for r in records]
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    ref = (generate(model, tok, ids, group_size=2, mode=mode, max_new_tokens=16, seed=3) if batch_size == 2 else
+           [r for b in range(2) for r in generate(model, tok, ids[b:b + 1], group_size=2, mode=mode,
+                                                      max_new_tokens=16, seed=3 + b)])
+    assert len(samples) == 4
+    for i, (s, r) in enumerate(zip(samples, ref)):
+        rec = records[i // 2]
+        assert (s["id"], s["gold"], s["prompt"], s["sample_index"]) == (rec["id"], rec["answer"], prompts[i // 2], i % 2)
+        assert (s["response"], s["T"], s["D"], s["finish_reason"]) == (r.text, r.num_tokens, r.critical_path,
+                                                                       r.finish_reason)
+        assert s["extracted_answer"] == extract_answer(r.text)
+        assert s["correct"] == verify(extract_answer(r.text), rec["answer"])
+        assert s["reward"] == (1.0 if s["correct"] else -1.0)
+        assert (s["num_blocks"], s["format_valid"]) == (len(r.structure.blocks), r.structure.valid)
+    assert metrics == ev.summarize(samples, 2)
+    for key in ("mean_at_k", "pass_at_k", "parallel_ratio", "format_valid"):
+        assert 0.0 <= metrics[key] <= 1.0
+    assert metrics["mean_at_k"] <= metrics["pass_at_k"]
+    assert 0 < metrics["mean_D"] <= metrics["mean_T"] <= 16 and metrics["mean_blocks"] >= 0
+    pos = metrics["mean_parallel_position"]
+    assert pos is None if metrics["parallel_ratio"] == 0 else 0.0 <= pos < 1.0
+    again = ev.evaluate(model, tok, records, mode, **kw)
+    assert again == (metrics, samples)
+
+
+def test_evaluate_rejects_bad_arguments(tiny, records):
+    model, tok = tiny
+    with pytest.raises(ValueError, match="mode"):
+        ev.evaluate(model, tok, records, "causal")
+    with pytest.raises(ValueError, match="k and batch_size"):
+        ev.evaluate(model, tok, records, "unseen", k=0)
+    with pytest.raises(ValueError, match="no records"):
+        ev.evaluate(model, tok, [], "unseen")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The command line: checkpoint mode, tags, outputs, errors
+
+
+def test_checkpoint_mode_and_tag_check(tmp_path, tiny):
+    model, tok = tiny
+    ckpt = tmp_path / "seen"
+    save_checkpoint(str(ckpt), model, tok, trainer_state={"step": 3, "config": {"mode": "seen", "style": "parallel"}})
+    cfg, where = ev.read_checkpoint_config(str(ckpt))
+    assert (ev.mode_from_config(cfg), os.path.basename(where)) == ("seen", "trainer_state.pt")
+    assert ev.check_tags(ev.own_tokenizer(str(ckpt)), str(ckpt), "unseen") is True
+    assert ev.mode_from_config({"mode": "unseen", "style": "sequential"}) == "sequential"
+    assert ev.mode_from_config({}) is None and ev.read_checkpoint_config("tiny") == ({}, "")
+    (ckpt / "parallel_r1.json").write_text(json.dumps({"mode": "sequential"}))      # preferred when present
+    assert ev.mode_from_config(ev.read_checkpoint_config(str(ckpt))[0]) == "sequential"
+
+    bare = tmp_path / "bare"                      # a tokenizer that never had the tags
+    build_char_tokenizer().save_pretrained(str(bare))
+    tok_bare = ev.own_tokenizer(str(bare))
+    with pytest.raises(ValueError, match="allow_untrained_tags"):
+        ev.check_tags(tok_bare, str(bare), "unseen")
+    assert ev.check_tags(tok_bare, str(bare), "seen", allow_untrained_tags=True) is False
+    assert ev.check_tags(tok_bare, str(bare), "sequential") is False
+    with pytest.raises(ValueError, match="allow_untrained_tags"):     # the command line stops before sampling
+        ev.run(ev.EvalConfig(model=str(bare), data="synthetic:easy:test", out_dir=str(tmp_path / "o")))
+    with pytest.raises(OSError, match="cannot load the tokenizer"):
+        ev.own_tokenizer(str(tmp_path / "nothing-here"))
+
+
+def test_run_writes_table_samples_and_summary(tmp_path, tiny):
+    model, tok = tiny
+    ckpt = str(tmp_path / "ckpt")
+    save_checkpoint(ckpt, model, tok, trainer_state={"config": {"mode": "seen", "style": "parallel"}})
+    out = tmp_path / "out"
+    summary = ev.run(ev.EvalConfig(model=ckpt, data="synthetic:easy:test,synthetic:hard:test", limit=2, k=2,
+                                   k_overrides="synthetic:hard:test=1", max_new_tokens=16, name="ours",
+                                   out_dir=str(out), device="cpu"))
+    assert summary["mode"] == "seen" and summary["mode_source"].endswith("trainer_state.pt")
+    lines = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 * 2 + 2 * 1
+    assert [x["benchmark"] for x in lines] == ["synthetic:easy:test"] * 4 + ["synthetic:hard:test"] * 2
+    for key in ("benchmark", "id", "prompt", "response", "extracted_answer", "gold", "correct", "reward",
+                "has_parallel", "num_blocks", "T", "D"):
+        assert key in lines[0]
+    table = (out / "results.md").read_text()
+    assert table.splitlines()[0] == ("| Method | Parallel % | synthetic:easy:test Mean@2 | synthetic:easy:test Pass@2 "
+                                     "| synthetic:hard:test Mean@1 | Avg |")
+    assert table.splitlines()[2].startswith("| ours | ")
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["benchmarks"]["synthetic:hard:test"]["k"] == 1 and saved["table"] == table.strip()
+    assert saved["avg_mean_at_k"] == pytest.approx(ev.average_mean_at_k(saved["benchmarks"]))
+
+
+def test_unknown_benchmark_is_a_clear_error_before_sampling(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="unknown dataset 'aime2024'"):
+        ev.run(ev.EvalConfig(model="tiny", data="synthetic:easy:test,aime2024", out_dir=str(out), device="cpu"))
+    assert not out.exists()
+    with pytest.raises(ValueError, match="not in --data"):
+        ev.run(ev.EvalConfig(model="tiny", data="synthetic:easy:test", k_overrides="math500=1", out_dir=str(out)))
+    with pytest.raises(ValueError, match="benchmark=k"):
+        ev.parse_k_overrides("math500:1")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Plots
+
+
+def _write_log(run_dir):
+    rows = [{"step": s, "reward_mean": -1 + s / 5, "accuracy": s / 10, "parallel_ratio": 1 - s / 10,
+             "parallel_position": None if s == 2 else s / 12} for s in range(1, 7)]
+    rows.append({"step": 6, "eval/synthetic:hard:test/mean_at_k": 0.4, "eval/synthetic:hard:test/parallel_ratio": 0.5})
+    with open(os.path.join(run_dir, "log.jsonl"), "w") as f:
+        f.write("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+
+
+def test_plot_writes_a_png_from_a_partial_log(tmp_path):
+    pytest.importorskip("matplotlib", reason="optional: pip install -r requirements-plot.txt")
+    _write_log(tmp_path)
+    ev.main(["--plot", str(tmp_path)])             # the `--key value` form of the command line
+    with open(tmp_path / "curves.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")   # no plotted key at all
+    assert ev.plot_curves(str(tmp_path), out=str(tmp_path / "empty.png")).endswith("empty.png")
+
+
+def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
+    _write_log(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)           # import matplotlib -> ImportError
+    with pytest.raises(SystemExit, match="pip install matplotlib"):
+        ev.plot_curves(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no log.jsonl"):
+        ev.plot_curves(str(tmp_path / "missing"))
