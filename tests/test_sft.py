@@ -107,10 +107,14 @@ def test_collate_worked_example():
 
 
 def test_shards_are_disjoint_and_cover_the_batch():
-    ex = [sft.Example([i + 3], [1]) for i in range(8)]
+    # example i: prompt [i + 3], response of length `lengths[i]`
+    lengths = [1, 1, 1, 1, 3, 1, 2, 1]
+    ex = [sft.Example([i + 3], [1] * n) for i, n in enumerate(lengths)]
     shards = [sft.shard_micro_batches(ex, list(range(8)), r, 2, 3, pad_id=0) for r in range(2)]
     firsts = [[mb.input_ids[:, 0].tolist() for mb in s] for s in shards]
-    assert firsts == [[[3, 4, 5], [6]], [[7, 8, 9], [10]]]         # rank 0: i0-i3, rank 1: i4-i7
+    # rank 0: i0-i3 (equal lengths, order kept); rank 1: i4-i7 sorted by length: i5 i7 i6 | i4
+    assert firsts == [[[3, 4, 5], [6]], [[8, 10, 9], [7]]]
+    assert [mb.input_ids.shape[1] for mb in shards[1]] == [3, 4]      # padded to 3, alone at 4
 
 
 def test_schedule_warmup_then_cosine():
@@ -148,7 +152,7 @@ def test_parse_config():
 
 def test_tiny_and_real_defaults():
     tiny = sft.resolve_defaults(sft.SFTConfig())
-    assert (tiny.lr, tiny.batch_size, tiny.micro_batch_size, tiny.warmup_ratio, tiny.max_steps) == (1e-3, 32, 32, 0.05, 300)
+    assert (tiny.lr, tiny.batch_size, tiny.micro_batch_size, tiny.warmup_ratio, tiny.max_steps) == (1e-3, 32, 8, 0.05, 200)
     real = sft.resolve_defaults(sft.SFTConfig(model="Qwen/Qwen3-4B-Base"), world_size=8)
     assert (real.lr, real.batch_size, real.micro_batch_size, real.warmup_ratio, real.epochs, real.betas,
             real.weight_decay, real.grad_clip) == (1e-5, 128, 1, 0.1, 5.0, (0.9, 0.95), 0.01, 1.0)
