@@ -306,7 +306,8 @@ def build_mask_and_positions(
     return mask, positions.to(device)
 
 
-def structured_forward(model, input_ids, attention_mask_2d, prompt_lengths, tag_ids: TagIds, mode: str):
+def structured_forward(model, input_ids, attention_mask_2d, prompt_lengths, tag_ids: TagIds, mode: str,
+                       dtype: torch.dtype | None = None):
     """One training forward under the Seen/Unseen structure. Returns logits (B, L, V).
 
     `mode="sequential"` is treated like "seen" (a plain causal forward). The mask is built in the
@@ -315,7 +316,7 @@ def structured_forward(model, input_ids, attention_mask_2d, prompt_lengths, tag_
     """
     if mode not in ("seen", "unseen", "sequential"):
         raise ValueError(f"mode must be 'seen', 'unseen' or 'sequential', got {mode!r}")
-    dtype = next(model.parameters()).dtype
+    dtype = dtype or next(model.parameters()).dtype    # pass the autocast dtype under mixed precision
     mask, pos = build_mask_and_positions(input_ids, prompt_lengths, attention_mask_2d, tag_ids,
                                          "unseen" if mode == "unseen" else "seen", dtype=dtype)
     return model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False).logits

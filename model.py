@@ -174,13 +174,15 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device: str 
     return model.to(device=device, dtype=dtype).eval(), tok
 
 
-def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = None) -> str:
+def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = None,
+                    state_dict: dict | None = None) -> str:
     """Write `model` and `tokenizer` in Hugging Face format to folder `path`, atomically.
 
     Everything is written to a temporary sibling folder first; only a complete folder is renamed to
     `path` (an existing `path` is moved aside first and deleted after). `trainer_state` (optimizer,
-    scheduler, RNG, data position, step, ...) goes to `path/trainer_state.pt`. `transformers` loads
-    the result directly: `AutoModelForCausalLM.from_pretrained(path)`. Returns `path`.
+    scheduler, RNG, data position, step, ...) goes to `path/trainer_state.pt`. `state_dict`: the full
+    (gathered) weights when the model is sharded with FSDP2; a tied output matrix is dropped from it.
+    `transformers` loads the result directly: `AutoModelForCausalLM.from_pretrained(path)`. Returns `path`.
     """
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
@@ -189,7 +191,9 @@ def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = No
     os.chmod(tmp, 0o755)                          # mkdtemp makes it private; a checkpoint is ordinary output
     try:
         unwrapped = getattr(model, "module", model)
-        unwrapped.save_pretrained(tmp, safe_serialization=True)
+        if state_dict is not None and getattr(unwrapped.config, "tie_word_embeddings", False):
+            state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
+        unwrapped.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
         if trainer_state is not None:
             torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))

@@ -458,7 +458,11 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
     if any(len(p) == 0 for p in prompts):
         raise ValueError("a prompt has no tokens")
     tags = TagIds.from_tokenizer(tokenizer)
-    gen = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
+    gen = torch.Generator()
+    if seed is None:
+        gen.seed()                                   # fresh entropy, without touching the global RNG
+    else:
+        gen.manual_seed(seed)
     vocab = model.get_output_embeddings().weight.shape[0]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tags.eos
     engine = _Engine(model, tags, vocab, mode, num_paths, max_new_tokens, max_path_tokens or max_new_tokens,
