@@ -1,0 +1,469 @@
+"""GRPO: advantages, the PPO-clip loss, loss aggregation and KL on hand-worked values; injected tokens
+out of the loss; micro-batching, 2 ranks (DDP and FSDP, uneven data) and resume all equal to one plain run.
+
+Run as a script (`torchrun --nproc_per_node=2 tests/test_grpo.py <dir>`) it is the worker of the
+2-rank test."""
+
+import copy
+import math
+import os
+import pickle
+import signal
+import statistics
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import grpo  # noqa: E402
+from attention import TagIds, structured_forward  # noqa: E402
+from grpo import (GRPOConfig, agg_loss, collate_rollouts, compute_advantages, kl_penalty,  # noqa: E402
+                  micro_batch_loss, plan_micro_batches, policy_loss, ppo_update)
+from model import add_parallel_tags, build_char_tokenizer, save_checkpoint  # noqa: E402
+from sample import Rollout, generate, token_logprobs  # noqa: E402
+
+# ----------------------------------------------------------------------------------------------------
+# Advantages
+
+
+def test_advantages_hand_made_groups():
+    # [1, -1, -1, -1]: mean -0.5, deviations 1.5 / -0.5, unbiased std sqrt((2.25 + 3 * 0.25) / 3) = 1
+    adv, var = compute_advantages([1.0, -1.0, -1.0, -1.0], 4)
+    assert torch.allclose(adv, torch.tensor([1.5, -0.5, -0.5, -0.5]) / (1 + 1e-6), atol=0, rtol=1e-7)
+    assert var.tolist() == [True]
+    # the tiered reward of S2: std from the statistics module (n - 1 in the denominator)
+    r = [1.2, 1.0, -1.0, -1.0]
+    mean, std = sum(r) / 4, statistics.stdev(r)
+    adv, _ = compute_advantages(r, 4)
+    assert torch.allclose(adv, torch.tensor([(x - mean) / (std + 1e-6) for x in r]), atol=1e-6)
+    # Dr. GRPO: no division
+    adv, _ = compute_advantages(r, 4, norm_adv_by_std=False)
+    assert torch.allclose(adv, torch.tensor([x - mean for x in r]), atol=1e-6)
+
+
+def test_advantages_equal_groups_are_exactly_zero_never_nan():
+    # 0.1 * 3 / 3 != 0.1 in floating point: the zero must not come from the subtraction
+    adv, var = compute_advantages([0.1, 0.1, 0.1, 1.0, -1.0, 1.0], 3)
+    assert adv[:3].tolist() == [0.0, 0.0, 0.0] and var.tolist() == [False, True]
+    adv, var = compute_advantages([1.0, -1.0, 0.5], 1)               # G = 1: std undefined -> 0
+    assert adv.tolist() == [0.0, 0.0, 0.0] and not var.any()
+    adv, _ = compute_advantages([-1.0] * 8, 8, norm_adv_by_std=False)
+    assert adv.tolist() == [0.0] * 8
+    with pytest.raises(ValueError, match="groups of 4"):
+        compute_advantages([1.0, 2.0, 3.0], 4)
+
+
+# ----------------------------------------------------------------------------------------------------
+# PPO-clip loss, aggregation, KL
+
+
+@pytest.mark.parametrize("A, ratio, loss, grad, clipped, dual", [
+    (+1.0, 1.10, -1.10, -1.10, False, False),    # inside the range: d(-A r)/d logp = -A r
+    (+1.0, 1.50, -1.28, 0.0, True, False),       # clip-higher: the gain stops at 1 + 0.28
+    (+2.0, 1.25, -2.50, -2.50, False, False),    # ... and 1.25 is still inside it (0.2/0.2 would clip)
+    (+1.0, 0.50, -0.50, -0.50, False, False),    # a good token that shrank is pushed up, unclipped
+    (-1.0, 0.50, 0.80, 0.0, True, False),        # clipped below at 1 - 0.2
+    (-1.0, 2.00, 2.00, 2.00, False, False),      # PPO keeps the larger loss of a bad token that grew
+    (-1.0, 5.00, 3.00, 0.0, False, True),        # dual clip: at most clip_ratio_c * |A|
+    (-0.5, 7.00, 1.50, 0.0, False, True),
+])
+def test_policy_loss_hand_values(A, ratio, loss, grad, clipped, dual):
+    old = torch.tensor([[-1.0]])
+    new = (old + math.log(ratio)).requires_grad_(True)
+    out, was_clipped, was_dual = policy_loss(new, old, torch.tensor([[A]]), 0.2, 0.28, 3.0)
+    out.sum().backward()
+    assert out.item() == pytest.approx(loss, abs=1e-6)
+    assert new.grad.item() == pytest.approx(grad, abs=1e-6)
+    assert was_clipped.item() == clipped and was_dual.item() == dual
+
+
+def test_policy_loss_clamps_the_log_ratio():
+    old = torch.zeros(1, 3)
+    new = torch.tensor([[100.0, 100.0, -100.0]])          # exp(100) overflows float32 without the clamp
+    out, _, _ = policy_loss(new, old, torch.tensor([[0.0, 1.0, -1.0]]))
+    assert torch.isfinite(out).all()
+    # A = 0: 0 * e^20, not 0 * inf = NaN; A = +1: the gain stops at 1.2; A = -1: clipped at 0.8
+    assert out[0].tolist() == pytest.approx([0.0, -1.2, 0.8], abs=1e-6)
+
+
+def test_loss_agg_modes_on_a_hand_table():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])   # row 3: nothing in the loss
+    assert agg_loss(loss, mask, "token-mean").item() == pytest.approx(10 / 4)
+    assert agg_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx((6 / 3 + 4 / 1) / 2)
+    assert agg_loss(loss, mask, "seq-mean-token-sum-norm", max_new_tokens=5).item() == pytest.approx(10 / (2 * 5))
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        agg_loss(loss, mask, "sum")
+
+
+def test_kl_estimators():
+    lp, ref = torch.tensor([-1.0, -2.0, 0.0]), torch.tensor([-2.0, -1.0, -50.0])
+    assert kl_penalty(lp, ref, "k1").tolist() == pytest.approx([1.0, -1.0, 50.0])
+    # k3 = e^d - d - 1 with d = ref - lp: d = -1 -> e^-1; d = +1 -> e - 2; d = -50 -> clamp(-20) -> 19 -> clamp 10
+    assert kl_penalty(lp, ref, "k3").tolist() == pytest.approx([math.exp(-1), math.e - 2, 10.0], abs=1e-6)
+    assert kl_penalty(lp, lp, "k3").abs().max() == 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Rollout tables and injected tokens
+
+
+def hand_rollout(prompt, response, sampled, logprobs):
+    return Rollout(prompt_index=0, prompt_ids=prompt, response_ids=response, sampled_mask=sampled,
+                   logprobs=logprobs, structure=None, num_tokens=len(response), critical_path=len(response),
+                   finish_reason="eos")
+
+
+def test_collate_is_target_aligned():
+    a = hand_rollout([5, 6], [7, 8, 1], [1, 0, 1], [-0.5, 0.0, -0.25])
+    b = hand_rollout([5], [9, 1], [1, 1], [-1.0, -2.0])
+    mb = collate_rollouts([a, b], [0.5, -1.0], pad_id=0)
+    assert mb.input_ids.tolist() == [[5, 6, 7, 8, 1], [5, 9, 1, 0, 0]]
+    assert mb.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    assert mb.response_mask.tolist() == [[0, 1, 1, 1], [1, 1, 0, 0]]
+    assert mb.sampled_mask.tolist() == [[0, 1, 0, 1], [1, 1, 0, 0]]
+    assert mb.loss_mask.tolist() == mb.sampled_mask.tolist()
+    assert mb.old_logprobs.tolist() == [[0.0, -0.5, 0.0, -0.25], [-1.0, -2.0, 0.0, 0.0]]
+    assert mb.advantages.tolist() == [[0.5], [-1.0]]
+    assert collate_rollouts([a, b], [0.5, -1.0], 0, train_injected=True).loss_mask.tolist() == \
+        mb.response_mask.tolist()
+
+
+@pytest.mark.parametrize("train_injected", [False, True])
+def test_injected_tokens_get_no_gradient(train_injected):
+    # <Path> (102) was injected by the runtime; the loss must not push on its logits
+    a = hand_rollout([5, 6], [7, 99, 102, 8, 1], [1, 1, 0, 1, 1], [-4.0, -4.5, 0.0, -4.2, -4.1])
+    b = hand_rollout([5], [100, 1], [0, 1], [0.0, -3.0])
+    mb = collate_rollouts([a, b], [1.0, -1.0], pad_id=0, train_injected=train_injected)
+    torch.manual_seed(0)
+    logits = torch.randn(2, 7, 105, requires_grad=True)
+    with torch.no_grad():                              # on-policy, so no token is clipped
+        mb.old_logprobs = token_logprobs(logits[:, :-1], mb.input_ids[:, 1:]) * mb.response_mask
+    cfg = GRPOConfig(max_new_tokens=8)
+    loss, stats = micro_batch_loss(logits, mb, cfg, 0.28, denominator=float(mb.loss_mask.sum()))
+    loss.backward()
+    g = logits.grad.abs().sum(-1)                      # (B, L): row t predicts token t + 1
+    injected = [(0, 3), (1, 0)]                        # logits predicting 102 and 100
+    sampled = [(0, 1), (0, 2), (0, 4), (0, 5), (1, 1)]
+    for b, t in injected:
+        assert (g[b, t] > 0) == train_injected
+    assert all(g[b, t] > 0 for b, t in sampled)
+    assert g[0, 0] == 0 and g[0, 6] == 0 and g[1, 2:].abs().sum() == 0    # prompt-internal and padding
+    assert stats["tokens"] == (7 if train_injected else 5)
+
+
+def test_plan_micro_batches():
+    assert plan_micro_batches([5] * 6, 2, 2) == [[[0, 1], [2]], [[3, 4], [5]]]
+    assert plan_micro_batches([4, 4, 9, 9], 1, 4, 16) == [[[0, 1], [2], [3]]]
+    assert plan_micro_batches([3], 2, 4) == [[], [[0]]]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Recipes and defaults
+
+
+def test_recipes_follow_the_paper():
+    at = lambda recipe, step, **kw: grpo.stage_at(GRPOConfig(recipe=recipe, **kw), step)
+    # Seen: parallel-gated reward on easy problems, then accuracy on the training data (§6.1, §4.2)
+    s = at("seen", 10, easy_steps=10)
+    assert (s.reward.kind_at(10), s.data, s.clip_ratio_high) == ("parallel_gated", "easy", 0.2)
+    s = at("seen", 11, easy_steps=10)
+    assert (s.reward.kind_at(11), s.data) == ("accuracy", "train")
+    # Unseen S1: accuracy, clip 0.2; S2: steps 1-8 of 10 accuracy, 9-10 tiered, clip-higher 0.28 (§4.4, §5.2)
+    assert at("unseen-s1", 9).reward.kind_at(9) == "accuracy" and at("unseen-s1", 9).clip_ratio_high == 0.2
+    s2 = at("unseen-s2", 1)
+    assert [s2.reward.kind_at(t) for t in (8, 9, 10, 11)] == ["accuracy", "tiered", "tiered", "accuracy"]
+    assert s2.clip_ratio_high == 0.28
+    # scaffold: S2 up to step K, then accuracy with clip 0.2 (§6.2)
+    assert at("scaffold", 19, scaffold_steps=20).reward.kind_at(19) == "tiered"
+    assert at("scaffold", 19, scaffold_steps=20).clip_ratio_high == 0.28
+    s = at("scaffold", 29, scaffold_steps=20)
+    assert (s.reward.kind_at(29), s.clip_ratio_high) == ("accuracy", 0.2)
+    # overrides win at every step
+    assert at("unseen-s2", 9, reward="accuracy", clip_ratio_high=0.3).reward.kind_at(9) == "accuracy"
+    assert at("unseen-s2", 9, clip_ratio_high=0.3).clip_ratio_high == 0.3
+
+
+def test_defaults_and_modes():
+    real = grpo.resolve_defaults(GRPOConfig(recipe="unseen-s2"), tiny=False)
+    assert (real.mode, real.group_size, real.batch_size, real.lr, real.max_new_tokens, real.ppo_mini_batches) == \
+        ("unseen", 8, 256, 1e-6, 3000, 2)
+    assert grpo.resolve_defaults(GRPOConfig(recipe="baseline"), tiny=True).mode == "sequential"
+    assert grpo.resolve_defaults(GRPOConfig(recipe="seen"), tiny=True).mode == "seen"
+    with pytest.raises(ValueError, match="recipe"):
+        grpo.resolve_defaults(GRPOConfig(recipe="s3"), tiny=True)
+    with pytest.raises(ValueError, match="split evenly"):
+        grpo.resolve_defaults(GRPOConfig(batch_size=5), tiny=True, world_size=2)
+
+
+def test_missing_sft_checkpoint_says_what_to_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="python sft.py --mode=seen --out_dir=runs/sft_seen"):
+        grpo.default_init("seen")
+    assert grpo.default_init("unseen", "some/folder") == "some/folder"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tiny random models and sampled rollouts
+
+
+def tiny(seed=0):
+    tok = build_char_tokenizer()
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=512,
+                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    model = Qwen3ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
+    add_parallel_tags(model, tok)
+    return model.eval(), tok
+
+
+class TagBiased(torch.nn.Module):
+    """Logits pushed towards the tags, so random weights sample blocks (and injected tokens)."""
+
+    def __init__(self, inner, tok):
+        super().__init__()
+        self.inner = inner
+        tags = TagIds.from_tokenizer(tok)
+        self.bias = torch.zeros(inner.get_output_embeddings().weight.shape[0])
+        self.bias[[tags.parallel, tags.end_path, tags.end_summary]] = 3.0
+        self.bias[tags.eos] = 1.0
+
+    def forward(self, **kw):
+        out = self.inner(**kw)
+        out.logits = out.logits + self.bias
+        return out
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+
+def sampled_rollouts(model, tok, prompts, group_size, max_new_tokens, seed, mode="unseen"):
+    return generate(TagBiased(model, tok), tok, prompts, group_size=group_size, mode=mode,
+                    max_new_tokens=max_new_tokens, seed=seed)
+
+
+def flat_params(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def run_update(model, rollouts, advantages, cfg, tok, lr=0.5, optimizer="sgd"):
+    """ppo_update with a fresh optimizer; returns (flat weights after, stats). The equivalence tests
+    use SGD: the weights then differ exactly by the accumulated gradients' rounding, where AdamW's
+    m / sqrt(v) would blow the rounding of a near-zero gradient up to ~lr."""
+    tags = TagIds.from_tokenizer(tok)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01) if optimizer == "adamw" \
+        else torch.optim.SGD(model.parameters(), lr=lr)
+    stats = ppo_update(model, opt, rollouts, advantages, cfg, tags=tags, pad_id=tok.pad_token_id)
+    return flat_params(model), stats
+
+
+@pytest.fixture(scope="module")
+def setting():
+    model, tok = tiny()
+    prompts = ["Ava has 3 boxes.", "Hi", "Bob has 12 pens and 5 cups; how many?"]
+    rollouts = sampled_rollouts(model, tok, prompts, group_size=2, max_new_tokens=24, seed=1)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
+    return model, tok, rollouts, advantages
+
+
+def test_on_policy_update_is_the_policy_gradient(setting):
+    """On-policy (ratio 1) the token-mean loss's gradient is -sum(A * grad logp) / N. Checked against
+    an independent forward: SGD with lr 1 moves the weights by exactly minus that gradient."""
+    model, tok, _, _ = setting
+    tags = TagIds.from_tokenizer(tok)
+    rollouts = generate(model, tok, ["Ava has 3 boxes.", "Hi"], group_size=2, mode="unseen", max_new_tokens=20, seed=3)
+    adv = [1.0, -0.5, 0.25, -2.0]
+    m = copy.deepcopy(model)
+    total, n = 0.0, 0
+    for r, a in zip(rollouts, adv):
+        ids = torch.tensor([r.prompt_ids + r.response_ids])
+        p = len(r.prompt_ids)
+        logits = structured_forward(m, ids, torch.ones_like(ids), [p], tags, "unseen")
+        lp = token_logprobs(logits[0, p - 1:-1], ids[0, p:], 1.0)
+        keep = torch.tensor(r.sampled_mask, dtype=torch.bool)
+        total = total - a * lp[keep].sum()
+        n += int(keep.sum())
+    (total / n).backward()
+    expected = flat_params(m) - torch.cat([p.grad.flatten() for p in m.parameters()])
+    w0 = flat_params(model)
+    got, stats = run_update(copy.deepcopy(model), rollouts, adv,
+                            GRPOConfig(max_new_tokens=20, ppo_mini_batches=1, micro_batch_size=3, grad_clip=0.0),
+                            tok, lr=1.0, optimizer="sgd")
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and stats["clip_frac"] == 0
+    assert (got - w0).abs().max() > 1e-3                      # it moved ...
+    assert (got - expected).abs().max() < 1e-6               # ... by exactly the policy gradient
+
+
+@pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_micro_batches_equal_one_batch(setting, loss_agg_mode):
+    """Gradient accumulation changes nothing: 1 micro-batch of 6, 6 of 1, and a token cap that
+    cuts them unevenly give the same weights after 2 PPO mini-batches."""
+    model, tok, rollouts, adv = setting
+    results = []
+    for mbs, cap in ((6, 0), (1, 0), (3, 60)):
+        cfg = GRPOConfig(max_new_tokens=24, ppo_mini_batches=2, micro_batch_size=mbs, micro_batch_tokens=cap,
+                         loss_agg_mode=loss_agg_mode, clip_ratio_high=0.28)
+        w, stats = run_update(copy.deepcopy(model), rollouts, adv, cfg, tok)
+        results.append((w, stats))
+    assert results[1][1]["micro_batches"] == 6 and results[2][1]["micro_batches"] > 2
+    for w, _ in results[1:]:
+        assert (w - results[0][0]).abs().max() < 1e-6
+    assert (results[0][0] - flat_params(model)).abs().max() > 1e-4
+
+
+def test_recompute_logprobs_matches_the_sampler(setting):
+    model, tok, _, _ = setting
+    rollouts = generate(model, tok, ["Ava has 3 boxes.", "Bob"], group_size=2, mode="unseen", max_new_tokens=24,
+                        seed=5, temperature=0.7)
+    cfg = GRPOConfig(max_new_tokens=24, recompute_logprobs=True, temperature=0.7, micro_batch_size=4)
+    _, stats = run_update(copy.deepcopy(model), rollouts, [1.0, -1.0, 1.0, -1.0], cfg, tok)
+    assert stats["logprob_max_diff"] < 1e-5
+
+
+# ----------------------------------------------------------------------------------------------------
+# Resume: 4 steps = 2 steps + resume + 2 steps
+
+
+def fake_scores(responses, golds, *, structures=None, reward=None, step=1, **kw):
+    """A reward with variance even for a random model: a deterministic function of the text."""
+    return [{"reward": float(sum(map(ord, t)) % 7), "correct": False, "kind": "accuracy"} for t in responses]
+
+
+def test_resume_continues_exactly(tmp_path, monkeypatch):
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)
+    init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(5)]
+    base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=12, micro_batch_size=2, lr=1e-3,
+                max_time=0.0, eval_data="", save_every=2, log_every=0, recipe="unseen-s2")
+    full = grpo.train(GRPOConfig(**base, max_steps=4, out_dir=str(tmp_path / "a")), records=records)
+    grpo.train(GRPOConfig(**base, max_steps=2, out_dir=str(tmp_path / "b")), records=records)
+    resumed = grpo.train(GRPOConfig(**base, max_steps=4, out_dir=str(tmp_path / "b"), resume="True"), records=records)
+    assert full["steps"] == resumed["steps"] == 4
+    from safetensors.torch import load_file
+    a = load_file(os.path.join(full["checkpoint"], "model.safetensors"))
+    b = load_file(os.path.join(resumed["checkpoint"], "model.safetensors"))
+    w0 = load_file(os.path.join(init, "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], w0[k]) for k in a)          # training changed the weights
+    state = torch.load(os.path.join(resumed["checkpoint"], "trainer_state.pt"), weights_only=False)
+    assert state["config"]["mode"] == "unseen" and state["config"]["recipe"] == "unseen-s2"
+    assert state["data_position"]["train"] == {"epoch": 1, "index": 3}   # 4 steps x 2 of 5 problems
+
+
+# ----------------------------------------------------------------------------------------------------
+# 2 ranks (gloo) = 1 process on the union of their rollouts
+
+
+def union_for_one_process(per_rank: list[list], advs: list[list], ppo_mini_batches: int):
+    """Mini-batch k of the 1-process run = every rank's k-th slice (ppo_update slices each rank's
+    rollouts into ppo_mini_batches contiguous parts)."""
+    rollouts, adv = [], []
+    for k in range(ppo_mini_batches):
+        for rs, ad in zip(per_rank, advs):
+            lo, hi = (round(i * len(rs) / ppo_mini_batches) for i in (k, k + 1))
+            rollouts += rs[lo:hi]
+            adv += ad[lo:hi]
+    return rollouts, adv
+
+
+# name: (rank 0 rollout indices, rank 1 rollout indices, config); the pool: 4 short, 4 long rollouts
+SCENARIOS = {
+    "ddp_uneven": ([0, 1], [4, 5, 6, 7], dict(micro_batch_size=1, micro_batch_tokens=0)),
+    "ddp_empty_rank_injected": ([], [4, 5, 2, 3], dict(micro_batch_size=1, loss_agg_mode="seq-mean-token-mean",
+                                                      train_injected=True)),
+    "fsdp_uneven": ([0, 1, 2, 3], [4, 5, 6, 7], dict(micro_batch_size=2, micro_batch_tokens=70, fsdp=True)),
+}
+
+
+def _scenario_cfg(extra: dict) -> GRPOConfig:
+    return GRPOConfig(max_new_tokens=48, ppo_mini_batches=2, clip_ratio_high=0.28,
+                      **{k: v for k, v in extra.items() if k != "fsdp"})
+
+
+def _worker(folder: str):
+    """One rank of the 2-rank test: for each scenario, ppo_update on this rank's share, then rank 0
+    writes the full weights."""
+    import torch.distributed as dist
+
+    from sft import setup_distributed, teardown_distributed
+    info = setup_distributed()
+    with open(os.path.join(folder, "data.pkl"), "rb") as f:
+        pool, advs = pickle.load(f)
+    _, tok = tiny()
+    tags = TagIds.from_tokenizer(tok)
+    for name, (r0, r1, extra) in SCENARIOS.items():
+        model, _ = tiny()
+        model.load_state_dict(torch.load(os.path.join(folder, "init.pt")))
+        mine = (r0, r1)[info.rank]
+        cfg = _scenario_cfg(extra)
+        plain = None
+        if extra.get("fsdp"):
+            from torch.distributed.fsdp import fully_shard
+            plain = copy.deepcopy(model)
+            for layer in model.model.layers:
+                fully_shard(layer)
+            fully_shard(model)
+            train_model = model
+        else:
+            train_model = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(train_model.parameters(), lr=0.5)
+        stats = ppo_update(train_model, opt, [pool[i] for i in mine], [advs[i] for i in mine], cfg, tags=tags,
+                           pad_id=tok.pad_token_id, world_size=info.world_size, device=info.device)
+        if plain is not None:
+            grpo.sync_rollout_model(plain, train_model)           # the sampler's copy under FSDP
+            model = plain
+        if info.rank == 0:
+            torch.save({"weights": flat_params(model), "stats": stats}, os.path.join(folder, f"{name}.pt"))
+        dist.barrier()
+    teardown_distributed()
+
+
+def run_two_ranks(folder, timeout=300) -> tuple[int, str]:
+    """torchrun this file as 2 gloo ranks. A deadlock fails the test after `timeout` seconds and kills
+    the whole process group (torchrun and both workers), so nothing is left running."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             os.path.abspath(__file__), str(folder)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return -1, f"timed out after {timeout}s (deadlock?)\n{out}"
+
+
+def test_two_ranks_equal_one_process(tmp_path):
+    model, tok = tiny()
+    short = sampled_rollouts(model, tok, ["Hi", "Ann"], 2, max_new_tokens=10, seed=11)
+    long = sampled_rollouts(model, tok, ["Ava has 3 boxes of 7 pens.", "Bob has 12 pens"], 2, max_new_tokens=48, seed=12)
+    pool = short + long
+    assert max(len(r.response_ids) for r in short) < min(len(r.response_ids) for r in long[:2])
+    advs = [1.0, -1.0, 0.5, -0.5, 1.5, -0.5, -1.0, 2.0]
+    torch.save(model.state_dict(), tmp_path / "init.pt")
+    with open(tmp_path / "data.pkl", "wb") as f:
+        pickle.dump((pool, advs), f)
+    returncode, output = run_two_ranks(tmp_path)
+    assert returncode == 0, output[-5000:]
+    for name, (r0, r1, extra) in SCENARIOS.items():
+        rollouts, adv = union_for_one_process([[pool[i] for i in r0], [pool[i] for i in r1]],
+                                              [[advs[i] for i in r0], [advs[i] for i in r1]], 2)
+        m = copy.deepcopy(model)
+        m.load_state_dict(torch.load(tmp_path / "init.pt"))
+        w, stats = run_update(m, rollouts, adv, _scenario_cfg(extra), tok)
+        got = torch.load(tmp_path / f"{name}.pt")
+        assert (got["weights"] - w).abs().max() <= 1e-6, name
+        assert (w - flat_params(model)).abs().max() > 1e-4, name
+        assert got["stats"]["loss_tokens"] == stats["loss_tokens"], name
+        assert got["stats"]["loss"] == pytest.approx(stats["loss"], abs=1e-6), name
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])
