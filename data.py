@@ -82,7 +82,7 @@ SHORT_SEQUENTIAL_TEMPLATE = "Think step by step.\n{problem}\n"
 # every real subword tokenizer has tens of thousands.
 TINY_VOCAB_LIMIT = 1000
 
-STYLES = ("parallel", "sequential", "verify", "decompose")   # trace styles, see `render_trace`
+STYLES = ("parallel", "sequential", "sum-in-summary", "decompose")   # trace styles, see `render_trace`
 _PLACEHOLDER = re.compile(r"\{problem\}|\{Problem\}")
 
 
@@ -93,7 +93,7 @@ def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: 
     else the short one-line variant when the tokenizer is the tiny character one
     (`len(tokenizer) < TINY_VOCAB_LIMIT`), else `PARALLEL_TEMPLATE` / `SEQUENTIAL_TEMPLATE`.
     `style` "sequential" picks the sequential prompt; "parallel" and the other parallel trace styles
-    ("verify", "decompose") pick the parallel one. When the tokenizer has a chat template, the text is the
+    ("sum-in-summary", "decompose") pick the parallel one. When the tokenizer has a chat template, the text is the
     user message and the template is applied with `add_generation_prompt=True` (PAPER_NOTES §3.4);
     otherwise the text is returned as it is.
 
@@ -175,12 +175,15 @@ class Difficulty:
         main chain when there are 2 or more).
     parts: container kinds per person = products per path = terms of the summary's sum (>= 2).
     low, high: range of every count and every container size, inclusive (products <= high**2).
+    max_total: redraw a person's numbers until their total is <= max_total (0 = no limit); with 9,
+        every sum in a summary is a one-digit addition fact.
     """
 
     groups: int = 1
     parts: int = 2
     low: int = 2
     high: int = 9
+    max_total: int = 0              # each person's total stays <= this (0 = no limit)
 
     def __post_init__(self):
         if self.groups < 1 or self.parts < 2 or not 1 <= self.low <= self.high:
@@ -192,9 +195,9 @@ class Difficulty:
 # All knobs of the synthetic task, in one place. A split is a mixture of difficulties (weight, kind).
 # Chosen so that every sum has two terms and stays small (TASK_NOTES); tune here.
 SYNTHETIC_SPLITS: dict[str, tuple[tuple[float, Difficulty], ...]] = {
-    "easy": ((0.60, Difficulty(groups=1, parts=2, low=2, high=5)),     # one block: sums <= 50
-             (0.40, Difficulty(groups=2, parts=2, low=2, high=4))),    # the hard format: <= 64
-    "hard": ((1.00, Difficulty(groups=2, parts=2, low=2, high=4)),),   # two blocks + final sum: <= 64
+    "easy": ((0.60, Difficulty(groups=1, parts=2, low=1, high=4, max_total=9)),   # one block
+             (0.40, Difficulty(groups=2, parts=2, low=1, high=4, max_total=9))),  # the hard format
+    "hard": ((1.00, Difficulty(groups=2, parts=2, low=1, high=4, max_total=9)),),  # two blocks + final sum <= 18
 }
 # Measured with the tiny model (README, "The synthetic task"): products are learnt almost at once;
 # the two-term additions in the summaries are what limits accuracy, so operands stay small.
@@ -218,6 +221,11 @@ class WordProblem:
         return sum(self.group_totals)
 
 
+def _singular(noun: str) -> str:
+    """boxes -> box, pens -> pen (enough for the nouns of this task)."""
+    return noun[:-2] if noun.endswith("xes") else noun[:-1]
+
+
 def make_problem(rng: random.Random, difficulty: Difficulty) -> WordProblem:
     """Draw one problem of the given difficulty with `rng`.
 
@@ -230,8 +238,12 @@ def make_problem(rng: random.Random, difficulty: Difficulty) -> WordProblem:
     names = rng.sample(NAMES, d.groups)
     sentences, groups = [], []
     for name in names:
-        parts = tuple((rng.randint(d.low, d.high), rng.randint(d.low, d.high)) for _ in range(d.parts))
-        phrases = [f"{c} {box} of {s} {item}" for (c, s), box in zip(parts, rng.sample(CONTAINERS, d.parts))]
+        while True:
+            parts = tuple((rng.randint(d.low, d.high), rng.randint(d.low, d.high)) for _ in range(d.parts))
+            if not d.max_total or sum(c * s for c, s in parts) <= d.max_total:
+                break
+        phrases = [f"{c} {_singular(box) if c == 1 else box} of {s} {_singular(item) if s == 1 else item}"
+                   for (c, s), box in zip(parts, rng.sample(CONTAINERS, d.parts))]
         listed = ", ".join(phrases[:-1]) + " and " + phrases[-1]
         sentences.append(f"{name} has {listed}.")
         groups.append(parts)
@@ -298,16 +310,19 @@ def render_trace(problem: WordProblem, style: str = "parallel") -> str:
     """The target response of a synthetic problem, as text with tags and without EOS.
 
     Styles, for the problem "Ava has 3 boxes of 7 pens and 4 bags of 6 pens. How many pens in all?":
-      parallel:   <Parallel><Path>3*7=21,4*6=24</Path><Path>4*6=24,3*7=21</Path></Parallel>
-                  <Summary>21+24=45</Summary>\\nFinal Answer: 45
-                  (every path does all products of the person, in its own order; the summary adds)
-      sequential: 3*7=21\\n4*6=24\\n21+24=45\\nFinal Answer: 45      (the same steps, one chain, no tags)
-      verify:     <Parallel><Path>3*7=21,4*6=24,21+24=45</Path><Path>4*6=24,3*7=21,24+21=45</Path></Parallel>
-                  <Summary>45</Summary>\\nFinal Answer: 45
-                  (each path solves the person's whole sub-problem, the two orders check each other;
-                  the summary states the agreed total)
+      parallel:   <Parallel><Path>3*7=21,4*6=24,21+24=45</Path><Path>4*6=24,3*7=21,24+21=45</Path></Parallel>
+                  <Summary>45</Summary>\nFinal Answer: 45
+                  (each path solves the person's whole sub-problem, in its own order -- the paper's
+                  "verification" use; the summary states the agreed total)
+      sequential: 3*7=21\n4*6=24\n21+24=45\nFinal Answer: 45      (the same steps, one chain, no tags)
+      sum-in-summary: <Parallel><Path>3*7=21,4*6=24</Path><Path>4*6=24,3*7=21</Path></Parallel>
+                  <Summary>21+24=45</Summary>\nFinal Answer: 45
+                  (the paths only multiply, the summary adds. Under Unseen multiverse positions the two
+                  paths' products sit at the *same* positions in swapped order, so the summary cannot tell
+                  which operand it copies: measured, half of its sums used one product twice. Kept to
+                  show that effect; see README "The synthetic task")
       decompose:  <Parallel><Path>3*7=21</Path><Path>4*6=24</Path></Parallel>
-                  <Summary>21+24=45</Summary>\\nFinal Answer: 45
+                  <Summary>21+24=45</Summary>\nFinal Answer: 45
                   (one path per product: needs paths that know their index, which the paper's
                   sampler does not give; see the note above `NAMES`)
     (one line break, the canonical "\\n" between </Parallel> and <Summary>, is shown as a new line.)
@@ -323,10 +338,10 @@ def render_trace(problem: WordProblem, style: str = "parallel") -> str:
         if style == "sequential":
             steps.append("\n".join(prods + [_sum(values)]))
         elif style == "parallel":
-            steps.append(_block([",".join(prods), ",".join(prods[::-1])], _sum(values)))
-        elif style == "verify":
             steps.append(_block([",".join(prods + [_sum(values)]),
                                  ",".join(prods[::-1] + [_sum(values[::-1])])], str(total)))
+        elif style == "sum-in-summary":
+            steps.append(_block([",".join(prods), ",".join(prods[::-1])], _sum(values)))
         else:  # decompose
             steps.append(_block(prods, _sum(values)))
     lines = ["\n".join(steps)]

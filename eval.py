@@ -499,6 +499,7 @@ class EvalConfig:
     device: str = ""                   # "" = cuda if available else cpu
     allow_untrained_tags: bool = False
     plot: str = ""                     # a run folder: draw its log.jsonl to curves.png and exit
+    table: str = ""                    # comma list of eval output folders: one table of their rows, and exit
 
 
 def resolve_defaults(cfg: EvalConfig, tiny: bool) -> EvalConfig:
@@ -622,7 +623,29 @@ def main(argv: list[str]) -> None:
     if cfg.plot:
         print(f"[eval] wrote {plot_curves(cfg.plot)}")
         return
+    if cfg.table:
+        print(combine_tables(cfg.table.split(","), cfg.out_dir or None))
+        return
     run(cfg)
+
+
+def combine_tables(eval_dirs: list[str], out_dir: str | None = None) -> str:
+    """One Table-2 style table with a row per evaluation (each folder holds a `summary.json` of `run`);
+    also written to `out_dir/results.md` when given. Raises FileNotFoundError naming a missing summary."""
+    rows = {}
+    for d in eval_dirs:
+        path = os.path.join(d, "summary.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no {path}: run `python eval.py --model=... --out_dir={d}` first")
+        with open(path, encoding="utf-8") as fh:
+            s = json.load(fh)
+        rows[s["name"]] = s["benchmarks"]
+    table = format_table(rows)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as fh:
+            fh.write(table + "\n")
+    return table
 
 
 if __name__ == "__main__":
