@@ -333,7 +333,7 @@ def gather_cache(cache, index: torch.Tensor):
         cache: a transformers `DynamicCache` with R rows and T slots (every layer
             `layers[i].keys` / `.values` of shape (R, kv_heads, T, head_dim)).
         index: (R', T') long; entry = src_row * T + src_slot, or -1 for an empty (padding) slot,
-            which is filled with zeros and must be hidden by the caller's attention mask.
+            which holds a copy of some real entry (finite) and must be hidden by the caller's mask.
     Returns:
         a new `DynamicCache` with R' rows and T' slots. The source is not modified.
 
@@ -343,18 +343,15 @@ def gather_cache(cache, index: torch.Tensor):
     """
     from transformers import DynamicCache
 
-    flat_idx = index.clamp(min=0).flatten()
-    empty = (index < 0)
+    T = cache.layers[0].keys.shape[2]
+    flat = index.clamp(min=0)                     # empty slots copy slot 0 of row 0: finite, and masked
+    rows, slots = flat // T, flat % T             # (R', T') each
     out = []
     for layer in cache.layers:
         kv = []
-        for t in (layer.keys, layer.values):
-            R, H, T, D = t.shape
-            g = t.permute(0, 2, 1, 3).reshape(R * T, H, D)[flat_idx.to(t.device)]
-            g = g.view(*index.shape, H, D)
-            if empty.any():
-                g = g.masked_fill(empty.to(t.device)[..., None, None], 0)
-            kv.append(g.permute(0, 2, 1, 3).contiguous())
+        for t in (layer.keys, layer.values):      # (R, H, T, D) -> one copy: (R', T', H, D) -> (R', H, T', D)
+            r, s = rows.to(t.device), slots.to(t.device)
+            kv.append(t[r, :, s].transpose(1, 2).contiguous())
         out.append(tuple(kv))
     return DynamicCache(ddp_cache_data=out)
 
