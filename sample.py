@@ -483,8 +483,9 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
 # `python sample.py --bench`: speed of the engine on CPU (numbers go into the README)
 
 
-class _TagBias(torch.nn.Module):
-    """Benchmark helper: adds a fixed bias to a model's logits (random weights rarely emit tags)."""
+class TagBias(torch.nn.Module):
+    """Adds a fixed bias to a model's logits: random weights rarely emit tags, so benchmarks and tests
+    use it to get many blocks. The training forward sees the same bias, so log-probs stay exact."""
 
     def __init__(self, inner, bias: torch.Tensor):
         super().__init__()
@@ -540,7 +541,7 @@ def bench(batch: int = 16, new_tokens: int = 128, repeats: int = 2):
         # Blocks of 2 paths: <Parallel> likely in the main chain, paths run to their budget, short summaries.
         bias = torch.zeros(m.get_output_embeddings().weight.shape[0])
         bias[tags.parallel], bias[tags.end_path], bias[tags.end_summary] = 2.0, -30.0, 3.0
-        biased = _TagBias(m, bias).eval()
+        biased = TagBias(m, bias).eval()
         kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, max_path_tokens=24, seed=0)
         t_un, ru = timed(lambda: generate(biased, tok, prompts, mode="unseen", **kw))
         t_se, rse = timed(lambda: generate(biased, tok, prompts, mode="seen", **kw))

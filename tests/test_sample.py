@@ -6,26 +6,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from attention import TagIds, parse_structure, structured_forward
 from model import add_parallel_tags, build_char_tokenizer
-from sample import generate, token_logprobs
+from sample import TagBias, generate, token_logprobs
 
 PROMPTS = ["Ava has 3 boxes of 7 pens.", "Hi", "Bob has 12 pens and 5 cups; how many?"]
-
-
-class TagBiased(torch.nn.Module):
-    """A model whose logits favour the structural tags, so random weights produce many blocks."""
-
-    def __init__(self, inner, bias):
-        super().__init__()
-        self.inner = inner
-        self.register_buffer("bias", bias)
-
-    def forward(self, **kw):
-        out = self.inner(**kw)
-        out.logits = out.logits + self.bias
-        return out
-
-    def get_output_embeddings(self):
-        return self.inner.get_output_embeddings()
 
 
 def tiny(attn="sdpa", seed=0):
@@ -44,7 +27,7 @@ def biased(model, tok, strength=3.0):
     bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
     bias[[tags.parallel, tags.end_path, tags.end_summary]] = strength
     bias[tags.eos] = strength / 3
-    return TagBiased(model, bias).eval()
+    return TagBias(model, bias).eval()
 
 
 @pytest.fixture(scope="module")
