@@ -5,6 +5,7 @@ Run as a script (`torchrun --nproc_per_node=2 tests/test_grpo.py <dir>`) it is t
 2-rank test."""
 
 import copy
+import dataclasses
 import math
 import os
 import pickle
@@ -251,14 +252,14 @@ def flat_params(model):
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
-def run_update(model, rollouts, advantages, cfg, tok, lr=0.5, optimizer="sgd"):
+def run_update(model, rollouts, advantages, cfg, tok, lr=0.5, optimizer="sgd", ref_model=None):
     """ppo_update with a fresh optimizer; returns (flat weights after, stats). The equivalence tests
     use SGD: the weights then differ exactly by the accumulated gradients' rounding, where AdamW's
     m / sqrt(v) would blow the rounding of a near-zero gradient up to ~lr."""
     tags = TagIds.from_tokenizer(tok)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01) if optimizer == "adamw" \
         else torch.optim.SGD(model.parameters(), lr=lr)
-    stats = ppo_update(model, opt, rollouts, advantages, cfg, tags=tags, pad_id=tok.pad_token_id)
+    stats = ppo_update(model, opt, rollouts, advantages, cfg, tags=tags, pad_id=tok.pad_token_id, ref_model=ref_model)
     return flat_params(model), stats
 
 
@@ -323,6 +324,46 @@ def test_recompute_logprobs_matches_the_sampler(setting):
     cfg = GRPOConfig(max_new_tokens=24, recompute_logprobs=True, temperature=0.7, micro_batch_size=4)
     _, stats = run_update(copy.deepcopy(model), rollouts, [1.0, -1.0, 1.0, -1.0], cfg, tok)
     assert stats["logprob_max_diff"] < 1e-5
+
+
+def test_kl_term_against_a_reference_model(setting):
+    """The logged KL is the mean k3 over the loss tokens, from an independent forward of both models;
+    against itself (ratio 1, KL 0 with zero gradient) the update equals the KL-free one."""
+    model, tok, rollouts, adv = setting
+    tags = TagIds.from_tokenizer(tok)
+    ref, _ = tiny(seed=2)
+    expected, n = 0.0, 0
+    with torch.no_grad():
+        for r in rollouts:
+            ids = torch.tensor([r.prompt_ids + r.response_ids])
+            p, keep = len(r.prompt_ids), torch.tensor(r.sampled_mask, dtype=torch.bool)
+            lp, lr = (token_logprobs(structured_forward(m, ids, torch.ones_like(ids), [p], tags, "unseen")[0, p - 1:-1],
+                                     ids[0, p:])[keep] for m in (model, ref))
+            expected += (torch.exp(lr - lp) - (lr - lp) - 1).sum().item()
+            n += int(keep.sum())
+    cfg = GRPOConfig(max_new_tokens=24, ppo_mini_batches=1, micro_batch_size=2, kl_coef=0.1)
+    m = copy.deepcopy(model)
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    stats = ppo_update(m, opt, rollouts, adv, cfg, tags=tags, pad_id=tok.pad_token_id, ref_model=ref)
+    assert stats["kl"] == pytest.approx(expected / n, rel=1e-5) and stats["kl"] > 0.01
+    w_self, _ = run_update(copy.deepcopy(model), rollouts, adv, cfg, tok, ref_model=copy.deepcopy(model))
+    w_none, _ = run_update(copy.deepcopy(model), rollouts, adv, dataclasses.replace(cfg, kl_coef=0.0), tok)
+    assert (w_self - w_none).abs().max() < 1e-6
+
+
+def test_filter_groups_trains_only_on_groups_with_variance(tmp_path, monkeypatch):
+    def scores(responses, golds, **kw):          # prompt "0": all equal; prompt "1": by the text
+        return [{"reward": 0.0 if g == "0" else float(sum(map(ord, t)) % 7), "correct": False, "kind": "accuracy"}
+                for t, g in zip(responses, golds)]
+    monkeypatch.setattr(grpo, "score_batch", scores)
+    model, tok = tiny(seed=1)
+    init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
+    out = grpo.train(GRPOConfig(model=init, batch_size=2, group_size=3, max_new_tokens=12, max_steps=1, max_time=0.0,
+                                eval_data="", log_every=0, filter_groups=True, out_dir=str(tmp_path / "run")),
+                     records=records)
+    row = out["last_step"]
+    assert row["groups_with_variance"] == 0.5 and row["rollouts_trained"] == 3 and row["optimizer_steps"] == 2
 
 
 # ----------------------------------------------------------------------------------------------------
