@@ -340,6 +340,9 @@ def own_tokenizer(name_or_path: str):
         return None
     from transformers import AutoTokenizer
 
+    from model import check_model_name
+
+    check_model_name(name_or_path)
     try:
         return AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as e:

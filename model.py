@@ -108,6 +108,15 @@ def _tiny_model(vocab_size: int, tokenizer, seed: int):
     return Qwen3ForCausalLM(cfg)
 
 
+def check_model_name(name_or_path: str) -> None:
+    """Raise FileNotFoundError when `name_or_path` is written like a local path (starts with . / ~, or
+    has more than one "/", unlike a hub id "org/name") and no such folder exists."""
+    p = name_or_path
+    if not os.path.isdir(p) and (p.startswith((".", "/", "~")) or p.count("/") > 1 or os.sep != "/" and os.sep in p):
+        raise FileNotFoundError(f"no folder {p!r}: pass an existing checkpoint folder (e.g. runs/sft/checkpoint-200), "
+                                "a hub name like Qwen/Qwen3-4B-Base, or 'tiny'")
+
+
 def _hub_reachable(timeout: float = 2.0) -> bool:
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
         return False
@@ -143,6 +152,8 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device: str 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if name_or_path == "tiny":
+        if tokenizer:
+            check_model_name(tokenizer)
         tok = AutoTokenizer.from_pretrained(tokenizer) if tokenizer else build_char_tokenizer()
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
@@ -152,6 +163,7 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device: str 
     else:
         if tokenizer is not None:
             raise ValueError("tokenizer= is only for load_model('tiny', tokenizer=...)")
+        check_model_name(name_or_path)
         local = os.path.isdir(name_or_path)
         if not local and not _hub_reachable():
             try:  # maybe it is in the local hub cache
