@@ -198,6 +198,7 @@ class GRPOConfig:
     eval_every: int | None = None        # steps between evaluations (0 = only before and after)
     eval_samples: int | None = None      # the first this-many problems of eval_data (fixed subset; 0 = all)
     eval_k: int | None = None            # responses per problem (Mean@k, Pass@k)
+    eval_temperature: float = 1.0        # the paper evaluates at T = 1.0, whatever T the rollouts use
     log_every: int = 10                  # print a line every N steps (log.jsonl gets every step)
     save_every: int = 50                 # checkpoint every N steps (0 = only at the end)
     keep_last: int = 2                   # checkpoints kept in out_dir (0 = all)
@@ -758,14 +759,14 @@ def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: tor
 
 
 def _eval_samples(model, tokenizer, records, cfg: GRPOConfig) -> list[dict]:
-    """eval.evaluate's per-response samples on `records` (k = cfg.eval_k each, T = cfg.temperature,
+    """eval.evaluate's per-response samples on `records` (k = cfg.eval_k each, T = cfg.eval_temperature,
     seed fixed), for the held-out curve; [] for no records."""
     from eval import evaluate
     if not records:
         return []
     with autocast(next(model.parameters()).device):
         _, samples = evaluate(model, tokenizer, records, cfg.mode, k=cfg.eval_k, max_new_tokens=cfg.max_new_tokens,
-                              temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
+                              temperature=cfg.eval_temperature, top_p=cfg.top_p, seed=cfg.seed,
                               batch_size=max(1, 128 // cfg.eval_k),
                               prompt_style="sequential" if cfg.mode == "sequential" else "parallel",
                               prompt_file=cfg.prompt_file or None, num_paths=cfg.num_paths, max_blocks=cfg.max_blocks)
@@ -1005,7 +1006,7 @@ def print_summary(summary: dict, cfg: GRPOConfig):
     print(f"GRPO done: {s['steps']} steps in {s['seconds']:.0f}s (recipe {cfg.recipe}, mode {cfg.mode})")
     b, a = s.get("eval_before"), s.get("eval_after")
     if b and a:
-        print(f"held-out {cfg.eval_data}, {cfg.eval_samples or 'all'} problems x {cfg.eval_k} samples at T={cfg.temperature}:")
+        print(f"held-out {cfg.eval_data}, {cfg.eval_samples or 'all'} problems x {cfg.eval_k} samples at T={cfg.eval_temperature}:")
         print(f"  {'':24}{'before':>10}{'after':>10}")
         for key, label, scale in (("mean_at_k", f"Mean@{cfg.eval_k} (%)", 100), ("pass_at_k", f"Pass@{cfg.eval_k} (%)", 100),
                                   ("format_valid", "format valid (%)", 100), ("parallel_ratio", "parallel ratio (%)", 100),

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # for the torchrun worker
 
 import grpo  # noqa: E402
 from attention import TagIds, structured_forward  # noqa: E402
@@ -47,9 +47,12 @@ def test_advantages_hand_made_groups():
 
 
 def test_advantages_equal_groups_are_exactly_zero_never_nan():
-    # 0.1 * 3 / 3 != 0.1 in floating point: the zero must not come from the subtraction
-    adv, var = compute_advantages([0.1, 0.1, 0.1, 1.0, -1.0, 1.0], 3)
-    assert adv[:3].tolist() == [0.0, 0.0, 0.0] and var.tolist() == [False, True]
+    # eight tiered rewards of 1.2: the float32 mean is not exactly 1.2, and the naive formula turns the
+    # rounding (1.2e-7) divided by (std + 1e-6) into advantages of ~0.1. The zero must be explicit.
+    g = torch.tensor([1.2] * 8)
+    assert ((g - g.mean()) / (g.std() + 1e-6)).abs().max() > 0.05
+    adv, var = compute_advantages([1.2] * 8 + [1.0, -1.0] * 4, 8)
+    assert adv[:8].tolist() == [0.0] * 8 and var.tolist() == [False, True]
     adv, var = compute_advantages([1.0, -1.0, 0.5], 1)               # G = 1: std undefined -> 0
     assert adv.tolist() == [0.0, 0.0, 0.0] and not var.any()
     adv, _ = compute_advantages([-1.0] * 8, 8, norm_adv_by_std=False)
