@@ -878,4 +878,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (FileNotFoundError, ValueError) as e:      # bad input: the message says what to do
+        sys.exit(f"sft.py: error: {e}")
