@@ -116,12 +116,12 @@ import torch.distributed as dist
 
 from attention import TagIds, structured_forward
 from data import TINY_VOCAB_LIMIT, load_data
-from model import load_model, load_trainer_state
+from model import load_model
 from rewards import RewardSchedule, parallel_positions, score_batch
 from sample import Rollout, generate, token_logprobs
-from sft import (DistInfo, ShuffledStream, _grad_sync, _prune_checkpoints, build_optimizer, compute_dtype,
-                 encode_prompt, find_latest_checkpoint, load_training_state, parse_config, save_training_checkpoint,
-                 set_rng_state, setup_distributed, teardown_distributed)
+from sft import (DistInfo, ShuffledStream, build_optimizer, compute_dtype, encode_prompt, find_latest_checkpoint,
+                 grad_sync, load_training_state, parse_config_with_resume, prune_checkpoints,
+                 save_training_checkpoint, set_rng_state, setup_distributed, teardown_distributed)
 
 RECIPES = ("seen", "unseen-s1", "unseen-s2", "scaffold", "baseline")
 RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "scaffold": "unseen",
@@ -696,7 +696,7 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
         if denominator == 0:                       # nothing to learn from on any rank: every rank skips
             continue
         for j, mb in enumerate(mini):
-            with _grad_sync(model, enabled=j == len(mini) - 1):
+            with grad_sync(model, enabled=j == len(mini) - 1):
                 logits = policy_logits(model, mb, tags, mode)
                 loss, st = micro_batch_loss(logits, mb, cfg, high, denominator, world_size)
                 loss.backward()
@@ -997,7 +997,7 @@ def _train(cfg: GRPOConfig, records, eval_records, dist_info: DistInfo) -> dict:
             ckpt = save_training_checkpoint(os.path.join(cfg.out_dir, f"checkpoint-{step}"), train_model,
                                             tokenizer, optimizer, scheduler, state, dist_info, fsdp=cfg.fsdp)
             if dist_info.is_main:
-                _prune_checkpoints(cfg.out_dir, cfg.keep_last)
+                prune_checkpoints(cfg.out_dir, cfg.keep_last)
         if last:
             break
     bar.close()
@@ -1046,12 +1046,7 @@ def main(argv: list[str] | None = None) -> dict:
     """Parse `--key=value` arguments and train. With --resume, the config saved in the checkpoint is
     the base and the command line overrides it (e.g. --max_steps to train further)."""
     argv = sys.argv[1:] if argv is None else argv
-    cfg = parse_config(GRPOConfig, argv)
-    if cfg.resume:
-        path = find_latest_checkpoint(cfg.out_dir) if cfg.resume.lower() == "true" else cfg.resume
-        saved = load_trainer_state(path)["config"]
-        cfg = parse_config(GRPOConfig, argv, base=dict(saved, resume=path))
-    return train(cfg)
+    return train(parse_config_with_resume(GRPOConfig, argv))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ Checkpoints (`out_dir/checkpoint-<step>`) are Hugging Face folders (`model.save_
 plus `trainer_state.pt`: optimizer, scheduler, RNG states, data position, step and config, so
 `--resume` continues bit for bit (tested on CPU). `out_dir/log.jsonl` has one line per step.
 
-Pieces grpo.py reuses: `parse_config`, `setup_distributed`/`teardown_distributed`/`all_reduce`,
+Pieces grpo.py reuses: `parse_config`/`parse_config_with_resume`, `grad_sync`, `prune_checkpoints`, `setup_distributed`/`teardown_distributed`/`all_reduce`,
 `build_optimizer`/`build_scheduler`, `save_training_checkpoint`/`load_training_state`/
 `find_latest_checkpoint`, `encode_prompt`, `quick_eval`.
 """
@@ -451,7 +451,7 @@ def response_nll(model, batch: Batch, tags: TagIds, mode: str) -> tuple[torch.Te
     return (nll.view_as(targets) * weights).sum(), weights.sum()
 
 
-def _grad_sync(model, enabled: bool):
+def grad_sync(model, enabled: bool):
     """Gradient all-reduce on or off for the next backward: DDP's no_sync(), FSDP2's
     set_requires_gradient_sync(); a no-op for a plain model."""
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -475,7 +475,7 @@ def accumulate_gradients(model, micro_batches: list[Batch], tags: TagIds, mode: 
     nll_total = 0.0
     for i, mb in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
-        with _grad_sync(model, enabled=last):
+        with grad_sync(model, enabled=last):
             nll_sum, _ = response_nll(model, mb.to(device), tags, mode)
             (nll_sum * (world_size / global_tokens)).backward()
         nll_total += nll_sum.item()
@@ -600,7 +600,7 @@ def load_training_state(path: str, model, optimizer, scheduler, fsdp: bool = Fal
     return state
 
 
-def _prune_checkpoints(out_dir: str, keep_last: int):
+def prune_checkpoints(out_dir: str, keep_last: int):
     if keep_last <= 0:
         return
     paths = sorted(glob.glob(os.path.join(out_dir, "checkpoint-*")),
@@ -806,7 +806,7 @@ def _train(cfg: SFTConfig, records: list[dict] | None, dist_info: DistInfo) -> d
             ckpt = save_training_checkpoint(os.path.join(cfg.out_dir, f"checkpoint-{step}"), train_model,
                                             tokenizer, optimizer, scheduler, state, dist_info, fsdp=cfg.fsdp)
             if dist_info.is_main:
-                _prune_checkpoints(cfg.out_dir, cfg.keep_last)
+                prune_checkpoints(cfg.out_dir, cfg.keep_last)
         if out_of_time and step < total_steps:
             stopped_early = True
             break
@@ -869,12 +869,18 @@ def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()                      # our own bar is enough
-    cfg = parse_config(SFTConfig, argv)
+    return train(parse_config_with_resume(SFTConfig, argv))
+
+
+def parse_config_with_resume(config_class, argv: list[str]):
+    """`parse_config`, except that with --resume the config saved in that checkpoint is the base and the
+    command line overrides it (e.g. --max_steps to train further). Used by sft.py and grpo.py."""
+    cfg = parse_config(config_class, argv)
     if cfg.resume:
         path = find_latest_checkpoint(cfg.out_dir) if cfg.resume.lower() == "true" else cfg.resume
         saved = load_trainer_state(path)["config"]
-        cfg = parse_config(SFTConfig, argv, base=dict(saved, resume=path))
-    return train(cfg)
+        cfg = parse_config(config_class, argv, base=dict(saved, resume=path))
+    return cfg
 
 
 if __name__ == "__main__":
