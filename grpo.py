@@ -153,6 +153,7 @@ class GRPOConfig:
         group_size          8                                 8
         max_new_tokens      3000                              160
         lr                  1e-6, constant                    5e-5, constant
+        warmup_steps        0                                 10 optimizer steps (5 training steps)
         kl_coef             0 (no reference model)            0.3 (k3, against the SFT weights)
         micro_batch_size    2 rollouts                        16 rollouts
         generate_batch_size 64 prompts per generate call      all prompts of the step
@@ -202,7 +203,7 @@ class GRPOConfig:
     recompute_logprobs: bool = False     # debug: recompute logp_old with a forward, log the max difference
     # optimisation
     lr: float | None = None
-    warmup_steps: int = 0                # linear warm-up in optimizer steps, then constant
+    warmup_steps: int | None = None      # linear warm-up in optimizer steps, then constant
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0               # max global grad norm; 0 = no clipping
@@ -228,11 +229,11 @@ class GRPOConfig:
 
 
 TINY_DEFAULTS = dict(data="synthetic:hard", eval_data="synthetic:hard:test", easy_data="synthetic:easy",
-                     batch_size=16, group_size=8, max_new_tokens=160, lr=5e-5, kl_coef=0.3, micro_batch_size=16,
+                     batch_size=16, group_size=8, max_new_tokens=160, lr=5e-5, warmup_steps=10, kl_coef=0.3, micro_batch_size=16,
                      generate_batch_size=0, max_steps=1000, max_time=400.0, eval_every=10, eval_samples=64,
                      eval_k=4, easy_steps=10, scaffold_steps=20)
 PAPER_DEFAULTS = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_size=256, group_size=8,
-                      max_new_tokens=3000, lr=1e-6, kl_coef=0.0, micro_batch_size=2, generate_batch_size=64, max_steps=300,
+                      max_new_tokens=3000, lr=1e-6, warmup_steps=0, kl_coef=0.0, micro_batch_size=2, generate_batch_size=64, max_steps=300,
                       max_time=0.0, eval_every=10, eval_samples=0, eval_k=16, easy_steps=35, scaffold_steps=200)
 
 
@@ -1026,7 +1027,9 @@ def print_summary(summary: dict, cfg: GRPOConfig):
     """The end-of-run report: the held-out metrics before and after training, where things are."""
     s = summary
     print("\n" + "=" * 78)
-    print(f"GRPO done: {s['steps']} steps in {s['seconds']:.0f}s (recipe {cfg.recipe}, mode {cfg.mode})")
+    stop = (f"stopped by --max_time={cfg.max_time:.0f}s before --max_steps={cfg.max_steps}"
+            if cfg.max_time and s["steps"] < cfg.max_steps else f"--max_steps={cfg.max_steps}")
+    print(f"GRPO done: {s['steps']} steps in {s['seconds']:.0f}s, {stop} (recipe {cfg.recipe}, mode {cfg.mode})")
     b, a = s.get("eval_before"), s.get("eval_after")
     if b and a:
         print(f"held-out {cfg.eval_data}, {cfg.eval_samples or 'all'} problems x {cfg.eval_k} samples at T={cfg.eval_temperature}:")

@@ -1,31 +1,55 @@
 #!/usr/bin/env bash
-# `make reproduce`: the paper's Table 2 in miniature on the synthetic task (fixed seeds, ~1 hour on 2 cores).
+# `make reproduce`: the paper's Table 2 in miniature on the synthetic task (fixed seeds and step counts).
 #   three cold starts: Unseen SFT, Seen SFT, and the sequential baseline's SFT (no tags)
-#   five RL recipes:   baseline, seen, unseen-s1, unseen-s2, scaffold
-#   one evaluation of every checkpoint on the same held-out problems -> results/table.md
+#   five RL recipes:   baseline, seen, unseen-s1, unseen-s2, scaffold -- each GRPO_STEPS steps
+#   one evaluation of every checkpoint on the same held-out problems -> results/results.md
+# Two lanes run side by side, one thread each (about 35 minutes on 2 cores):
+#   lane A  Unseen SFT -> unseen-s1, unseen-s2, scaffold
+#   lane B  Seen SFT, sequential SFT -> seen, baseline
+# Step counts, not wall time, bound every run, so the table does not depend on the machine's speed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-OUT=runs/reproduce
-mkdir -p results
+OUT=${OUT:-runs/reproduce}
+GRPO_STEPS=${GRPO_STEPS:-30}
+export OMP_NUM_THREADS=1
+mkdir -p "$OUT" results
 start=$(date +%s)
 latest() { ls -d "$1"/checkpoint-* | sort -V | tail -1; }
+run() { echo "[$(date +%H:%M:%S)] $*"; "$@"; }
 
-$PY sft.py --out_dir=$OUT/sft_unseen --seed=0
-$PY sft.py --mode=seen --out_dir=$OUT/sft_seen --seed=0
-$PY sft.py --style=sequential --mode=seen --out_dir=$OUT/sft_sequential --seed=0
+sft_and_eval() {   # $1 = name, then sft.py arguments
+  local name=$1; shift
+  run $PY sft.py --out_dir=$OUT/$name --seed=0 "$@"
+  run $PY eval.py --model="$(latest $OUT/$name)" --name="SFT ($name)" --out_dir=$OUT/eval_$name
+}
+grpo_and_eval() {  # $1 = recipe, $2 = its SFT run
+  run $PY grpo.py --recipe=$1 --model="$(latest $OUT/$2)" --out_dir=$OUT/grpo_$1 --seed=0 \
+      --max_steps=$GRPO_STEPS --max_time=0
+  run $PY eval.py --model="$(latest $OUT/grpo_$1)" --name="GRPO $1" --out_dir=$OUT/eval_$1
+  if $PY eval.py --plot=$OUT/grpo_$1; then cp $OUT/grpo_$1/curves.png results/curves_$1.png
+  else echo "(no plot for $1: pip install -r requirements-plot.txt)"; fi
+}
+lane_a() {
+  sft_and_eval sft_unseen
+  for recipe in unseen-s1 unseen-s2 scaffold; do grpo_and_eval $recipe sft_unseen; done
+}
+lane_b() {
+  sft_and_eval sft_seen --mode=seen
+  sft_and_eval sft_sequential --style=sequential --mode=seen
+  for recipe in seen baseline; do grpo_and_eval $recipe sft_$([ $recipe = seen ] && echo seen || echo sequential); done
+}
 
-declare -A INIT=([baseline]=sft_sequential [seen]=sft_seen [unseen-s1]=sft_unseen [unseen-s2]=sft_unseen [scaffold]=sft_unseen)
-dirs=()
-for sft in sft_sequential sft_seen sft_unseen; do
-  $PY eval.py --model="$(latest $OUT/$sft)" --name="SFT ($sft)" --out_dir=$OUT/eval_$sft
-  dirs+=($OUT/eval_$sft)
-done
-for recipe in baseline seen unseen-s1 unseen-s2 scaffold; do
-  $PY grpo.py --recipe=$recipe --model="$(latest $OUT/${INIT[$recipe]})" --out_dir=$OUT/grpo_$recipe --seed=0
-  $PY eval.py --model="$(latest $OUT/grpo_$recipe)" --name="GRPO $recipe" --out_dir=$OUT/eval_$recipe
-  $PY eval.py --plot=$OUT/grpo_$recipe || true
-  dirs+=($OUT/eval_$recipe)
-done
-$PY eval.py --table="$(IFS=,; echo "${dirs[*]}")" --out_dir=results
+echo "lane A log: $OUT/lane_a.log    lane B log: $OUT/lane_b.log"
+lane_a > $OUT/lane_a.log 2>&1 & a=$!
+lane_b > $OUT/lane_b.log 2>&1 & b=$!
+status=0
+wait $a || { echo "lane A failed: see $OUT/lane_a.log"; status=1; }
+wait $b || { echo "lane B failed: see $OUT/lane_b.log"; status=1; }
+[ $status = 0 ] || exit 1
+grep -h "^\[" $OUT/lane_a.log $OUT/lane_b.log | sort
+
+dirs=$OUT/eval_sft_sequential,$OUT/eval_baseline,$OUT/eval_sft_seen,$OUT/eval_seen,$OUT/eval_sft_unseen
+dirs=$dirs,$OUT/eval_unseen-s1,$OUT/eval_unseen-s2,$OUT/eval_scaffold
+$PY eval.py --table=$dirs --out_dir=results
 echo "results/results.md written; reproduce took $(( $(date +%s) - start )) s"
