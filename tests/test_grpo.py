@@ -25,7 +25,7 @@ from attention import TagIds, structured_forward  # noqa: E402
 from grpo import (GRPOConfig, agg_loss, collate_rollouts, compute_advantages, kl_penalty,  # noqa: E402
                   micro_batch_loss, plan_micro_batches, policy_loss, ppo_update)
 from model import add_parallel_tags, build_char_tokenizer, save_checkpoint  # noqa: E402
-from sample import Rollout, generate, token_logprobs  # noqa: E402
+from sample import Rollout, TagBias, generate, token_logprobs  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------------
 # Advantages
@@ -226,28 +226,17 @@ def tiny(seed=0):
     return model.eval(), tok
 
 
-class TagBiased(torch.nn.Module):
+def tag_biased(model, tok):
     """Logits pushed towards the tags, so random weights sample blocks (and injected tokens)."""
-
-    def __init__(self, inner, tok):
-        super().__init__()
-        self.inner = inner
-        tags = TagIds.from_tokenizer(tok)
-        self.bias = torch.zeros(inner.get_output_embeddings().weight.shape[0])
-        self.bias[[tags.parallel, tags.end_path, tags.end_summary]] = 3.0
-        self.bias[tags.eos] = 1.0
-
-    def forward(self, **kw):
-        out = self.inner(**kw)
-        out.logits = out.logits + self.bias
-        return out
-
-    def get_output_embeddings(self):
-        return self.inner.get_output_embeddings()
+    tags = TagIds.from_tokenizer(tok)
+    bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
+    bias[[tags.parallel, tags.end_path, tags.end_summary]] = 3.0
+    bias[tags.eos] = 1.0
+    return TagBias(model, bias)
 
 
 def sampled_rollouts(model, tok, prompts, group_size, max_new_tokens, seed, mode="unseen"):
-    return generate(TagBiased(model, tok), tok, prompts, group_size=group_size, mode=mode,
+    return generate(tag_biased(model, tok), tok, prompts, group_size=group_size, mode=mode,
                     max_new_tokens=max_new_tokens, seed=seed)
 
 
