@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: the whole curriculum on the embedded default (a ~1M-parameter model, CPU):
-#   1. cold-start SFT on synthetic:easy parallel traces (Unseen mask)       ~3 min
-#   2. GRPO on synthetic:hard with the Unseen S2 recipe (alternating reward) ~7 min
+#   1. cold-start SFT on synthetic:easy parallel traces (Unseen mask)       ~4 min
+#   2. GRPO on synthetic:hard with the Unseen S1 recipe (accuracy reward)    ~7 min
 #   3. evaluation of both checkpoints on held-out easy and hard problems     ~2 min
 # and a before/after table. Everything lands in runs/demo/.
 set -euo pipefail
@@ -13,12 +13,12 @@ start=$(date +%s)
 echo "== 1/3 SFT: python sft.py --out_dir=$OUT/sft"
 $PY sft.py --out_dir=$OUT/sft
 SFT_CKPT=$(ls -d $OUT/sft/checkpoint-* | sort -V | tail -1)
-echo "== 2/3 GRPO: python grpo.py --recipe=unseen-s2 --model=$SFT_CKPT --out_dir=$OUT/grpo"
-$PY grpo.py --recipe=unseen-s2 --model=$SFT_CKPT --out_dir=$OUT/grpo
+echo "== 2/3 GRPO: python grpo.py --recipe=unseen-s1 --model=$SFT_CKPT --out_dir=$OUT/grpo"
+$PY grpo.py --recipe=unseen-s1 --model=$SFT_CKPT --out_dir=$OUT/grpo
 GRPO_CKPT=$(ls -d $OUT/grpo/checkpoint-* | sort -V | tail -1)
 echo "== 3/3 eval: the SFT and the GRPO checkpoints, same problems, same seeds"
 $PY eval.py --model=$SFT_CKPT --name="Parallel-SFT-Unseen (tiny)" --out_dir=$OUT/eval_sft
-$PY eval.py --model=$GRPO_CKPT --name="Parallel-R1-Unseen S2 (tiny)" --out_dir=$OUT/eval_grpo
+$PY eval.py --model=$GRPO_CKPT --name="Parallel-R1-Unseen S1 (tiny)" --out_dir=$OUT/eval_grpo
 $PY eval.py --plot=$OUT/grpo || echo "(no plot: pip install -r requirements-plot.txt)"
 
 echo
