@@ -201,6 +201,7 @@ def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = No
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=parent)
     os.chmod(tmp, 0o755)                          # mkdtemp makes it private; a checkpoint is ordinary output
+    old = None
     try:
         unwrapped = getattr(model, "module", model)
         if state_dict is not None and getattr(unwrapped.config, "tie_word_embeddings", False):
@@ -209,8 +210,7 @@ def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = No
         tokenizer.save_pretrained(tmp)
         if trainer_state is not None:
             torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
-        old = None                                # replacing: move the old one aside, rename, then delete it
-        if os.path.exists(path):
+        if os.path.exists(path):                  # replacing: move the old one aside, rename, then delete it
             old = tempfile.mkdtemp(prefix=".old-" + os.path.basename(path) + "-", dir=parent)
             os.rmdir(old)
             os.replace(path, old)
@@ -218,6 +218,8 @@ def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = No
         if old:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
+        if old and os.path.exists(old) and not os.path.exists(path):
+            os.replace(old, path)                 # failed between the two renames: put the old one back
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path

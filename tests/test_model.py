@@ -138,6 +138,21 @@ def test_save_checkpoint_is_atomic_and_reloads(tmp_path, monkeypatch):
     with torch.no_grad():
         assert torch.equal(m2(ids).logits, ref)
 
+    # a crash between moving the old folder aside and renaming the new one puts the old one back
+    monkeypatch.undo()
+    real_replace, calls = os.replace, []
+    def replace_then_crash(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 2:
+            raise OSError("simulated crash between the renames")
+        real_replace(src, dst)
+    monkeypatch.setattr(os, "replace", replace_then_crash)
+    with pytest.raises(OSError, match="between the renames"):
+        save_checkpoint(path, model, tok, trainer_state={"step": 4})
+    assert calls[0][0] == path and calls[1][1] == path       # it did get as far as the second rename
+    assert os.listdir(tmp_path) == ["ckpt"]
+    assert digest(path) == before
+
     # a successful save replaces it, again without leftovers
     monkeypatch.undo()
     save_checkpoint(path, model, tok, trainer_state={"step": 4})
