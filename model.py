@@ -191,7 +191,8 @@ def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = No
     """Write `model` and `tokenizer` in Hugging Face format to folder `path`, atomically.
 
     Everything is written to a temporary sibling folder first; only a complete folder is renamed to
-    `path` (an existing `path` is moved aside first and deleted after). `trainer_state` (optimizer,
+    `path` (an existing `path` is moved aside first and deleted after; put back if the second rename
+    fails). `trainer_state` (optimizer,
     scheduler, RNG, data position, step, ...) goes to `path/trainer_state.pt`. `state_dict`: the full
     (gathered) weights when the model is sharded with FSDP2; a tied output matrix is dropped from it.
     `transformers` loads the result directly: `AutoModelForCausalLM.from_pretrained(path)`. Returns `path`.
