@@ -45,6 +45,13 @@ problems of MATH-500, PAPER_NOTES §3.5; `math500` here is all 500, LaTeX answer
 `rewards.verify`; `--verifier=paper` switches to the official string match.) For the tiny model (its
 tokenizer has fewer than `data.TINY_VOCAB_LIMIT` entries) the defaults are 256 new tokens, k = 8,
 batches of 16 prompts, and the first 64 problems of each synthetic test set.
+
+Context. A problem whose prompt + `max_new_tokens` exceeds the model's context (`max_position_embeddings`:
+512 for the tiny model, one token per character) is skipped: the run prints how many per benchmark, the
+metrics cover the rest, and summary.json lists the skipped ids under "skipped_too_long" (`--limit` counts
+before skipping). It is an error when no problem of a benchmark fits. `--skip_long_prompts=False`
+samples them anyway, past the positions the model was trained on (rotary models run; the output is
+meaningless). Real models (32k+ contexts) never hit this with the paper's 3000-token budget.
 """
 
 from __future__ import annotations
@@ -501,6 +508,7 @@ class EvalConfig:
     data_dir: str = ""                 # local benchmark files (see data.py)
     device: str = ""                   # "" = cuda if available else cpu
     allow_untrained_tags: bool = False
+    skip_long_prompts: bool = True     # skip problems whose prompt + max_new_tokens exceed the model's context
     plot: str = ""                     # a run folder: draw its log.jsonl to curves.png and exit
     table: str = ""                    # comma list of eval output folders: one table of their rows, and exit
 
@@ -510,6 +518,17 @@ def resolve_defaults(cfg: EvalConfig, tiny: bool) -> EvalConfig:
     d = dict(data="synthetic:easy:test,synthetic:hard:test", k=8, max_new_tokens=256, batch_size=16, limit=64) \
         if tiny else dict(data="aime24,aime25,amc23,math500", k=16, max_new_tokens=3000, batch_size=4, limit=0)
     return dataclasses.replace(cfg, **{f: v for f, v in d.items() if getattr(cfg, f) is None})
+
+
+def split_by_context(prompt_lengths: list[int], max_new_tokens: int, context: int | None) -> tuple[list[int], list[int]]:
+    """(indices that fit, indices that do not): a prompt fits when prompt + max_new_tokens <= context,
+    so no sampled token sits past the model's last trained position. No context (None or 0): all fit.
+
+        >>> split_by_context([100, 256, 257], 256, 512)
+        ([0, 1], [2])
+    """
+    fit = [i for i, n in enumerate(prompt_lengths) if not context or n + max_new_tokens <= context]
+    return fit, sorted(set(range(len(prompt_lengths))) - set(fit))
 
 
 def parse_k_overrides(text: str) -> dict[str, int]:
@@ -562,12 +581,26 @@ def run(cfg: EvalConfig) -> dict:
     print(f"[eval] {name}: mode {mode} ({why}), {style} prompt{f' from {prompt_file}' if prompt_file else ''}, "
           f"T={cfg.temperature}, max_new_tokens {cfg.max_new_tokens}")
     context = getattr(model.config, "max_position_embeddings", None)
+    skipped = {}
     for bench, recs in records.items():
-        longest = max(len(tokenizer(build_prompt(tokenizer, r["problem"], style, prompt_file or None),
-                                    add_special_tokens=False)["input_ids"]) for r in recs)
-        if context and longest + cfg.max_new_tokens > context:
-            print(f"[eval] warning: {bench}: the longest prompt ({longest} tokens) + max_new_tokens "
-                  f"({cfg.max_new_tokens}) exceeds the model's context ({context})", file=sys.stderr)
+        lengths = [len(tokenizer(build_prompt(tokenizer, r["problem"], style, prompt_file or None),
+                                 add_special_tokens=False)["input_ids"]) for r in recs]
+        fit, over = split_by_context(lengths, cfg.max_new_tokens, context)
+        if not over:
+            continue
+        what = (f"{bench}: {len(over)} of {len(recs)} problems have a prompt + max_new_tokens ({cfg.max_new_tokens}) "
+                f"longer than the model's context ({context} tokens; prompts are {min(lengths)}-{max(lengths)} tokens)")
+        if not cfg.skip_long_prompts:
+            print(f"[eval] warning: {what}; sampling them anyway (--skip_long_prompts=False): "
+                  "positions past the context were never trained", file=sys.stderr)
+        elif not fit:
+            raise ValueError(f"{what}, so none is left to evaluate: lower --max_new_tokens, or pass "
+                             "--skip_long_prompts=False to sample past the context")
+        else:
+            print(f"[eval] {what}: skipped, ids in summary.json (a lower --max_new_tokens keeps more; "
+                  "--skip_long_prompts=False samples them past the context)", file=sys.stderr)
+            skipped[bench] = [recs[i]["id"] for i in over]
+            records[bench] = [recs[i] for i in fit]
     os.makedirs(out_dir, exist_ok=True)
     total = sum(len(r) * overrides.get(b, cfg.k) for b, r in records.items())
     results, timings = {}, {}
@@ -588,14 +621,18 @@ def run(cfg: EvalConfig) -> dict:
                 fh.write(json.dumps(s, ensure_ascii=False) + "\n")
             results[bench] = metrics
             over = sum(s["finish_reason"] == "budget" for s in samples)
+            left_out = f", {len(skipped[bench])} too long skipped" if bench in skipped else ""
             bar.write(f"{bench}: Mean@{k} {100 * metrics['mean_at_k']:.1f}  Pass@{k} {100 * metrics['pass_at_k']:.1f}"
                       f"  parallel {100 * metrics['parallel_ratio']:.1f}%  T {metrics['mean_T']:.0f}  "
-                      f"D {metrics['mean_D']:.0f}  hit the budget {over}/{len(samples)}  ({timings[bench]:.0f}s)")
+                      f"D {metrics['mean_D']:.0f}  hit the budget {over}/{len(samples)}  "
+                      f"({metrics['num_problems']} problems{left_out}, "
+                      f"{timings[bench]:.0f}s)")
 
     table = format_table({name: results})
     summary = {"model": cfg.model, "name": name, "mode": mode, "mode_source": why, "prompt_style": style,
                "prompt_file": prompt_file or None, "avg_mean_at_k": average_mean_at_k(results),
-               "benchmarks": results, "seconds": timings, "table": table, "config": dataclasses.asdict(cfg)}
+               "benchmarks": results, "skipped_too_long": skipped, "seconds": timings, "table": table,
+               "config": dataclasses.asdict(cfg)}
     with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as fh:
         fh.write(table + "\n")
     with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as fh:
@@ -652,4 +689,7 @@ def combine_tables(eval_dirs: list[str], out_dir: str | None = None) -> str:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except (OSError, ValueError) as e:              # bad input: the message says what to do
+        sys.exit(f"eval.py: error: {e}")
