@@ -840,7 +840,7 @@ def _train(cfg: GRPOConfig, records, eval_records, dist_info: DistInfo) -> dict:
     tags = TagIds.from_tokenizer(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tags.eos
     style = "sequential" if cfg.mode == "sequential" else "parallel"
-    from eval import mode_from_config, read_checkpoint_config
+    from eval import mode_from_config, read_checkpoint_config, split_by_context
     init_mode = mode_from_config(read_checkpoint_config(init)[0])
     if init_mode and init_mode != cfg.mode:
         log(f"warning: {init} was trained in mode {init_mode!r}, this run samples and trains in {cfg.mode!r}")
@@ -856,7 +856,24 @@ def _train(cfg: GRPOConfig, records, eval_records, dist_info: DistInfo) -> dict:
                for k, v in sources.items()}
     if eval_records is None and cfg.eval_data:       # every rank: each evaluates a shard
         eval_records = load_data(cfg.eval_data, style=style, limit=cfg.eval_samples or None, seed=cfg.seed + 1)
-    eval_records = (eval_records or [])[:cfg.eval_samples or None]
+    # a prompt that leaves no room for max_new_tokens inside the model's context would be sampled past
+    # the last position the model was trained on: those problems are dropped, and counted
+    context = getattr(model.config, "max_position_embeddings", None)
+    for k in list(sources):
+        fit, long = split_by_context([len(p) for p in prompts[k]], cfg.max_new_tokens, context)
+        if long:
+            log(f"{k} data: dropped {len(long)} of {len(fit) + len(long)} problems whose prompt + --max_new_tokens="
+                f"{cfg.max_new_tokens} exceed the model's context of {context} tokens")
+        if not fit:
+            raise ValueError(f"no {k} problem fits the model's context of {context} tokens with --max_new_tokens="
+                             f"{cfg.max_new_tokens}: lower --max_new_tokens or use a model with a longer context")
+        sources[k], prompts[k] = [sources[k][i] for i in fit], [prompts[k][i] for i in fit]
+    eval_records = eval_records or []
+    eval_lengths = [len(encode_prompt(tokenizer, r["problem"], style, cfg.prompt_file or None)) for r in eval_records]
+    fit, long = split_by_context(eval_lengths, cfg.max_new_tokens, context)
+    if long:
+        log(f"eval data: dropped {len(long)} of {len(eval_records)} problems that do not fit the context")
+    eval_records = [eval_records[i] for i in fit][:cfg.eval_samples or None]
 
     # --- reference model (KL), wrappers, optimizer
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
@@ -902,7 +919,7 @@ def _train(cfg: GRPOConfig, records, eval_records, dist_info: DistInfo) -> dict:
                 shutil.rmtree(p, ignore_errors=True)
         log_file = open(os.path.join(cfg.out_dir, "log.jsonl"), "a" if resume_path else "w")
     per_rank = cfg.batch_size // world
-    log(f"GRPO recipe {cfg.recipe} (mode {cfg.mode}) from {init}: {len(records)} problems of "
+    log(f"GRPO recipe {cfg.recipe} (mode {cfg.mode}) from {init}: {len(sources['train'])} problems of "
         f"{cfg.data if data_given is None else 'the given records'}, "
         f"{cfg.batch_size} prompts x {cfg.group_size} per step on {world} rank(s) ({device.type}), "
         f"lr {cfg.lr}, {cfg.ppo_mini_batches} mini-batch(es), max_new_tokens {cfg.max_new_tokens}"

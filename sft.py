@@ -618,6 +618,7 @@ def prune_checkpoints(out_dir: str, keep_last: int):
 def quick_eval(model, tokenizer, records: list[dict], mode: str, n: int, *, prompt_file: str | None = None,
                max_new_tokens: int = 256, seed: int = 0) -> dict:
     """Greedy-sample the first `n` records with the branching sampler; measure format and accuracy.
+    Records whose prompt + max_new_tokens exceed the model's context are skipped (and counted in notes).
 
     Args:
         mode: the sampler's mode: "unseen", "seen" or "sequential" (sequential = the plain-CoT prompt).
@@ -643,11 +644,24 @@ def quick_eval(model, tokenizer, records: list[dict], mode: str, n: int, *, prom
             raise
         rewards = None
         out["notes"].append("rewards.py is not available: accuracy skipped, format = parse_structure")
-    records = records[:n]
+    style = "sequential" if mode == "sequential" else "parallel"
+    context = getattr(model.config, "max_position_embeddings", None)
+    kept, prompts, skipped = [], [], 0
+    for r in records:                                  # the first n whose prompt leaves room for the budget
+        if len(kept) == n:
+            break
+        p = encode_prompt(tokenizer, r["problem"], style, prompt_file)
+        if context and len(p) + max_new_tokens > context:
+            skipped += 1
+            continue
+        kept.append(r)
+        prompts.append(p)
+    if skipped:
+        out["notes"].append(f"skipped {skipped} problems whose prompt + {max_new_tokens} new tokens exceed the "
+                            f"model's context of {context}")
+    records = kept
     if not records:
         return out
-    style = "sequential" if mode == "sequential" else "parallel"
-    prompts = [encode_prompt(tokenizer, r["problem"], style, prompt_file) for r in records]
     was_training = model.training
     model.eval()
     rollouts = generate(model, tokenizer, prompts, group_size=1, mode=mode, max_new_tokens=max_new_tokens,

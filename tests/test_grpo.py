@@ -500,3 +500,21 @@ def test_two_ranks_equal_one_process(tmp_path):
 
 if __name__ == "__main__":
     _worker(sys.argv[1])
+
+
+def test_problems_longer_than_the_context_are_dropped(tmp_path, monkeypatch, capsys):
+    """A prompt with no room for max_new_tokens inside the context is dropped with a count; none fitting is an error."""
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)                                   # max_position_embeddings = 512
+    init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    short = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
+    long = [{"id": "long", "problem": "x" * 500, "answer": "1"}]   # ~520 prompt tokens: 520 + 12 > 512
+    base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=12, max_steps=1, max_time=0.0, log_every=0,
+                eval_k=1, eval_every=0)
+    out = grpo.train(GRPOConfig(**base, out_dir=str(tmp_path / "run")), records=short + long,
+                     eval_records=short + long)
+    printed = capsys.readouterr().out
+    assert "train data: dropped 1 of 3 problems" in printed and "eval data: dropped 1 of 3 problems" in printed
+    assert "2 problems of the given records" in printed and out["steps"] == 1
+    with pytest.raises(ValueError, match="no train problem fits the model's context of 512 tokens"):
+        grpo.train(GRPOConfig(**base, out_dir=str(tmp_path / "run2")), records=long, eval_records=short)

@@ -354,3 +354,14 @@ def test_bad_input_is_dropped_or_refused(model_dir, tmp_path):
 
 if __name__ == "__main__":                   # torchrun worker of test_two_ranks_equal_one_process
     _worker(*sys.argv[1:3])
+
+
+def test_quick_eval_skips_problems_longer_than_the_context():
+    """The end-of-run greedy check samples only problems whose prompt + budget fit the 512-token context."""
+    model, tok = load_model("tiny", seed=0)
+    records = [{"problem": "x" * 500, "answer": "1"}, {"problem": "Ava has 2 pens.", "answer": "2"},
+               {"problem": "y" * 480, "answer": "3"}, {"problem": "Ben has 3 pens.", "answer": "3"}]
+    # prompts: 500 + 21 = 521 and 480 + 21 = 501 tokens; with 16 new tokens only the two short ones fit
+    out = sft.quick_eval(model, tok, records, "unseen", n=2, max_new_tokens=16)
+    assert out["n"] == 2
+    assert out["notes"] == ["skipped 2 problems whose prompt + 16 new tokens exceed the model's context of 512"]
