@@ -349,7 +349,7 @@ def own_tokenizer(name_or_path: str):
 
     from model import check_model_name
 
-    check_model_name(name_or_path)
+    check_model_name(name_or_path, weights=False)
     try:
         return AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as e:

@@ -258,8 +258,11 @@ def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOCo
         raise ValueError(f"--kl_estimator must be one of {KL_ESTIMATORS}, got {cfg.kl_estimator!r}")
     if cfg.reward:
         RewardSchedule(cfg.reward)                       # raises for an unknown name
-    if cfg.group_size < 1 or cfg.ppo_mini_batches < 1 or cfg.micro_batch_size < 1:
-        raise ValueError("--group_size, --ppo_mini_batches and --micro_batch_size must be >= 1")
+    if cfg.group_size < 1 or cfg.ppo_mini_batches < 1 or cfg.micro_batch_size < 1 or cfg.max_steps < 1:
+        raise ValueError("--group_size, --ppo_mini_batches, --micro_batch_size and --max_steps must be >= 1")
+    if cfg.temperature <= 0:
+        raise ValueError(f"--temperature must be > 0, got {cfg.temperature}: GRPO needs sampled groups "
+                         "(greedy responses of one prompt are all equal and teach nothing)")
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} prompts do not split evenly over {world_size} ranks")
     return cfg
@@ -1073,5 +1076,5 @@ def main(argv: list[str] | None = None) -> dict:
 if __name__ == "__main__":
     try:
         main()
-    except (FileNotFoundError, ValueError) as e:      # bad input: the message says what to do
+    except (OSError, ValueError) as e:                # bad input: the message says what to do
         sys.exit(f"grpo.py: error: {e}")

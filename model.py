@@ -16,6 +16,7 @@ optional `trainer_state.pt`, atomically: a crash never leaves a half-written che
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import string
@@ -108,13 +109,23 @@ def _tiny_model(vocab_size: int, tokenizer, seed: int):
     return Qwen3ForCausalLM(cfg)
 
 
-def check_model_name(name_or_path: str) -> None:
+def check_model_name(name_or_path: str, weights: bool = True) -> None:
     """Raise FileNotFoundError when `name_or_path` is written like a local path (starts with . / ~, or
-    has more than one "/", unlike a hub id "org/name") and no such folder exists."""
+    has more than one "/", unlike a hub id "org/name") and no such folder exists; when the folder has no
+    config.json but checkpoint-<step> subfolders (a run folder: the message names the latest one); and,
+    with `weights` (a model, not just a tokenizer), when it has no config.json."""
     p = name_or_path
     if not os.path.isdir(p) and (p.startswith((".", "/", "~")) or p.count("/") > 1 or os.sep != "/" and os.sep in p):
-        raise FileNotFoundError(f"no folder {p!r}: pass an existing checkpoint folder (e.g. runs/sft/checkpoint-200), "
+        raise FileNotFoundError(f"no folder {p!r}: pass an existing checkpoint folder (e.g. runs/sft/checkpoint-240), "
                                 "a hub name like Qwen/Qwen3-4B-Base, or 'tiny'")
+    if os.path.isdir(p) and not os.path.isfile(os.path.join(p, "config.json")):
+        steps = sorted((d for d in os.listdir(p) if re.fullmatch(r"checkpoint-\d+", d)), key=lambda d: int(d[11:]))
+        if steps:
+            raise FileNotFoundError(f"{p!r} is a run folder, not a checkpoint: pass one of its checkpoints, "
+                                    f"e.g. {os.path.join(p, steps[-1])!r}")
+        if weights:
+            raise FileNotFoundError(f"{p!r} has no config.json: pass a checkpoint folder written by "
+                                    "save_checkpoint or a Hugging Face model folder")
 
 
 def _hub_reachable(timeout: float = 2.0) -> bool:
@@ -153,7 +164,7 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device: str 
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if name_or_path == "tiny":
         if tokenizer:
-            check_model_name(tokenizer)
+            check_model_name(tokenizer, weights=False)
         tok = AutoTokenizer.from_pretrained(tokenizer) if tokenizer else build_char_tokenizer()
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token

@@ -148,6 +148,8 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
     d = dict(lr=1e-3, batch_size=32, warmup_ratio=0.05, max_time=0.0) if tiny else \
         dict(lr=1e-5, batch_size=128, warmup_ratio=0.1, max_time=0.0)
     cfg = dataclasses.replace(cfg, **{k: v for k, v in d.items() if getattr(cfg, k) is None})
+    if cfg.max_steps is not None and cfg.max_steps < 1 or cfg.epochs is not None and cfg.epochs <= 0:
+        raise ValueError("--max_steps must be >= 1 and --epochs > 0")
     if cfg.max_steps is None and cfg.epochs is None:
         cfg = dataclasses.replace(cfg, **({"max_steps": 240} if tiny else {"epochs": 5.0}))
     if cfg.micro_batch_size is None:
@@ -895,6 +897,11 @@ def parse_config_with_resume(config_class, argv: list[str]):
     if cfg.resume:
         path = find_latest_checkpoint(cfg.out_dir) if cfg.resume.lower() == "true" else cfg.resume
         saved = load_trainer_state(path)["config"]
+        fields = {f.name for f in dataclasses.fields(config_class)}
+        if ("recipe" in saved) != ("recipe" in fields):  # only grpo.py's config has a recipe
+            script = "grpo.py" if "recipe" in saved else "sft.py"
+            raise ValueError(f"--resume: {path!r} was written by {script}, and --resume continues a run of the "
+                             "same script; to start from it, pass --model=" + path)
         cfg = parse_config(config_class, argv, base=dict(saved, resume=path))
     return cfg
 
@@ -902,5 +909,5 @@ def parse_config_with_resume(config_class, argv: list[str]):
 if __name__ == "__main__":
     try:
         main()
-    except (FileNotFoundError, ValueError) as e:      # bad input: the message says what to do
+    except (OSError, ValueError) as e:                # bad input: the message says what to do
         sys.exit(f"sft.py: error: {e}")

@@ -202,3 +202,14 @@ def test_real_qwen3_tokenizer(tmp_path):
         assert torch.equal(hf(x).logits, ref)
     tags = TagIds.from_tokenizer(t2)
     assert (tags.parallel, tags.newline, tags.eos) == (ids[0], tuple(raw.encode("\n")), raw.eos_token_id)
+
+
+def test_a_run_folder_is_refused_with_its_latest_checkpoint(tmp_path):
+    """--model=<run folder> (a common slip) names the checkpoint to pass instead of failing in the tokenizer."""
+    for step in (2, 10):
+        (tmp_path / "run" / f"checkpoint-{step}").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"is a run folder, not a checkpoint: .*checkpoint-10'"):
+        load_model(str(tmp_path / "run"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        load_model(str(tmp_path / "empty"))

@@ -350,10 +350,14 @@ def test_bad_input_is_dropped_or_refused(model_dir, tmp_path):
         sft.train(config(str(tmp_path / "no_model"), tmp_path), records=records)
     with pytest.raises(ValueError, match="launch with torchrun"):
         sft.train(config(model_dir, tmp_path, fsdp=True), records=records)
-
-
-if __name__ == "__main__":                   # torchrun worker of test_two_ranks_equal_one_process
-    _worker(*sys.argv[1:3])
+    with pytest.raises(ValueError, match="--max_steps must be >= 1"):
+        sft.resolve_defaults(sft.SFTConfig(max_steps=0))
+    # --resume of a grpo.py checkpoint: a clear error that says to pass it as --model
+    grpo_ckpt = tmp_path / "grpo_run" / "checkpoint-3"
+    grpo_ckpt.mkdir(parents=True)
+    torch.save({"config": {"recipe": "unseen-s1", "lr": 5e-5}}, grpo_ckpt / "trainer_state.pt")
+    with pytest.raises(ValueError, match="was written by grpo.py.*pass --model="):
+        sft.parse_config_with_resume(sft.SFTConfig, [f"--resume={grpo_ckpt}"])
 
 
 def test_quick_eval_skips_problems_longer_than_the_context():
@@ -365,3 +369,8 @@ def test_quick_eval_skips_problems_longer_than_the_context():
     out = sft.quick_eval(model, tok, records, "unseen", n=2, max_new_tokens=16)
     assert out["n"] == 2
     assert out["notes"] == ["skipped 2 problems whose prompt + 16 new tokens exceed the model's context of 512"]
+
+
+if __name__ == "__main__":                   # torchrun worker of test_two_ranks_equal_one_process
+    _worker(*sys.argv[1:3])
+
