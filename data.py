@@ -750,7 +750,11 @@ def _parse_args(argv: list[str], cfg):
             value = argv[i]
         if key not in fields:
             raise SystemExit(f"unknown option --{key}; known: {', '.join(fields)}")
-        setattr(cfg, key, type(getattr(cfg, key))(value))
+        kind = type(getattr(cfg, key))
+        try:
+            setattr(cfg, key, kind(value))
+        except ValueError:
+            raise SystemExit(f"--{key} must be {kind.__name__}, got {value!r}") from None
         i += 1
     return cfg
 
@@ -778,4 +782,12 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        sys.exit(__doc__.split("\n\n")[0] + "\n\n    python data.py --show=synthetic:hard --n=2   "
+                 f"# options: {', '.join(f.name for f in dataclasses.fields(ShowConfig))}")
+    try:
+        main(sys.argv[1:])
+    except BrokenPipeError:                        # e.g. `python data.py --show=... | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError) as e:
+        sys.exit(f"data.py: error: {e}")
