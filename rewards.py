@@ -984,5 +984,5 @@ if __name__ == "__main__":
     elif len(args) == 2:
         print(verify(extract_answer(args[0]) or args[0], args[1]))
     else:
-        print("usage: python rewards.py --bench [--n=2048 --workers=0 --timeout=1.0 ...]\n"
-              "       python rewards.py RESPONSE_OR_ANSWER GOLD      # prints whether they match")
+        sys.exit("usage: python rewards.py --bench [--n=2048 --workers=0 --timeout=1.0 ...]\n"
+                 "       python rewards.py RESPONSE_OR_ANSWER GOLD      # prints whether they match")

@@ -553,7 +553,7 @@ def bench(batch: int = 16, new_tokens: int = 128, repeats: int = 2):
 if __name__ == "__main__":
     import sys
 
-    if "--bench" in sys.argv:
+    if sys.argv[1:] == ["--bench"]:
         bench()
     else:
-        print("usage: python sample.py --bench")
+        sys.exit("usage: python sample.py --bench")
