@@ -761,6 +761,8 @@ def _parse_args(argv: list[str], cfg):
 
 def main(argv: list[str]) -> None:
     cfg = _parse_args(argv, ShowConfig())
+    if cfg.n < 0 or cfg.limit < 0:
+        raise ValueError("--n and --limit must be >= 0")
     from model import build_char_tokenizer
     char_tok = build_char_tokenizer()
     synthetic = all(n.strip().startswith("synthetic:") for n in cfg.show.split(","))

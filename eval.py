@@ -566,6 +566,8 @@ def run(cfg: EvalConfig) -> dict:
                   "there; using the built-in prompt (pass --prompt_file)", file=sys.stderr)
     tok = own_tokenizer(cfg.model)                # everything that can fail is checked before the weights load
     cfg = resolve_defaults(cfg, tiny=tok is None or len(tok) < TINY_VOCAB_LIMIT)
+    if cfg.limit < 0 or cfg.max_new_tokens < 1 or cfg.k < 1 or cfg.batch_size < 1:
+        raise ValueError("--limit must be >= 0 (0 = all problems), --max_new_tokens, --k and --batch_size >= 1")
     overrides = parse_k_overrides(cfg.k_overrides)
     benches = [b.strip() for b in cfg.data.split(",") if b.strip()]
     unknown = set(overrides) - set(benches)

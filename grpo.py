@@ -258,8 +258,15 @@ def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOCo
         raise ValueError(f"--kl_estimator must be one of {KL_ESTIMATORS}, got {cfg.kl_estimator!r}")
     if cfg.reward:
         RewardSchedule(cfg.reward)                       # raises for an unknown name
-    if cfg.group_size < 1 or cfg.ppo_mini_batches < 1 or cfg.micro_batch_size < 1 or cfg.max_steps < 1:
-        raise ValueError("--group_size, --ppo_mini_batches, --micro_batch_size and --max_steps must be >= 1")
+    if min(cfg.batch_size, cfg.group_size, cfg.ppo_mini_batches, cfg.micro_batch_size, cfg.max_steps,
+           cfg.max_new_tokens, cfg.eval_k) < 1:
+        raise ValueError("--batch_size, --group_size, --ppo_mini_batches, --micro_batch_size, --max_steps, "
+                         "--max_new_tokens and --eval_k must be >= 1")
+    if not 0 < cfg.top_p <= 1:
+        raise ValueError(f"--top_p must be in (0, 1], got {cfg.top_p}")
+    if cfg.group_size == 1:
+        print("warning: --group_size=1: every group has one response, so every advantage is 0 and nothing is "
+              "learned", file=sys.stderr)
     if cfg.temperature <= 0:
         raise ValueError(f"--temperature must be > 0, got {cfg.temperature}: GRPO needs sampled groups "
                          "(greedy responses of one prompt are all equal and teach nothing)")

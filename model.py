@@ -123,7 +123,7 @@ def check_model_name(name_or_path: str, weights: bool = True) -> None:
         if steps:
             raise FileNotFoundError(f"{p!r} is a run folder, not a checkpoint: pass one of its checkpoints, "
                                     f"e.g. {os.path.join(p, steps[-1])!r}")
-        if weights:
+        if weights or not any(os.path.isfile(os.path.join(p, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
             raise FileNotFoundError(f"{p!r} has no config.json: pass a checkpoint folder written by "
                                     "save_checkpoint or a Hugging Face model folder")
 

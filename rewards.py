@@ -971,7 +971,13 @@ def _parse_cli(argv: list[str], cfg):
         key, _, value = arg.lstrip("-").partition("=")
         if not hasattr(cfg, key):
             raise SystemExit(f"unknown option --{key}; options: " + ", ".join(f"--{k}" for k in vars(cfg)))
-        setattr(cfg, key, type(getattr(cfg, key))(value))
+        kind = type(getattr(cfg, key))
+        try:
+            setattr(cfg, key, kind(value))
+        except ValueError:
+            raise SystemExit(f"--{key} must be {kind.__name__}, got {value!r}") from None
+    if getattr(cfg, "n", 1) < 1 or getattr(cfg, "workers", 0) < 0:
+        raise SystemExit("--n must be >= 1 and --workers >= 0")
     return cfg
 
 

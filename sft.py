@@ -158,6 +158,8 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
         raise ValueError(f"--style must be one of {STYLES}, got {cfg.style!r}")
     if cfg.mode not in ("seen", "unseen"):
         raise ValueError(f"--mode must be 'seen' or 'unseen', got {cfg.mode!r}")
+    if cfg.batch_size < 1 or cfg.micro_batch_size < 1 or cfg.eval_samples < 0:
+        raise ValueError("--batch_size and --micro_batch_size must be >= 1, --eval_samples >= 0")
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} does not split evenly over {world_size} ranks")
     return cfg

@@ -202,8 +202,10 @@ def test_defaults_and_modes():
         grpo.resolve_defaults(GRPOConfig(recipe="s3"), tiny=True)
     with pytest.raises(ValueError, match="split evenly"):
         grpo.resolve_defaults(GRPOConfig(batch_size=5), tiny=True, world_size=2)
-    with pytest.raises(ValueError, match="--max_steps must be >= 1"):
+    with pytest.raises(ValueError, match="--max_steps, --max_new_tokens and --eval_k must be >= 1"):
         grpo.resolve_defaults(GRPOConfig(max_steps=0), tiny=True)
+    with pytest.raises(ValueError, match="--top_p must be in"):
+        grpo.resolve_defaults(GRPOConfig(top_p=0.0), tiny=True)
     with pytest.raises(ValueError, match="--temperature must be > 0"):
         grpo.resolve_defaults(GRPOConfig(temperature=0.0), tiny=True)
 

@@ -11,7 +11,7 @@ import torch
 from conftest import SHARED
 
 from attention import TagIds
-from model import TAGS, TINY_CONFIG, build_char_tokenizer, load_model, load_trainer_state, save_checkpoint
+from model import TAGS, TINY_CONFIG, build_char_tokenizer, check_model_name, load_model, load_trainer_state, save_checkpoint
 
 QWEN3_TOKENIZER = os.path.join(SHARED, "tokenizers", "qwen3")
 # printable ASCII and newline (string.printable minus tab, carriage return, vertical tab, form feed)
@@ -213,3 +213,5 @@ def test_a_run_folder_is_refused_with_its_latest_checkpoint(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         load_model(str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError, match="has no config.json"):          # also where only a tokenizer is read
+        check_model_name(str(tmp_path / "empty"), weights=False)

@@ -352,6 +352,8 @@ def test_bad_input_is_dropped_or_refused(model_dir, tmp_path):
         sft.train(config(model_dir, tmp_path, fsdp=True), records=records)
     with pytest.raises(ValueError, match="--max_steps must be >= 1"):
         sft.resolve_defaults(sft.SFTConfig(max_steps=0))
+    with pytest.raises(ValueError, match="--batch_size and --micro_batch_size must be >= 1"):
+        sft.resolve_defaults(sft.SFTConfig(batch_size=0))
     # --resume of a grpo.py checkpoint: a clear error that says to pass it as --model
     grpo_ckpt = tmp_path / "grpo_run" / "checkpoint-3"
     grpo_ckpt.mkdir(parents=True)
