@@ -76,6 +76,7 @@ between evaluations of one model):
       optimizer steps, k3 KL 0.3), seed 0
     the same, --seed=1 (cores shared)         35.5 / 34.4 / 38.3 / 37.1 / 36.7 (32)     +1.2
     the same, --kl_coef=0                     35.2 / 28.9 / 21.1                        blocks 1.98 -> 2.44: stopped
+    the same, --kl_coef=0.1, seeds 0 / 1      35.2 -> 35.2 and 35.5 -> 33.2 (34-35)     blocks -> 2.1: drifting
     lr 2e-4 after 20 warm-up steps            35.2 / 35.5 / 28.5 / - / 38.3             flat
     lr 3e-4, no warm-up (negative advantages  55 -> 7% rollout accuracy after step 1     the first Adam steps
       zeroed, from a 260-step SFT)                                                        move every weight by ~lr
