@@ -40,7 +40,6 @@ Look at any of them:
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hashlib
 import json
 import os
@@ -721,6 +720,7 @@ def format_response(record: dict) -> str:
 
 @dataclass
 class ShowConfig:
+    """python data.py --show=synthetic:hard --n=2: print problems, prompts and traces of a data spec."""
     show: str = "synthetic:easy"
     style: str = "parallel"
     n: int = 3                 # records printed
@@ -734,33 +734,9 @@ def tiny_token_count(text: str) -> int:
     return len(_TAG.sub("#", text))
 
 
-def _parse_args(argv: list[str], cfg):
-    """--key=value or --key value, typed like the dataclass field."""
-    fields = {f.name: f for f in dataclasses.fields(cfg)}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("--"):
-            raise SystemExit(f"unexpected argument {arg!r}; use --key=value ({', '.join(fields)})")
-        key, eq, value = arg[2:].partition("=")
-        if not eq:
-            i += 1
-            if i >= len(argv):
-                raise SystemExit(f"--{key} needs a value")
-            value = argv[i]
-        if key not in fields:
-            raise SystemExit(f"unknown option --{key}; known: {', '.join(fields)}")
-        kind = type(getattr(cfg, key))
-        try:
-            setattr(cfg, key, kind(value))
-        except ValueError:
-            raise SystemExit(f"--{key} must be {kind.__name__}, got {value!r}") from None
-        i += 1
-    return cfg
-
-
 def main(argv: list[str]) -> None:
-    cfg = _parse_args(argv, ShowConfig())
+    from sft import parse_config
+    cfg = parse_config(ShowConfig, argv)
     if cfg.n < 0 or cfg.limit < 0:
         raise ValueError("--n and --limit must be >= 0")
     from model import build_char_tokenizer
@@ -784,9 +760,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if any(a in ("-h", "--help") for a in sys.argv[1:]):
-        sys.exit(__doc__.split("\n\n")[0] + "\n\n    python data.py --show=synthetic:hard --n=2   "
-                 f"# options: {', '.join(f.name for f in dataclasses.fields(ShowConfig))}")
     try:
         main(sys.argv[1:])
     except BrokenPipeError:                        # e.g. `python data.py --show=... | head`

@@ -644,24 +644,10 @@ def run(cfg: EvalConfig) -> dict:
     return summary
 
 
-def _join_space_args(argv: list[str]) -> list[str]:
-    """Accept `--key value` as well as `--key=value`."""
-    out, i = [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a.startswith("--") and "=" not in a and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            out.append(f"{a}={argv[i + 1]}")
-            i += 2
-        else:
-            out.append(a)
-            i += 1
-    return out
-
-
 def main(argv: list[str]) -> None:
     from sft import parse_config
 
-    cfg = parse_config(EvalConfig, _join_space_args(argv))
+    cfg = parse_config(EvalConfig, argv)
     if cfg.plot:
         print(f"[eval] wrote {plot_curves(cfg.plot)}")
         return

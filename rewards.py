@@ -966,27 +966,19 @@ def bench(cfg: BenchConfig) -> None:
               f"mean reward {sum(s['reward'] for s in scores) / len(scores):+.3f}  pool {pool_stats()}")
 
 
-def _parse_cli(argv: list[str], cfg):
-    for arg in argv:
-        key, _, value = arg.lstrip("-").partition("=")
-        if not hasattr(cfg, key):
-            raise SystemExit(f"unknown option --{key}; options: " + ", ".join(f"--{k}" for k in vars(cfg)))
-        kind = type(getattr(cfg, key))
-        try:
-            setattr(cfg, key, kind(value))
-        except ValueError:
-            raise SystemExit(f"--{key} must be {kind.__name__}, got {value!r}") from None
-    if getattr(cfg, "n", 1) < 1 or getattr(cfg, "workers", 0) < 0:
-        raise SystemExit("--n must be >= 1 and --workers >= 0")
-    return cfg
-
-
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args == ["--worker"]:
         _worker_main()
     elif "--bench" in args:
-        bench(_parse_cli([a for a in args if a != "--bench"], BenchConfig()))
+        from sft import parse_config
+        try:
+            cfg = parse_config(BenchConfig, [a for a in args if a != "--bench"])
+            if cfg.n < 1 or cfg.workers < 0:
+                raise ValueError("--n must be >= 1 and --workers >= 0")
+        except ValueError as e:
+            sys.exit(f"rewards.py: error: {e}")
+        bench(cfg)
     elif len(args) == 2:
         print(verify(extract_answer(args[0]) or args[0], args[1]))
     else:

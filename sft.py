@@ -197,7 +197,8 @@ def _parse_value(text: str, hint, key: str):
 
 
 def parse_config(config_class, argv: list[str], base: dict | None = None):
-    """nanoGPT-style command line: each argument is `--key=value`, parsed by the field's type.
+    """nanoGPT-style command line: each argument is `--key=value` (or `--key value`), parsed by the
+    field's type.
 
         parse_config(SFTConfig, ["--lr=3e-4", "--fsdp=True", "--betas=0.9,0.99"])
         -> SFTConfig(..., lr=0.0003, fsdp=True, betas=(0.9, 0.99), ...)
@@ -216,7 +217,16 @@ def parse_config(config_class, argv: list[str], base: dict | None = None):
             print(f"  --{f.name}={f.default}")
         raise SystemExit(0)
     values = {k: v for k, v in (base or {}).items() if k in names}
-    for arg in argv:
+    joined, i = [], 0                                      # `--key value` -> `--key=value`
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--") and "=" not in a and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            joined.append(f"{a}={argv[i + 1]}")
+            i += 2
+        else:
+            joined.append(a)
+            i += 1
+    for arg in joined:
         m = re.fullmatch(r"--([A-Za-z_][A-Za-z0-9_]*)=(.*)", arg, flags=re.S)
         if not m:
             raise ValueError(f"bad argument {arg!r}: write --key=value (keys: {', '.join(names)})")
@@ -649,21 +659,15 @@ def quick_eval(model, tokenizer, records: list[dict], mode: str, n: int, *, prom
         rewards = None
         out["notes"].append("rewards.py is not available: accuracy skipped, format = parse_structure")
     style = "sequential" if mode == "sequential" else "parallel"
+    from eval import split_by_context
+
     context = getattr(model.config, "max_position_embeddings", None)
-    kept, prompts, skipped = [], [], 0
-    for r in records:                                  # the first n whose prompt leaves room for the budget
-        if len(kept) == n:
-            break
-        p = encode_prompt(tokenizer, r["problem"], style, prompt_file)
-        if context and len(p) + max_new_tokens > context:
-            skipped += 1
-            continue
-        kept.append(r)
-        prompts.append(p)
-    if skipped:
-        out["notes"].append(f"skipped {skipped} problems whose prompt + {max_new_tokens} new tokens exceed the "
+    prompts = [encode_prompt(tokenizer, r["problem"], style, prompt_file) for r in records]
+    fit, over = split_by_context([len(p) for p in prompts], max_new_tokens, context)
+    if over:
+        out["notes"].append(f"skipped {len(over)} problems whose prompt + {max_new_tokens} new tokens exceed the "
                             f"model's context of {context}")
-    records = kept
+    records, prompts = [records[i] for i in fit[:n]], [prompts[i] for i in fit[:n]]
     if not records:
         return out
     was_training = model.training
