@@ -35,6 +35,7 @@ Look at any of them:
     python data.py --show synthetic:hard                    # a few problems with their traces, and sizes
     python data.py --show synthetic:easy --style=sequential
     python data.py --show parallel_gsm8k --n=1
+    python data.py --failures=runs/eval/x/samples.jsonl   # where hard synthetic answers go wrong
 """
 
 from __future__ import annotations
@@ -157,8 +158,11 @@ def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: 
 # What makes it hard (TASK_NOTES): the multiplications are easy for the tiny model; the additions are not
 # (two-term sums are learnable, three-term sums are not). So every addition here has two terms, and the
 # hard split is the easy skills recombined: two blocks of two paths, a two-term sum in each summary, and
-# one more two-term sum in the main chain. The easy split holds mostly one-block problems plus some
-# two-block ones with smaller numbers, so the hard format is seen in SFT.
+# one more two-term sum in the main chain. The easy split is 93% one-block problems and 7% two-block
+# ones, so the hard format is seen in SFT but its one new skill is rare there: the final sum of two
+# person totals, the only addition whose result can reach two digits (6+8=14). After SFT that sum is
+# where a hard problem fails most (a third of the samples at T = 1, off by one: 13 for 6+7), a few
+# positions whose distribution RL can sharpen; see README "The synthetic task" for the numbers.
 
 NAMES = ("Ava", "Ben", "Cal", "Dan", "Eli", "Fay", "Gus", "Ida", "Jo", "Kim",
          "Leo", "Max", "Mia", "Ned", "Pam", "Ray", "Sam", "Tom", "Una", "Zoe")
@@ -194,8 +198,8 @@ class Difficulty:
 # All knobs of the synthetic task, in one place. A split is a mixture of difficulties (weight, kind).
 # Chosen so that every sum has two terms and stays small (TASK_NOTES); tune here.
 SYNTHETIC_SPLITS: dict[str, tuple[tuple[float, Difficulty], ...]] = {
-    "easy": ((0.60, Difficulty(groups=1, parts=2, low=1, high=4, max_total=9)),   # one block
-             (0.40, Difficulty(groups=2, parts=2, low=1, high=4, max_total=9))),  # the hard format
+    "easy": ((0.93, Difficulty(groups=1, parts=2, low=1, high=4, max_total=9)),   # one block
+             (0.07, Difficulty(groups=2, parts=2, low=1, high=4, max_total=9))),  # the hard format
     "hard": ((1.00, Difficulty(groups=2, parts=2, low=1, high=4, max_total=9)),),  # two blocks + final sum <= 18
 }
 # Measured with the tiny model (README, "The synthetic task"): products are learnt almost at once;
@@ -349,6 +353,40 @@ def render_trace(problem: WordProblem, style: str = "parallel") -> str:
     lines.append(f"Final Answer: {problem.answer}")
     return "\n".join(lines)
 
+
+
+FAILURE_CLASSES = ("block total or count", "garbled final line", "final sum", "answer line", "other")
+_PERSON_PARTS = re.compile(r"(\d+) \w+ of (\d+)")
+_FINAL_LINES = re.compile(r"</Summary>\n(\d+)\+(\d+)=(\d+)\nFinal Answer: (\d+)$")
+
+
+def classify_failure(problem: str, response: str) -> str:
+    """Where a *wrong* response to a two-person synthetic problem went wrong, for error analysis
+    (README, "Where RL starts"). Checks in order, the first that fails names the class:
+
+      "block total or count"  not one <Summary> per person, or a summary that is not the person's total
+      "garbled final line"    the text after the last summary is not "a+b=c\nFinal Answer: d"
+      "final sum"             that line adds the wrong numbers or gets the sum wrong (13 for 6+7)
+      "answer line"           the sum is right but the answer line says another number
+      "other"                 none of these (e.g. a right answer the verifier did not accept)
+
+    `problem` is the problem text (a prompt that contains it works too). Pure text matching, bounded
+    by the response length; raises nothing.
+    Example: classify_failure("Ava has 1 box of 4 pens and 1 bag of 2 pens. Ben has ... in all?",
+                              "<Parallel>...<Summary>6</Summary>\n6+8=13\nFinal Answer: 13") -> "final sum"
+    """
+    persons = [s for s in problem.split(".") if " has " in s]
+    totals = [sum(int(c) * int(n) for c, n in _PERSON_PARTS.findall(s)) for s in persons]
+    summaries = [x.strip() for x in re.findall(r"<Summary>(.*?)</Summary>", response, flags=re.S)]
+    if summaries != [str(t) for t in totals]:
+        return "block total or count"
+    m = _FINAL_LINES.search(response.strip())
+    if not m:
+        return "garbled final line"
+    a, b, c, d = map(int, m.groups())
+    if [a, b] != totals or c != a + b:
+        return "final sum"
+    return "answer line" if d != c else "other"
 
 # ----------------------------------------------------------------------------------------------------
 # Answers and problem texts of the real sets
@@ -716,6 +754,7 @@ def format_response(record: dict) -> str:
 
 # ----------------------------------------------------------------------------------------------------
 # Command line: python data.py --show synthetic:hard [--style=sequential] [--n=3] [--seed=0] [--data_dir=...]
+#               python data.py --failures=runs/eval_x/samples.jsonl
 
 
 @dataclass
@@ -727,6 +766,28 @@ class ShowConfig:
     seed: int = 0
     limit: int = 0             # records loaded for the size statistics (0: all; synthetic: 2000)
     data_dir: str = ""
+    failures: str = ""         # an eval.py samples.jsonl: count `classify_failure` classes instead
+
+
+def failure_table(samples_path: str) -> str:
+    """`python data.py --failures=runs/eval_x/samples.jsonl`: per synthetic benchmark of an eval.py
+    samples file, the share of samples right and of each `classify_failure` class, one line each.
+    Raises FileNotFoundError for a missing file, ValueError when it has no synthetic two-person samples."""
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    with open(samples_path, encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("benchmark", "").startswith("synthetic:") and r["prompt"].count(" has ") == 2:
+                cls = "right" if r["correct"] else classify_failure(r["prompt"], r["response"])
+                counts[r["benchmark"]][cls] += 1
+    if not counts:
+        raise ValueError(f"{samples_path} has no samples of two-person synthetic problems (synthetic:hard:test)")
+    lines = []
+    for bench, c in counts.items():
+        n = sum(c.values())
+        parts = ", ".join(f"{k} {100 * c[k] / n:.1f}%" for k in ("right",) + FAILURE_CLASSES)
+        lines.append(f"{bench} ({n} samples): {parts}")
+    return "\n".join(lines)
 
 
 def tiny_token_count(text: str) -> int:
@@ -737,6 +798,9 @@ def tiny_token_count(text: str) -> int:
 def main(argv: list[str]) -> None:
     from sft import parse_config
     cfg = parse_config(ShowConfig, argv)
+    if cfg.failures:
+        print(failure_table(cfg.failures))
+        return
     if cfg.n < 0 or cfg.limit < 0:
         raise ValueError("--n and --limit must be >= 0")
     from model import build_char_tokenizer

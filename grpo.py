@@ -154,7 +154,7 @@ class GRPOConfig:
         batch_size          256 prompts                       16 prompts
         group_size          8                                 8
         max_new_tokens      3000                              160
-        lr                  1e-6, constant                    5e-5, constant
+        lr                  1e-6, constant                    2e-4, constant
         warmup_steps        0                                 10 optimizer steps (5 training steps)
         kl_coef             0 (no reference model)            0.3 (k3, against the SFT weights)
         micro_batch_size    2 rollouts                        16 rollouts
@@ -231,7 +231,7 @@ class GRPOConfig:
 
 
 TINY_DEFAULTS = dict(data="synthetic:hard", eval_data="synthetic:hard:test", easy_data="synthetic:easy",
-                     batch_size=16, group_size=8, max_new_tokens=160, lr=5e-5, warmup_steps=10, kl_coef=0.3, micro_batch_size=16,
+                     batch_size=16, group_size=8, max_new_tokens=160, lr=2e-4, warmup_steps=10, kl_coef=0.3, micro_batch_size=16,
                      generate_batch_size=0, max_steps=1000, max_time=400.0, eval_every=10, eval_samples=64,
                      eval_k=4, easy_steps=10, scaffold_steps=20)
 PAPER_DEFAULTS = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_size=256, group_size=8,

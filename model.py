@@ -116,7 +116,7 @@ def check_model_name(name_or_path: str, weights: bool = True) -> None:
     with `weights` (a model, not just a tokenizer), when it has no config.json."""
     p = name_or_path
     if not os.path.isdir(p) and (p.startswith((".", "/", "~")) or p.count("/") > 1 or os.sep != "/" and os.sep in p):
-        raise FileNotFoundError(f"no folder {p!r}: pass an existing checkpoint folder (e.g. runs/sft/checkpoint-240), "
+        raise FileNotFoundError(f"no folder {p!r}: pass an existing checkpoint folder (e.g. runs/sft/checkpoint-400), "
                                 "a hub name like Qwen/Qwen3-4B-Base, or 'tiny'")
     if os.path.isdir(p) and not os.path.isfile(os.path.join(p, "config.json")):
         steps = sorted((d for d in os.listdir(p) if re.fullmatch(r"checkpoint-\d+", d)), key=lambda d: int(d[11:]))

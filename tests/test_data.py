@@ -9,7 +9,7 @@ import pytest
 from conftest import SHARED
 
 import data
-from data import (WordProblem, build_prompt, canonicalize_trace, gsm8k_answer, load_data, normalize_answer,
+from data import (WordProblem, build_prompt, canonicalize_trace, classify_failure, gsm8k_answer, load_data, normalize_answer,
                   problem_key, render_trace, synthetic_problems)
 
 DATA = os.path.join(SHARED, "data")
@@ -298,3 +298,19 @@ def test_show_cli(capsys):
     data.main(["--show", "synthetic:hard", "--n=1", "--limit=20"])
     out = capsys.readouterr().out
     assert "Use parallel paths." in out and "</Summary>\n" in out and "Final Answer:" in out and "20 records" in out
+
+
+def test_classify_failure_names_the_first_wrong_step():
+    # a hand-made two-person problem: totals 1*4+1*2 = 6 and 2*1+2*3 = 8, answer 14
+    problem = ("Kim has 1 box of 4 beads and 1 bin of 2 beads. Fay has 2 packs of 1 bead and 2 jars of 3 beads. "
+               "How many beads in all?")
+    p = WordProblem(problem, (((1, 4), (1, 2)), ((2, 1), (2, 3))))
+    right = render_trace(p)
+    assert right.endswith("<Summary>8</Summary>\n6+8=14\nFinal Answer: 14")
+    assert classify_failure(problem, right) == "other"                    # nothing wrong in the worked steps
+    assert classify_failure(problem, right.replace("<Summary>8<", "<Summary>9<")) == "block total or count"
+    assert classify_failure(problem, right.split("\n<Parallel>")[0] + "\n6\nFinal Answer: 6") == "block total or count"
+    assert classify_failure(problem, right.replace("6+8=14\n", "6+8=14\nFinswer: ")) == "garbled final line"
+    assert classify_failure(problem, right.replace("6+8=14\nFinal Answer: 14", "6+8=13\nFinal Answer: 13")) == "final sum"
+    assert classify_failure(problem, right.replace("6+8=14", "6+6=12")) == "final sum"
+    assert classify_failure(problem, right.replace("Final Answer: 14", "Final Answer: 13")) == "answer line"
