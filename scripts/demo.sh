@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: the whole curriculum on the embedded default (a ~1M-parameter model, CPU):
-#   1. cold-start SFT on synthetic:easy parallel traces (Unseen mask)       ~4 min
-#   2. GRPO on synthetic:hard with the Unseen S1 recipe (accuracy reward)    ~7 min
+#   1. cold-start SFT on synthetic:easy parallel traces (Unseen mask)       ~4 min (400 steps)
+#   2. GRPO on synthetic:hard with the Unseen S1 recipe (accuracy reward)    ~7 min (45 steps)
 #   3. evaluation of both checkpoints on held-out easy and hard problems     ~2 min
 # and a before/after table. Everything lands in runs/demo/.
 set -euo pipefail

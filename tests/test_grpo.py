@@ -524,3 +524,15 @@ def test_problems_longer_than_the_context_are_dropped(tmp_path, monkeypatch, cap
     assert "2 problems of the given records" in printed and out["steps"] == 1
     with pytest.raises(ValueError, match="no train problem fits the model's context of 512 tokens"):
         grpo.train(GRPOConfig(**base, out_dir=str(tmp_path / "run2")), records=long, eval_records=short)
+
+
+def test_lr_factor_warms_up_linearly_then_follows_the_schedule():
+    # warm-up 4 of 12 optimizer steps: 1/4, 2/4, 3/4, 4/4; then cosine over the 8 left, by hand:
+    # step 4 -> progress 0 -> 1.0; step 8 -> progress 1/2 -> 0.5; step 12 -> 0.0; step 6 -> (1 + cos(pi/4)) / 2
+    f = [grpo.lr_factor(s, 4, 12, "cosine") for s in range(13)]
+    assert f[:5] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert f[8] == pytest.approx(0.5) and f[12] == pytest.approx(0.0)
+    assert f[6] == pytest.approx((1 + 2 ** -0.5) / 2)
+    assert all(a >= b for a, b in zip(f[3:], f[4:]))                     # never rises after the warm-up
+    assert [grpo.lr_factor(s, 0, 12, "constant") for s in (0, 5, 12)] == [1.0, 1.0, 1.0]
+    assert grpo.lr_factor(20, 4, 12, "cosine") == pytest.approx(0.0)     # past the end: stays at 0
