@@ -759,24 +759,33 @@ def format_response(record: dict) -> str:
 
 @dataclass
 class ShowConfig:
-    """python data.py --show=synthetic:hard --n=2: print problems, prompts and traces of a data spec."""
+    """python data.py --show=synthetic:hard --n=2: print problems, prompts and traces of a data spec.
+    python data.py --failures=runs/eval/x: where an eval.py run's hard synthetic answers go wrong."""
     show: str = "synthetic:easy"
     style: str = "parallel"
     n: int = 3                 # records printed
     seed: int = 0
     limit: int = 0             # records loaded for the size statistics (0: all; synthetic: 2000)
     data_dir: str = ""
-    failures: str = ""         # an eval.py samples.jsonl: count `classify_failure` classes instead
+    failures: str = ""         # an eval.py samples.jsonl or its folder: count `classify_failure` classes
 
 
 def failure_table(samples_path: str) -> str:
-    """`python data.py --failures=runs/eval_x/samples.jsonl`: per synthetic benchmark of an eval.py
-    samples file, the share of samples right and of each `classify_failure` class, one line each.
+    """`python data.py --failures=runs/eval_x/samples.jsonl` (or the folder): per synthetic benchmark of
+    an eval.py samples file, the share of samples right and of each `classify_failure` class, one line each.
     Raises FileNotFoundError for a missing file, ValueError when it has no synthetic two-person samples."""
+    if os.path.isdir(samples_path):                # an eval.py output folder
+        samples_path = os.path.join(samples_path, "samples.jsonl")
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     with open(samples_path, encoding="utf-8") as f:
-        for line in f:
-            r = json.loads(line)
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{samples_path}, line {number}: not JSON ({e.msg}); pass an eval.py "
+                                 "samples.jsonl or its folder") from None
             if r.get("benchmark", "").startswith("synthetic:") and r["prompt"].count(" has ") == 2:
                 cls = "right" if r["correct"] else classify_failure(r["prompt"], r["response"])
                 counts[r["benchmark"]][cls] += 1

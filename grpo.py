@@ -163,9 +163,9 @@ class GRPOConfig:
         kl_coef             0 (no reference model)            0.3 (k3, against the SFT weights)
         micro_batch_size    2 rollouts                        16 rollouts
         generate_batch_size 64 prompts per generate call      all prompts of the step
-        max_steps           300                               45 (~6.5 min with the evals on 2 cores)
-        max_time            none                              400 s of training (evals included): a
-                                                              slower machine stops early, within 8 min
+        max_steps           300                               45 (380 s on 2 idle cores, evals included)
+        max_time            none                              none: a cut cosine leaves the lr high (a demo
+                                                              on busy cores stopped at step 31: +9 not +13)
         eval_every          10 steps                          15 steps
         eval_samples, eval_k 30 problems x 16 (Mean@16)       128 problems x 8 (Mean@8, ~20 s each: 1,024
                                                               samples, so before/after moves by ~±2 points
@@ -241,7 +241,7 @@ class GRPOConfig:
 TINY_DEFAULTS = dict(data="synthetic:hard", eval_data="synthetic:hard:test", easy_data="synthetic:easy",
                      batch_size=16, group_size=8, max_new_tokens=160, lr=3e-4, warmup_steps=10,
                      lr_schedule="cosine", kl_coef=0.3, micro_batch_size=16, generate_batch_size=0,
-                     max_steps=45, max_time=400.0, eval_every=15, eval_samples=128, eval_k=8, easy_steps=10,
+                     max_steps=45, max_time=0.0, eval_every=15, eval_samples=128, eval_k=8, easy_steps=10,
                      scaffold_steps=20)
 PAPER_DEFAULTS = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_size=256, group_size=8,
                       max_new_tokens=3000, lr=1e-6, warmup_steps=0, lr_schedule="constant", kl_coef=0.0,
@@ -249,7 +249,7 @@ PAPER_DEFAULTS = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", 
                       eval_samples=0, eval_k=16, easy_steps=35, scaffold_steps=200)
 
 
-def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOConfig:
+def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1, warn: bool = True) -> GRPOConfig:
     """Fill the `None` fields (table in `GRPOConfig`) and the recipe's mode; check the values.
 
     Raises ValueError naming the field for an unknown recipe, mode, loss_agg_mode or KL estimator, a
@@ -277,7 +277,7 @@ def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOCo
                          "--max_new_tokens and --eval_k must be >= 1")
     if not 0 < cfg.top_p <= 1:
         raise ValueError(f"--top_p must be in (0, 1], got {cfg.top_p}")
-    if cfg.group_size == 1:
+    if cfg.group_size == 1 and warn:
         print("warning: --group_size=1: every group has one response, so every advantage is 0 and nothing is "
               "learned", file=sys.stderr)
     if cfg.temperature <= 0:
@@ -859,8 +859,7 @@ def _train(cfg: GRPOConfig, records, eval_records, dist_info: DistInfo) -> dict:
     log = print if dist_info.is_main else (lambda *a, **k: None)
     device, world, rank = dist_info.device, dist_info.world_size, dist_info.rank
     torch.manual_seed(cfg.seed)
-    if cfg.recipe not in RECIPES:
-        raise ValueError(f"--recipe must be one of {RECIPES}, got {cfg.recipe!r}")
+    resolve_defaults(cfg, tiny=True, world_size=world, warn=False)   # bad values fail before any file is read
 
     # --- model: the starting checkpoint, or the one we resume from. fp32 master weights always.
     resume_path = ""
@@ -945,6 +944,10 @@ def _train(cfg: GRPOConfig, records, eval_records, dist_info: DistInfo) -> dict:
         state = load_training_state(resume_path, train_model, optimizer, scheduler, fsdp=cfg.fsdp)
         step, positions, rng, eval_before = state["step"], state["data_position"], state["rng"], state.get("eval_before")
         log(f"resumed from {resume_path} at step {step}")
+        saved_max = state.get("config", {}).get("max_steps", cfg.max_steps)
+        if cfg.lr_schedule == "cosine" and saved_max != cfg.max_steps:
+            log(f"note: the cosine lr schedule now ends at step {cfg.max_steps}, not {saved_max}: the lr "
+                f"jumps from the old curve to the new one (use --lr_schedule=constant to train further flat)")
     streams = {k: ShuffledStream(len(v), cfg.seed + i, **positions.get(k, {}))
                for i, (k, v) in enumerate(sources.items())}
 
@@ -983,8 +986,14 @@ def _train(cfg: GRPOConfig, records, eval_records, dist_info: DistInfo) -> dict:
             log_file.flush()
 
     t_start = time.time()
+    eval_settings = [cfg.eval_data, cfg.eval_samples, cfg.eval_k, cfg.eval_temperature, cfg.max_new_tokens]
+    if eval_before and eval_before.get("settings", eval_settings) != eval_settings:
+        log(f"note: the run's first evaluation used other settings {eval_before['settings']} (eval_data, "
+            f"eval_samples, eval_k, eval_temperature, max_new_tokens) than now {eval_settings}: the end "
+            "summary shows no before/after table")
+        eval_before = {}                                 # falsy: neither re-evaluated nor compared
     if eval_before is None and eval_records:
-        eval_before = evaluate_now("before")
+        eval_before = {**evaluate_now("before"), "settings": eval_settings}
     if rng is not None:
         set_rng_state(rng)
     bar = tqdm(total=cfg.max_steps, initial=step, disable=not dist_info.is_main, dynamic_ncols=True, desc="grpo")

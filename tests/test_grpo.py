@@ -536,3 +536,22 @@ def test_lr_factor_warms_up_linearly_then_follows_the_schedule():
     assert all(a >= b for a, b in zip(f[3:], f[4:]))                     # never rises after the warm-up
     assert [grpo.lr_factor(s, 0, 12, "constant") for s in (0, 5, 12)] == [1.0, 1.0, 1.0]
     assert grpo.lr_factor(20, 4, 12, "cosine") == pytest.approx(0.0)     # past the end: stays at 0
+
+
+def test_resume_with_other_eval_settings_shows_no_before_after(tmp_path, monkeypatch, capsys):
+    """The "before" numbers of a resumed run are the first run's: compared with an evaluation under other
+    settings they would fake a change, so the summary drops them and says why."""
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)
+    init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
+    base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=12, max_time=0.0, log_every=0,
+                eval_every=0, out_dir=str(tmp_path / "run"))
+    first = grpo.train(GRPOConfig(**base, max_steps=1, eval_k=1), records=records, eval_records=records)
+    assert first["eval_before"]["settings"][2] == 1 and first["eval_after"]
+    same = grpo.train(GRPOConfig(**base, max_steps=2, eval_k=1, resume="True"), records=records,
+                      eval_records=records)
+    assert same["eval_before"] == first["eval_before"]                    # kept: same settings
+    other = grpo.train(GRPOConfig(**base, max_steps=3, eval_k=2, resume="True"), records=records,
+                       eval_records=records)
+    assert other["eval_before"] == {} and "shows no before/after table" in capsys.readouterr().out
