@@ -777,15 +777,20 @@ def failure_table(samples_path: str) -> str:
     if os.path.isdir(samples_path):                # an eval.py output folder
         samples_path = os.path.join(samples_path, "samples.jsonl")
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    with open(samples_path, encoding="utf-8") as f:
+    with open(samples_path, encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 r = json.loads(line)
+                is_sample = isinstance(r, dict) and all(isinstance(r.get(k), str) for k in
+                                                        ("benchmark", "prompt", "response"))
             except json.JSONDecodeError as e:
                 raise ValueError(f"{samples_path}, line {number}: not JSON ({e.msg}); pass an eval.py "
                                  "samples.jsonl or its folder") from None
+            if not is_sample:
+                raise ValueError(f"{samples_path}, line {number}: not an eval.py sample (needs benchmark, "
+                                 "prompt, response and correct); pass an eval.py samples.jsonl or its folder")
             if r.get("benchmark", "").startswith("synthetic:") and r["prompt"].count(" has ") == 2:
                 cls = "right" if r["correct"] else classify_failure(r["prompt"], r["response"])
                 counts[r["benchmark"]][cls] += 1

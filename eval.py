@@ -64,6 +64,10 @@ import sys
 import time
 from dataclasses import dataclass
 
+# idle OpenMP threads sleep instead of spinning (read when torch loads; sft.py measured spinning 5x slower
+# on shared cores, and an eval beside another job ~100x)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import torch
 
 MODES = ("unseen", "seen", "sequential")

@@ -280,7 +280,11 @@ def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1, warn: boo
     if cfg.group_size == 1 and warn:
         print("warning: --group_size=1: every group has one response, so every advantage is 0 and nothing is "
               "learned", file=sys.stderr)
-    if cfg.temperature <= 0:
+    if cfg.eval_samples < 0 or cfg.max_time < 0 or cfg.warmup_steps < 0 or cfg.max_blocks < 0:
+        raise ValueError("--eval_samples, --max_time, --warmup_steps and --max_blocks must be >= 0")
+    if cfg.top_k < 0:
+        raise ValueError(f"--top_k must be >= 0 (0 = off), got {cfg.top_k}")
+    if not cfg.temperature > 0:                          # also NaN
         raise ValueError(f"--temperature must be > 0, got {cfg.temperature}: GRPO needs sampled groups "
                          "(greedy responses of one prompt are all equal and teach nothing)")
     if cfg.batch_size % world_size:

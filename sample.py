@@ -40,8 +40,11 @@ Run `python sample.py --bench` for the speed table in the README.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads sleep (see sft.py)
 
 import torch
 

@@ -1,6 +1,6 @@
 """Cold-start SFT: teach a model the parallel-thinking format by imitation (PAPER_NOTES §6.1, stage 1).
 
-    python sft.py                                   # tiny model, synthetic:easy traces, ~3 min on 2 CPU cores
+    python sft.py                                   # tiny model, synthetic:easy traces, ~4 min on 2 CPU cores
     python sft.py --mode=seen --max_steps=100       # any config field: --key=value
     python sft.py --resume=True                     # continue the latest checkpoint in out_dir, exactly
 
@@ -98,10 +98,10 @@ class SFTConfig:
 
     The tiny numbers follow the prototype (TASK_NOTES: batch 32, lr 1e-3, 5% warm-up + cosine). The step
     count sets where GRPO starts: synthetic:hard:test Mean@8 at T = 1 (eval.py, 64 problems) after 240 /
-    400 steps was 13 / 33%. At 400 steps stray characters are rare (a wrong block total or a garbled
+    400 steps was 13 / 25%. At 400 steps stray characters are rare (a wrong block total or a garbled
     final line in 17% of the samples, against 41% at 240); most failures are the final two-digit sum,
     which the easy split rarely shows (data.py): a start in the learnable band (20-50%) whose errors sit at
-    a few positions that RL can sharpen. 400 steps take about 5 min at ~7k tokens/s on 2 CPU cores.
+    a few positions that RL can sharpen. 400 steps take about 4 min at ~9k tokens/s on 2 idle CPU cores.
     `--max_time` can still stop a run early (the summary then says so).
     """
 
@@ -160,8 +160,8 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
         raise ValueError(f"--style must be one of {STYLES}, got {cfg.style!r}")
     if cfg.mode not in ("seen", "unseen"):
         raise ValueError(f"--mode must be 'seen' or 'unseen', got {cfg.mode!r}")
-    if cfg.batch_size < 1 or cfg.micro_batch_size < 1 or cfg.eval_samples < 0:
-        raise ValueError("--batch_size and --micro_batch_size must be >= 1, --eval_samples >= 0")
+    if cfg.batch_size < 1 or cfg.micro_batch_size < 1 or cfg.eval_samples < 0 or cfg.limit < 0:
+        raise ValueError("--batch_size and --micro_batch_size must be >= 1, --eval_samples and --limit >= 0")
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} does not split evenly over {world_size} ranks")
     return cfg
