@@ -783,15 +783,14 @@ def failure_table(samples_path: str) -> str:
                 continue
             try:
                 r = json.loads(line)
-                is_sample = isinstance(r, dict) and all(isinstance(r.get(k), str) for k in
-                                                        ("benchmark", "prompt", "response"))
             except json.JSONDecodeError as e:
                 raise ValueError(f"{samples_path}, line {number}: not JSON ({e.msg}); pass an eval.py "
                                  "samples.jsonl or its folder") from None
-            if not is_sample:
+            if not (isinstance(r, dict) and isinstance(r.get("correct"), bool)
+                    and all(isinstance(r.get(k), str) for k in ("benchmark", "prompt", "response"))):
                 raise ValueError(f"{samples_path}, line {number}: not an eval.py sample (needs benchmark, "
                                  "prompt, response and correct); pass an eval.py samples.jsonl or its folder")
-            if r.get("benchmark", "").startswith("synthetic:") and r["prompt"].count(" has ") == 2:
+            if r["benchmark"].startswith("synthetic:") and r["prompt"].count(" has ") == 2:
                 cls = "right" if r["correct"] else classify_failure(r["prompt"], r["response"])
                 counts[r["benchmark"]][cls] += 1
     if not counts:
