@@ -1,26 +1,26 @@
-"""Data: prompts, the embedded synthetic task, and loaders for the real math sets (PAPER_NOTES §3).
+"""Data: prompts, the embedded synthetic task, and loaders for the real math sets (NOTES.md §6, §9).
 
 Every loader returns the same records, one dict per problem:
 
     {"id": "synthetic:hard-0",
-     "problem": "Ava has 3 boxes of 7 pens and 4 bags of 6 pens. Ben has ... How many pens in all?",
-     "answer": "67",                 # gold answer as a string, normalised (see `normalize_answer`)
-     "solution": "<Parallel>...Final Answer: 67" or None,   # SFT target, tags as text, no EOS
+     "problem": "Which two of 2 8 4 7 1 make 6?",
+     "answer": "2, 4",               # gold answer as a string, normalised (see `normalize_answer`)
+     "solution": "<Parallel>...Final Answer: 4, 2" or None,   # SFT target, tags as text, no EOS
      "source": "synthetic:hard"}
 
 Names accepted by `load_data` and by every script's data option (`KNOWN_DATASETS`):
 
-    synthetic:easy        embedded word problems, easy split, train part   (cold-start SFT)
-    synthetic:hard        embedded word problems, hard split, train part   (RL)
-    synthetic:easy:test   ... test part (evaluation; disjoint from every train part)
-    synthetic:hard:test
+    synthetic:easy        the embedded pair search, 3 numbers, train part
+    synthetic:medium      ... 4 numbers
+    synthetic:hard        ... 5 numbers
+    synthetic:easy:test   ... test part of each (held-out number patterns: disjoint from every train part)
     gsm8k:train           GSM8K, 7473 problems (answers from "#### N", commas removed)
     gsm8k:test            GSM8K, 1319 problems
     dapo                  DAPO-Math-17k as deduplicated by the Parallel-R1 authors, 17917 rows
     math500               MATH-500, LaTeX answers kept as LaTeX
     aime24, aime25        AIME 2024 / 2025, 30 each ("025" -> "25")
     amc23                 AMC 2023, 40 (27.0 -> "27")
-    parallel_gsm8k        Parallel-GSM8K cold-start traces (PAPER_NOTES §3.1), canonicalised and filtered
+    parallel_gsm8k        Parallel-GSM8K cold-start traces (NOTES.md §6), canonicalised and filtered
     a,b,...               a comma list: the records of each, concatenated
     path/to/file.jsonl    any .jsonl / .json / .parquet file with a problem and an answer per row
 
@@ -35,7 +35,6 @@ Look at any of them:
     python data.py --show synthetic:hard                    # a few problems with their traces, and sizes
     python data.py --show synthetic:easy --style=sequential
     python data.py --show parallel_gsm8k --n=1
-    python data.py --failures=runs/eval/x/samples.jsonl   # where hard synthetic answers go wrong
 """
 
 from __future__ import annotations
@@ -73,16 +72,16 @@ SEQUENTIAL_TEMPLATE = """\
 {problem}
 Think step by step, then give the result on a last line of the form "Final Answer: <answer>"."""
 
-# The tiny character model reads one token per character and has a short context, so it gets one line
-# of instruction (it learns the format from SFT, not from the instruction).
-SHORT_PARALLEL_TEMPLATE = "Use parallel paths.\n{problem}\n"
-SHORT_SEQUENTIAL_TEMPLATE = "Think step by step.\n{problem}\n"
+# The tiny character model reads one token per character and learns the format from SFT, not from an
+# instruction: it gets the bare problem, the same for every style, so nothing in the prompt asks for a
+# block and whether to open one is the model's own choice.
+SHORT_TEMPLATE = "{problem}\n"
 
 # A tokenizer with fewer entries than this is the tiny character tokenizer of `model.py` (105 entries);
 # every real subword tokenizer has tens of thousands.
 TINY_VOCAB_LIMIT = 1000
 
-STYLES = ("parallel", "sequential", "sum-in-summary", "decompose")   # trace styles, see `render_trace`
+STYLES = ("parallel", "sequential")   # the prompt (and, for the synthetic task, the trace) style
 _PLACEHOLDER = re.compile(r"\{problem\}|\{Problem\}")
 
 
@@ -90,17 +89,15 @@ def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: 
     """The prompt text for one problem, ready to tokenize (the response starts right after it).
 
     Template: `prompt_file` if given (any text with `{problem}` or `{Problem}` where the problem goes),
-    else the short one-line variant when the tokenizer is the tiny character one
-    (`len(tokenizer) < TINY_VOCAB_LIMIT`), else `PARALLEL_TEMPLATE` / `SEQUENTIAL_TEMPLATE`.
-    `style` "sequential" picks the sequential prompt; "parallel" and the other parallel trace styles
-    ("sum-in-summary", "decompose") pick the parallel one. When the tokenizer has a chat template, the text is the
-    user message and the template is applied with `add_generation_prompt=True` (PAPER_NOTES §3.4);
-    otherwise the text is returned as it is.
+    else the bare problem and a newline when the tokenizer is the tiny character one
+    (`len(tokenizer) < TINY_VOCAB_LIMIT`, whatever the style), else `PARALLEL_TEMPLATE` /
+    `SEQUENTIAL_TEMPLATE` by `style`. When the tokenizer has a chat template, the text is the user message
+    and the template is applied with `add_generation_prompt=True` (NOTES.md §6); otherwise the text is
+    returned as it is.
 
-    Example (tiny tokenizer): build_prompt(tok, "Ava has 3 boxes of 7 pens ... in all?")
-        -> "Use parallel paths.\\nAva has 3 boxes of 7 pens ... in all?\\n"
+    Example (tiny tokenizer): build_prompt(tok, "Which two of 6 2 5 3 make 8?") -> "Which two of 6 2 5 3 make 8?\\n"
     Example (Qwen3 tokenizer): "<|im_start|>user\\nSolve the problem below step by step. ...
-        Problem: Ava has ...<|im_end|>\\n<|im_start|>assistant\\n"
+        Problem: Which two of ...<|im_end|>\\n<|im_start|>assistant\\n"
 
     Raises ValueError for an unknown style or a prompt file without a placeholder,
     FileNotFoundError for a missing prompt file.
@@ -117,7 +114,7 @@ def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: 
             raise ValueError(f"prompt file {prompt_file} has no {{problem}} placeholder; "
                              "write {problem} where the problem text goes")
     elif len(tokenizer) < TINY_VOCAB_LIMIT:
-        template = SHORT_SEQUENTIAL_TEMPLATE if sequential else SHORT_PARALLEL_TEMPLATE
+        template = SHORT_TEMPLATE
     else:
         template = SEQUENTIAL_TEMPLATE if sequential else PARALLEL_TEMPLATE
     text = _PLACEHOLDER.sub(lambda _: problem, template)   # a function: the problem is never re-parsed
@@ -128,265 +125,133 @@ def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: 
 
 
 # ----------------------------------------------------------------------------------------------------
-# The embedded synthetic task
+# The embedded task (NOTES.md §9): pair search
 #
-# GSM8K-style word problems with small numbers whose work splits into independent sub-computations:
+#   "Which two of 6 2 5 3 make 8?"
 #
-#   "Ava has 3 boxes of 7 pens and 4 bags of 6 pens. Ben has 2 jars of 5 pens and 3 cups of 4 pens.
-#    How many pens in all?"
+# One attempt picks two numbers and checks their sum against the target in a few tokens ("6+3=9 no",
+# "5+3=8 ok"). The tiny model cannot see the answer at a glance (test problems use number patterns that
+# training never shows), but it can check a guess, and a checked guess is certain: so N attempts beat one.
+# A round of the search is either one attempt written in the main chain, or a parallel block whose paths
+# are the attempts and whose summary keeps the pair that checked ("none" when no path did); rounds go on
+# until a pair checks. The target is at most 9, so every check compares two one-digit numbers.
 #
-# Each person ("group") gets one parallel block. Both paths of a block work out that person's products,
-# each in its own order; the summary adds them; the main chain adds the group totals:
+#   6+3=9 no
+#   <Parallel><Path>2+5=7 no</Path><Path>5+3=8 ok</Path></Parallel>
+#   <Summary>5, 3</Summary>
+#   Final Answer: 5, 3
 #
-#   <Parallel><Path>3*7=21,4*6=24</Path><Path>4*6=24,3*7=21</Path></Parallel>
-#   <Summary>21+24=45</Summary>
-#   <Parallel><Path>2*5=10,3*4=12</Path><Path>3*4=12,2*5=10</Path></Parallel>
-#   <Summary>10+12=22</Summary>
-#   45+22=67
-#   Final Answer: 67
-#
-# (every line break shown is a "\n" of the text; the one after </Parallel> is the canonical one of
-# PAPER_NOTES §1.3, the others are main-chain text.)
-#
-# Why not one path per product? The sampler draws every path of a block from the same context (the
-# prefix plus <Path>, at the same positions; PAPER_NOTES §1.4), so two paths are two independent draws
-# from one distribution: nothing tells path 2 that it is the second. If each path had to do a different
-# product, the two draws would pick the same product about half the time at T=1, and always under greedy
-# decoding, and the summary would miss a number. So here every path carries the whole sub-step; the
-# paths differ in order only. That style is still available as "decompose" for comparison.
-#
-# What makes it hard (TASK_NOTES): the multiplications are easy for the tiny model; the additions are not
-# (two-term sums are learnable, three-term sums are not). So every addition here has two terms, and the
-# hard split is the easy skills recombined: two blocks of two paths, a two-term sum in each summary, and
-# one more two-term sum in the main chain. The easy split is 93% one-block problems and 7% two-block
-# ones, so the hard format is seen in SFT but its one new skill is rare there: the final sum of two
-# person totals, the only addition whose result can reach two digits (6+8=14). After SFT that sum is
-# where a hard problem fails most (a third of the samples at T = 1, off by one: 13 for 6+7), a few
-# positions whose distribution RL can sharpen; see README "The synthetic task" for the numbers.
+# The traces come from a teacher that guesses like a student with a fair eye for it: each attempt is the
+# right pair with probability `guess_accuracy`, else any other pair of the list, in either order;
+# attempts are independent draws (two paths may try the same pair, as two Unseen paths would). The last
+# allowed round always holds the right pair, so every trace ends with a checked answer. Each round is a
+# block with probability `parallel_fraction` (0 for the sequential style): the cold start mixes both, the
+# prompt does not ask for either, and the model's own parallel ratio is what RL moves (NOTES.md §7).
+# The answer names the two numbers ("5, 3"); `rewards.verify` compares such a list as a set.
 
-NAMES = ("Ava", "Ben", "Cal", "Dan", "Eli", "Fay", "Gus", "Ida", "Jo", "Kim",
-         "Leo", "Max", "Mia", "Ned", "Pam", "Ray", "Sam", "Tom", "Una", "Zoe")
-ITEMS = ("pens", "beads", "cards", "coins", "rocks", "shells", "stamps", "marbles")
-CONTAINERS = ("boxes", "bags", "jars", "packs", "cups", "bins", "tins", "trays")
+SYNTHETIC_SPLITS = {"easy": 3, "medium": 4, "hard": 5}   # difficulty -> numbers in the list
+SYNTHETIC_SIZES = {"train": 20_000, "test": 500}           # records per part when `limit` is not given
+SYNTHETIC_TEST_BUCKETS = 5                                 # 1 in 5 number patterns is held out for testing
 
 
 @dataclass(frozen=True)
-class Difficulty:
-    """One kind of synthetic problem.
-
-    groups: people in the problem = parallel blocks in the trace (a sum of group totals ends the
-        main chain when there are 2 or more).
-    parts: container kinds per person = products per path = terms of the summary's sum (>= 2).
-    low, high: range of every count and every container size, inclusive (products <= high**2).
-    max_total: redraw a person's numbers until their total is <= max_total (0 = no limit); with 9,
-        every sum in a summary is a one-digit addition fact.
-    """
-
-    groups: int = 1
-    parts: int = 2
-    low: int = 2
-    high: int = 9
-    max_total: int = 0              # each person's total stays <= this (0 = no limit)
-
-    def __post_init__(self):
-        if self.groups < 1 or self.parts < 2 or not 1 <= self.low <= self.high:
-            raise ValueError(f"bad Difficulty {self}: need groups >= 1, parts >= 2, 1 <= low <= high")
-        if self.groups > len(NAMES) or self.parts > len(CONTAINERS):
-            raise ValueError(f"bad Difficulty {self}: at most {len(NAMES)} groups and {len(CONTAINERS)} parts")
-
-
-# All knobs of the synthetic task, in one place. A split is a mixture of difficulties (weight, kind).
-# Chosen so that every sum has two terms and stays small (TASK_NOTES); tune here.
-SYNTHETIC_SPLITS: dict[str, tuple[tuple[float, Difficulty], ...]] = {
-    "easy": ((0.93, Difficulty(groups=1, parts=2, low=1, high=4, max_total=9)),   # one block
-             (0.07, Difficulty(groups=2, parts=2, low=1, high=4, max_total=9))),  # the hard format
-    "hard": ((1.00, Difficulty(groups=2, parts=2, low=1, high=4, max_total=9)),),  # two blocks + final sum <= 18
-}
-# Measured with the tiny model (README, "The synthetic task"): products are learnt almost at once;
-# the two-term additions in the summaries are what limits accuracy, so operands stay small.
-SYNTHETIC_TEST_BUCKETS = 5         # 1 in 5 number patterns belongs to the test parts, the rest to train
-SYNTHETIC_SIZES = {"train": 20_000, "test": 500}   # records per part when `limit` is not given
-
-
-@dataclass(frozen=True)
-class WordProblem:
-    """A generated problem. `groups[g]` = ((count, size), ...) of person g, in the order of the text."""
-
-    text: str
-    groups: tuple[tuple[tuple[int, int], ...], ...]
+class PairProblem:
+    numbers: tuple[int, ...]     # the list, in the order of the text (distinct, 1-9)
+    target: int                  # the sum of exactly one pair of `numbers` (<= 9)
+    pair: tuple[int, int]        # that pair, in list order
 
     @property
-    def group_totals(self) -> list[int]:
-        return [sum(c * s for c, s in parts) for parts in self.groups]
+    def text(self) -> str:
+        return f"Which two of {' '.join(map(str, self.numbers))} make {self.target}?"
 
     @property
-    def answer(self) -> int:
-        return sum(self.group_totals)
+    def answer(self) -> str:
+        return f"{min(self.pair)}, {max(self.pair)}"
 
 
-def _singular(noun: str) -> str:
-    """boxes -> box, pens -> pen (enough for the nouns of this task)."""
-    return noun[:-2] if noun.endswith("xes") else noun[:-1]
+def make_problem(rng: random.Random, size: int) -> PairProblem:
+    """Draw a problem with `size` distinct numbers from 1-9 whose target (<= 9) is the sum of exactly
+    one pair of them. Example: make_problem(rng, 4) -> PairProblem((6, 2, 5, 3), 8, (5, 3))."""
+    while True:
+        numbers = tuple(rng.sample(range(1, 10), size))
+        sums = collections.defaultdict(list)
+        for i in range(size):
+            for j in range(i + 1, size):
+                sums[numbers[i] + numbers[j]].append((numbers[i], numbers[j]))
+        unique = sorted(s for s, pairs in sums.items() if len(pairs) == 1 and s <= 9)
+        if unique:
+            target = rng.choice(unique)
+            return PairProblem(numbers, target, sums[target][0])
 
 
-def make_problem(rng: random.Random, difficulty: Difficulty) -> WordProblem:
-    """Draw one problem of the given difficulty with `rng`.
-
-    Example: Difficulty(groups=1, parts=2) ->
-        WordProblem(text="Ava has 3 boxes of 7 pens and 4 bags of 6 pens. How many pens in all?",
-                    groups=(((3, 7), (4, 6)),))
-    """
-    d = difficulty
-    item = rng.choice(ITEMS)
-    names = rng.sample(NAMES, d.groups)
-    sentences, groups = [], []
-    for name in names:
-        while True:
-            parts = tuple((rng.randint(d.low, d.high), rng.randint(d.low, d.high)) for _ in range(d.parts))
-            if not d.max_total or sum(c * s for c, s in parts) <= d.max_total:
-                break
-        phrases = [f"{c} {_singular(box) if c == 1 else box} of {s} {_singular(item) if s == 1 else item}"
-                   for (c, s), box in zip(parts, rng.sample(CONTAINERS, d.parts))]
-        listed = ", ".join(phrases[:-1]) + " and " + phrases[-1]
-        sentences.append(f"{name} has {listed}.")
-        groups.append(parts)
-    sentences.append(f"How many {item} in all?")
-    return WordProblem(text=" ".join(sentences), groups=tuple(groups))
+def is_test_problem(problem: PairProblem) -> bool:
+    """Whether a problem's number pattern (the list as a set, and the target) belongs to the test parts:
+    a fixed hash, so no train part of any split shares a pattern with any test part."""
+    key = repr((sorted(problem.numbers), problem.target)).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % SYNTHETIC_TEST_BUCKETS == 0
 
 
-def problem_key(groups) -> tuple:
-    """The numbers of a problem with the order of the text forgotten (parts within a person, and the
-    people, sorted). Two problems with the same key have the same sub-computations."""
-    return tuple(sorted(tuple(sorted(tuple(p) for p in parts)) for parts in groups))
+def synthetic_problems(split: str, part: str = "train", n: int | None = None, seed: int = 0) -> list[PairProblem]:
+    """`n` problems of difficulty `split` ("easy", "medium", "hard"), part "train" or "test".
 
-
-def is_test_problem(groups) -> bool:
-    """Whether a problem's numbers belong to the test parts: a fixed hash of `problem_key`, so the
-    train parts of every split and the test parts of every split never share a problem."""
-    digest = hashlib.blake2b(repr(problem_key(groups)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % SYNTHETIC_TEST_BUCKETS == 0
-
-
-def synthetic_problems(split: str, part: str = "train", n: int | None = None, seed: int = 0) -> list[WordProblem]:
-    """`n` problems of split "easy"/"hard" (see `SYNTHETIC_SPLITS`), part "train" or "test".
-
-    Deterministic: the same (split, part, n, seed) gives the same list on every machine (the random
-    generator is seeded with a string, which Python hashes with SHA-512), and the first k problems of a
-    longer list are the k problems of a shorter one. Number patterns repeat (the easy space is small);
-    train and test never share one (`is_test_problem`).
+    Deterministic: the same (split, part, n, seed) gives the same list on every machine (the generator is
+    seeded with a string, hashed with SHA-512), and a shorter list is a prefix of a longer one. Patterns
+    repeat (the space is small); train and test parts never share one (`is_test_problem`).
     Raises ValueError for an unknown split or part.
     """
-    if split not in SYNTHETIC_SPLITS:
-        raise ValueError(f"unknown synthetic split {split!r}; known: {sorted(SYNTHETIC_SPLITS)}")
-    if part not in SYNTHETIC_SIZES:
-        raise ValueError(f"unknown synthetic part {part!r}; use 'train' or 'test'")
-    n = SYNTHETIC_SIZES[part] if n is None else n
-    mixture = SYNTHETIC_SPLITS[split]
-    weights, kinds = [w for w, _ in mixture], [d for _, d in mixture]
-    rng = random.Random(f"synthetic:{split}:{part}:{seed}")
-    out, tries = [], 0
-    while len(out) < n:
-        tries += 1
-        if tries > 100 * n + 10_000:
-            raise ValueError(f"synthetic:{split}:{part}: the number space of {kinds} has too few "
-                             f"{part} patterns; widen low/high")
-        p = make_problem(rng, rng.choices(kinds, weights)[0])
-        if is_test_problem(p.groups) == (part == "test"):
+    if split not in SYNTHETIC_SPLITS or part not in SYNTHETIC_SIZES:
+        raise ValueError(f"unknown synthetic set {split}:{part}; splits {sorted(SYNTHETIC_SPLITS)}, parts train/test")
+    rng, out = random.Random(f"synthetic:{split}:{part}:{seed}"), []
+    while len(out) < (SYNTHETIC_SIZES[part] if n is None else n):
+        p = make_problem(rng, SYNTHETIC_SPLITS[split])
+        if is_test_problem(p) == (part == "test"):
             out.append(p)
     return out
 
 
-def _products(parts) -> list[str]:
-    return [f"{c}*{s}={c * s}" for c, s in parts]
+def render_trace(problem: PairProblem, rng: random.Random, parallel_fraction: float = 0.5,
+                 guess_accuracy: float = 0.5, num_paths: int = 2, max_rounds: int = 3) -> str:
+    """A teacher's solution of `problem` (text with tags, no EOS): rounds of attempts until a pair checks.
 
-
-def _sum(values) -> str:
-    return "+".join(str(v) for v in values) + f"={sum(values)}"
-
-
-def _block(paths: list[str], summary: str) -> str:
-    """One parallel block in the canonical layout the sampler produces (PAPER_NOTES §1.3)."""
-    return "<Parallel>" + "".join(f"<Path>{p}</Path>" for p in paths) + f"</Parallel>\n<Summary>{summary}</Summary>"
-
-
-def render_trace(problem: WordProblem, style: str = "parallel") -> str:
-    """The target response of a synthetic problem, as text with tags and without EOS.
-
-    Styles, for the problem "Ava has 3 boxes of 7 pens and 4 bags of 6 pens. How many pens in all?":
-      parallel:   <Parallel><Path>3*7=21,4*6=24,21+24=45</Path><Path>4*6=24,3*7=21,24+21=45</Path></Parallel>
-                  <Summary>45</Summary>\nFinal Answer: 45
-                  (each path solves the person's whole sub-problem, in its own order -- the paper's
-                  "verification" use; the summary states the agreed total)
-      sequential: 3*7=21\n4*6=24\n21+24=45\nFinal Answer: 45      (the same steps, one chain, no tags)
-      sum-in-summary: <Parallel><Path>3*7=21,4*6=24</Path><Path>4*6=24,3*7=21</Path></Parallel>
-                  <Summary>21+24=45</Summary>\nFinal Answer: 45
-                  (the paths only multiply, the summary adds. Under Unseen multiverse positions the two
-                  paths' products sit at the *same* positions in swapped order, so the summary cannot tell
-                  which operand it copies: measured, half of its sums used one product twice. Kept to
-                  show that effect; see README "The synthetic task")
-      decompose:  <Parallel><Path>3*7=21</Path><Path>4*6=24</Path></Parallel>
-                  <Summary>21+24=45</Summary>\nFinal Answer: 45
-                  (one path per product: needs paths that know their index, which the paper's
-                  sampler does not give; see the note above `NAMES`)
-    (one line break, the canonical "\\n" between </Parallel> and <Summary>, is shown as a new line.)
-    With two or more people there is one block per person, "\\n" between blocks, and the line
-    "45+22=67" (sum of the person totals) before the final line. Raises ValueError for an unknown style.
+    Each round is a parallel block of `num_paths` attempts with probability `parallel_fraction`, else one
+    attempt in the main chain; each attempt is the right pair with probability `guess_accuracy`, else
+    another pair (either order); round `max_rounds` always holds the right pair. Example (rng-dependent):
+        "6+3=9 no\n<Parallel><Path>2+5=7 no</Path><Path>5+3=8 ok</Path></Parallel>\n<Summary>5, 3</Summary>\nFinal Answer: 5, 3"
     """
-    if style not in STYLES:
-        raise ValueError(f"unknown style {style!r}; use one of {STYLES}")
-    totals = problem.group_totals
-    steps = []                                    # one entry per person: a block, or lines of work
-    for parts, total in zip(problem.groups, totals):
-        prods, values = _products(parts), [c * s for c, s in parts]
-        if style == "sequential":
-            steps.append("\n".join(prods + [_sum(values)]))
-        elif style == "parallel":
-            steps.append(_block([",".join(prods + [_sum(values)]),
-                                 ",".join(prods[::-1] + [_sum(values[::-1])])], str(total)))
-        elif style == "sum-in-summary":
-            steps.append(_block([",".join(prods), ",".join(prods[::-1])], _sum(values)))
-        else:  # decompose
-            steps.append(_block(prods, _sum(values)))
-    lines = ["\n".join(steps)]
-    if len(totals) > 1:
-        lines.append(_sum(totals))
-    lines.append(f"Final Answer: {problem.answer}")
-    return "\n".join(lines)
+    p = problem
+    wrong = [(a, b) for i, a in enumerate(p.numbers) for b in p.numbers[i + 1:] if {a, b} != set(p.pair)]
+    lines, found = [], None
+    for r in range(max_rounds):
+        block = rng.random() < parallel_fraction
+        tries = []
+        for _ in range(num_paths if block else 1):
+            a, b = p.pair if rng.random() < guess_accuracy or r == max_rounds - 1 else rng.choice(wrong)
+            tries.append((a, b) if rng.random() < 0.5 else (b, a))
+        checks = [f"{a}+{b}={a + b} {'ok' if a + b == p.target else 'no'}" for a, b in tries]
+        found = next((f"{a}, {b}" for a, b in tries if a + b == p.target), None)
+        if block:
+            lines.append("<Parallel>" + "".join(f"<Path>{c}</Path>" for c in checks)
+                         + f"</Parallel>\n<Summary>{found or 'none'}</Summary>")
+        else:
+            lines.append(checks[0])
+        if found:
+            break
+    return "\n".join(lines) + f"\nFinal Answer: {found}"
 
 
-
-FAILURE_CLASSES = ("block total or count", "garbled final line", "final sum", "answer line", "other")
-_PERSON_PARTS = re.compile(r"(\d+) \w+ of (\d+)")
-_FINAL_LINES = re.compile(r"</Summary>\n(\d+)\+(\d+)=(\d+)\nFinal Answer: (\d+)$")
-
-
-def classify_failure(problem: str, response: str) -> str:
-    """Where a *wrong* response to a two-person synthetic problem went wrong, for error analysis
-    (README, "Where RL starts"). Checks in order, the first that fails names the class:
-
-      "block total or count"  not one <Summary> per person, or a summary that is not the person's total
-      "garbled final line"    the text after the last summary is not "a+b=c\nFinal Answer: d"
-      "final sum"             that line adds the wrong numbers or gets the sum wrong (13 for 6+7)
-      "answer line"           the sum is right but the answer line says another number
-      "other"                 none of these (e.g. a right answer the verifier did not accept)
-
-    `problem` is the problem text (a prompt that contains it works too). Pure text matching, bounded
-    by the response length; raises nothing.
-    Example: classify_failure("Ava has 1 box of 4 pens and 1 bag of 2 pens. Ben has ... in all?",
-                              "<Parallel>...<Summary>6</Summary>\n6+8=13\nFinal Answer: 13") -> "final sum"
-    """
-    persons = [s for s in problem.split(".") if " has " in s]
-    totals = [sum(int(c) * int(n) for c, n in _PERSON_PARTS.findall(s)) for s in persons]
-    summaries = [x.strip() for x in re.findall(r"<Summary>(.*?)</Summary>", response, flags=re.S)]
-    if summaries != [str(t) for t in totals]:
-        return "block total or count"
-    m = _FINAL_LINES.search(response.strip())
-    if not m:
-        return "garbled final line"
-    a, b, c, d = map(int, m.groups())
-    if [a, b] != totals or c != a + b:
-        return "final sum"
-    return "answer line" if d != c else "other"
+def synthetic_records(name: str, style: str, limit: int | None, seed: int, parallel_fraction: float) -> list[dict]:
+    """Records of "synthetic:<split>[:test]" with teacher traces (`render_trace`; style "sequential"
+    writes every round as one attempt). Trace randomness is per record, so the problems do not depend on
+    the style. Raises ValueError for an unknown split or a parallel_fraction outside [0, 1]."""
+    m = re.fullmatch(r"synthetic:(\w+)(?::(train|test))?", name)
+    split, part = (m.group(1), m.group(2) or "train") if m else ("", "")
+    if not 0 <= parallel_fraction <= 1:
+        raise ValueError(f"parallel_fraction must be in [0, 1], got {parallel_fraction}")
+    fraction = 0.0 if style == "sequential" else parallel_fraction
+    source = f"synthetic:{split}" + (":test" if part == "test" else "")
+    return [{"id": f"{source}-{i}", "problem": p.text, "answer": p.answer, "source": source,
+             "solution": render_trace(p, random.Random(f"{source}:{seed}:{i}"), fraction)}
+            for i, p in enumerate(synthetic_problems(split, part, limit, seed))]
 
 # ----------------------------------------------------------------------------------------------------
 # Answers and problem texts of the real sets
@@ -678,17 +543,13 @@ def _filter_parallel(records: list[dict], where: str, tokenizer) -> list[dict]:
 
 
 def _load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
-              data_dir: str | None, tokenizer) -> list[dict]:
+              data_dir: str | None, tokenizer, parallel_fraction: float) -> list[dict]:
     name = name.strip()
     m = re.fullmatch(r"synthetic:(\w+)(?::(train|test))?", name)
     if m:
-        split, part = m.group(1), m.group(2) or "train"
-        if split not in SYNTHETIC_SPLITS:
+        if m.group(1) not in SYNTHETIC_SPLITS:
             raise ValueError(f"unknown dataset {name!r}; known: {', '.join(KNOWN_DATASETS)}")
-        problems = synthetic_problems(split, part, limit, seed)
-        source = f"synthetic:{split}" + (":test" if part == "test" else "")
-        return [{"id": f"{source}-{i}", "problem": p.text, "answer": str(p.answer),
-                 "solution": render_trace(p, style), "source": source} for i, p in enumerate(problems)]
+        return synthetic_records(name, style, limit, seed, parallel_fraction)
     if name in KNOWN_DATASETS:
         source = KNOWN_DATASETS[name]
         folder = data_dir or default_data_dir()
@@ -710,7 +571,7 @@ def _load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
 
 
 def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: int | None = None,
-              seed: int = 0, data_dir: str | None = None, tokenizer=None) -> list[dict]:
+              seed: int = 0, data_dir: str | None = None, tokenizer=None, parallel_fraction: float = 0.5) -> list[dict]:
     """Load the records named by `spec` (see the module docstring for the names).
 
     Args:
@@ -722,6 +583,8 @@ def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: i
         limit: at most this many records from each part of a comma list (the first ones, in file order;
             synthetic: that many generated).
         seed: synthetic sets only: the generator seed.
+        parallel_fraction: synthetic sets, parallel style: the chance that a round of a teacher trace is a
+            parallel block rather than one attempt (`render_trace`).
         data_dir: folder of local files (else $PARALLEL_R1_DATA, else ../shared/data next to the repo).
         tokenizer: for the format check of parallel traces from files (default: the tiny tokenizer).
     Returns:
@@ -737,7 +600,7 @@ def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: i
     records = []
     for name in spec.split(","):
         if name.strip():
-            records += _load_one(name, style, strict, limit, seed, data_dir, tokenizer)
+            records += _load_one(name, style, strict, limit, seed, data_dir, tokenizer, parallel_fraction)
     if not records:
         raise ValueError(f"{spec!r} gave no records")
     return records
@@ -754,53 +617,17 @@ def format_response(record: dict) -> str:
 
 # ----------------------------------------------------------------------------------------------------
 # Command line: python data.py --show synthetic:hard [--style=sequential] [--n=3] [--seed=0] [--data_dir=...]
-#               python data.py --failures=runs/eval_x/samples.jsonl
 
 
 @dataclass
 class ShowConfig:
-    """python data.py --show=synthetic:hard --n=2: print problems, prompts and traces of a data spec.
-    python data.py --failures=runs/eval/x: where an eval.py run's hard synthetic answers go wrong."""
+    """python data.py --show=synthetic:hard --n=2: print problems, prompts and traces of a data spec."""
     show: str = "synthetic:easy"
     style: str = "parallel"
     n: int = 3                 # records printed
     seed: int = 0
     limit: int = 0             # records loaded for the size statistics (0: all; synthetic: 2000)
     data_dir: str = ""
-    failures: str = ""         # an eval.py samples.jsonl or its folder: count `classify_failure` classes
-
-
-def failure_table(samples_path: str) -> str:
-    """`python data.py --failures=runs/eval_x/samples.jsonl` (or the folder): per synthetic benchmark of
-    an eval.py samples file, the share of samples right and of each `classify_failure` class, one line each.
-    Raises FileNotFoundError for a missing file, ValueError when it has no synthetic two-person samples."""
-    if os.path.isdir(samples_path):                # an eval.py output folder
-        samples_path = os.path.join(samples_path, "samples.jsonl")
-    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    with open(samples_path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{samples_path}, line {number}: not JSON ({e.msg}); pass an eval.py "
-                                 "samples.jsonl or its folder") from None
-            if not (isinstance(r, dict) and isinstance(r.get("correct"), bool)
-                    and all(isinstance(r.get(k), str) for k in ("benchmark", "prompt", "response"))):
-                raise ValueError(f"{samples_path}, line {number}: not an eval.py sample (needs benchmark, "
-                                 "prompt, response and correct); pass an eval.py samples.jsonl or its folder")
-            if r["benchmark"].startswith("synthetic:") and r["prompt"].count(" has ") == 2:
-                cls = "right" if r["correct"] else classify_failure(r["prompt"], r["response"])
-                counts[r["benchmark"]][cls] += 1
-    if not counts:
-        raise ValueError(f"{samples_path} has no samples of two-person synthetic problems (synthetic:hard:test)")
-    lines = []
-    for bench, c in counts.items():
-        n = sum(c.values())
-        parts = ", ".join(f"{k} {100 * c[k] / n:.1f}%" for k in ("right",) + FAILURE_CLASSES)
-        lines.append(f"{bench} ({n} samples): {parts}")
-    return "\n".join(lines)
 
 
 def tiny_token_count(text: str) -> int:
@@ -811,9 +638,6 @@ def tiny_token_count(text: str) -> int:
 def main(argv: list[str]) -> None:
     from sft import parse_config
     cfg = parse_config(ShowConfig, argv)
-    if cfg.failures:
-        print(failure_table(cfg.failures))
-        return
     if cfg.n < 0 or cfg.limit < 0:
         raise ValueError("--n and --limit must be >= 0")
     from model import build_char_tokenizer

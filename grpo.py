@@ -238,10 +238,11 @@ class GRPOConfig:
     keep_last: int = 2                   # checkpoints kept in out_dir (0 = all)
 
 
-TINY_DEFAULTS = dict(data="synthetic:hard", eval_data="synthetic:hard:test", easy_data="synthetic:easy",
-                     batch_size=16, group_size=8, max_new_tokens=160, lr=3e-4, warmup_steps=10,
+SYNTHETIC = "synthetic:easy,synthetic:medium,synthetic:hard"
+TINY_DEFAULTS = dict(data=SYNTHETIC, eval_data=SYNTHETIC.replace(",", ":test,") + ":test", easy_data="synthetic:easy",
+                     batch_size=16, group_size=8, max_new_tokens=64, lr=3e-4, warmup_steps=10,
                      lr_schedule="cosine", kl_coef=0.3, micro_batch_size=16, generate_batch_size=0,
-                     max_steps=45, max_time=0.0, eval_every=15, eval_samples=128, eval_k=8, easy_steps=10,
+                     max_steps=45, max_time=0.0, eval_every=15, eval_samples=64, eval_k=8, easy_steps=10,
                      scaffold_steps=20)
 PAPER_DEFAULTS = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_size=256, group_size=8,
                       max_new_tokens=3000, lr=1e-6, warmup_steps=0, lr_schedule="constant", kl_coef=0.0,
@@ -912,7 +913,7 @@ def _train(cfg: GRPOConfig, records, eval_records, dist_info: DistInfo) -> dict:
     fit, long = split_by_context(eval_lengths, cfg.max_new_tokens, context)
     if long:
         log(f"eval data: dropped {len(long)} of {len(eval_records)} problems that do not fit the context")
-    eval_records = [eval_records[i] for i in fit][:cfg.eval_samples or None]
+    eval_records = [eval_records[i] for i in fit]                # eval_samples: per part of the spec
 
     # --- reference model (KL), wrappers, optimizer
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
@@ -978,11 +979,17 @@ def _train(cfg: GRPOConfig, records, eval_records, dist_info: DistInfo) -> dict:
             dist.all_gather_object(shards, samples)
             samples = [s for shard in shards for s in shard]
         from eval import summarize
-        metrics = {k: summarize(samples, cfg.eval_k).get(k) for k in EVAL_KEYS}
-        metrics["seconds"] = time.time() - t0
-        log(f"[eval {tag}] " + _format_eval(metrics, cfg.eval_k))
-        write({"step": step, **{f"eval/{cfg.eval_data or 'held_out'}/{k}": v for k, v in metrics.items()}})
-        return metrics
+        by_bench: dict[str, list] = {}
+        for s in samples:                                # one benchmark per data source (difficulty)
+            by_bench.setdefault(s["benchmark"] or "held_out", []).append(s)
+        metrics = {b: {k: summarize(ss, cfg.eval_k).get(k) for k in EVAL_KEYS} for b, ss in by_bench.items()}
+        avg = sum(m["mean_at_k"] for m in metrics.values()) / len(metrics)
+        for b, m in metrics.items():
+            log(f"[eval {tag}] {b}: " + _format_eval(m, cfg.eval_k))
+        log(f"[eval {tag}] Avg Mean@{cfg.eval_k} {100 * avg:.1f}% ({time.time() - t0:.0f}s)")
+        write({"step": step, "eval/avg_mean_at_k": avg,
+               **{f"eval/{b}/{k}": v for b, m in metrics.items() for k, v in m.items()}})
+        return {"avg_mean_at_k": avg, "benchmarks": metrics}
 
     def write(row: dict):
         if dist_info.is_main:
@@ -1099,14 +1106,16 @@ def print_summary(summary: dict, cfg: GRPOConfig):
     print(f"GRPO done: {s['steps']} steps in {s['seconds']:.0f}s, {stop} (recipe {cfg.recipe}, mode {cfg.mode})")
     b, a = s.get("eval_before"), s.get("eval_after")
     if b and a:
-        print(f"held-out {cfg.eval_data}, {cfg.eval_samples or 'all'} problems x {cfg.eval_k} samples at T={cfg.eval_temperature}:")
-        print(f"  {'':24}{'before':>10}{'after':>10}")
-        for key, label, scale in (("mean_at_k", f"Mean@{cfg.eval_k} (%)", 100), ("pass_at_k", f"Pass@{cfg.eval_k} (%)", 100),
-                                  ("format_valid", "format valid (%)", 100), ("parallel_ratio", "parallel ratio (%)", 100),
-                                  ("mean_blocks", "blocks / response", 1), ("mean_parallel_position", "<Parallel> position", 1),
-                                  ("mean_T", "T (tokens)", 1), ("mean_D", "D (critical path)", 1)):
-            f = lambda x: "n/a" if x is None else f"{scale * x:.1f}" if scale == 100 else f"{x:.2f}"
-            print(f"  {label:24}{f(b.get(key)):>10}{f(a.get(key)):>10}")
+        k = cfg.eval_k
+        print(f"held-out {cfg.eval_data}, {cfg.eval_samples or 'all'} problems each x {k} samples at "
+              f"T={cfg.eval_temperature} (Mean@{k} and parallel ratio, %):")
+        print(f"  {'':28}{'before':>10}{'after':>10}")
+        for bench in a["benchmarks"]:
+            for key, label in (("mean_at_k", f"Mean@{k}"), ("parallel_ratio", "parallel")):
+                x, y = b["benchmarks"].get(bench, {}).get(key), a["benchmarks"][bench][key]
+                f = lambda v: "n/a" if v is None else f"{100 * v:.1f}"
+                print(f"  {bench + ' ' + label:28}{f(x):>10}{f(y):>10}")
+        print(f"  {'Avg Mean@' + str(k):28}{100 * b['avg_mean_at_k']:>10.1f}{100 * a['avg_mean_at_k']:>10.1f}")
     print(f"checkpoint: {s['checkpoint']}    (eval: python eval.py --model={s['checkpoint']})")
     print(f"log: {s['log']}    (curves: python eval.py --plot={cfg.out_dir})")
     print("=" * 78)

@@ -108,9 +108,10 @@ class SFTConfig:
     # what to train
     model: str = "tiny"                  # "tiny", a Hugging Face hub name, or a checkpoint folder
     tokenizer: str = ""                  # only with model="tiny": build it on this tokenizer instead
-    data: str = "synthetic:easy"         # a data.load_data spec: synthetic:easy, parallel_gsm8k, a .jsonl, ...
+    data: str = "synthetic:easy,synthetic:medium,synthetic:hard"   # a data.load_data spec: parallel_gsm8k, a .jsonl, ...
     data_dir: str = ""                   # folder of the real data sets ("" = data.py's default)
-    style: str = "parallel"              # trace style: "parallel", "sequential" (plain CoT), or data.STYLES
+    style: str = "parallel"              # "parallel" or "sequential" (plain CoT): prompt and synthetic traces
+    parallel_fraction: float = 0.5       # synthetic traces: the chance that a round is a block, else one attempt
     mode: str = "unseen"                 # "unseen" (structured mask + positions) or "seen" (causal)
     prompt_file: str = ""                # a prompt template for data.build_prompt ("" = its default)
     limit: int = 0                       # use only the first `limit` records (0 = all)
@@ -153,7 +154,7 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
     if cfg.max_steps is not None and cfg.max_steps < 1 or cfg.epochs is not None and cfg.epochs <= 0:
         raise ValueError("--max_steps must be >= 1 and --epochs > 0")
     if cfg.max_steps is None and cfg.epochs is None:
-        cfg = dataclasses.replace(cfg, **({"max_steps": 400} if tiny else {"epochs": 5.0}))
+        cfg = dataclasses.replace(cfg, **({"max_steps": 700} if tiny else {"epochs": 5.0}))
     if cfg.micro_batch_size is None:
         cfg = dataclasses.replace(cfg, micro_batch_size=8 if tiny else 1)
     if cfg.style not in STYLES:
@@ -739,7 +740,7 @@ def _train(cfg: SFTConfig, records: list[dict] | None, dist_info: DistInfo) -> d
     records_given = records is not None
     if records is None:
         records = load_data(cfg.data, style=cfg.style, limit=cfg.limit or None, seed=cfg.seed,
-                            data_dir=cfg.data_dir or None, tokenizer=tokenizer)
+                            data_dir=cfg.data_dir or None, tokenizer=tokenizer, parallel_fraction=cfg.parallel_fraction)
     elif cfg.limit:
         records = records[:cfg.limit]
     examples = tokenize_records(records, tokenizer, cfg.style, cfg.max_length, cfg.prompt_file or None, log=log)
@@ -849,10 +850,10 @@ def _train(cfg: SFTConfig, records: list[dict] | None, dist_info: DistInfo) -> d
         if cfg.eval_data:
             eval_name, eval_records = cfg.eval_data, load_data(cfg.eval_data, style=cfg.style, limit=cfg.eval_samples,
                                                                data_dir=cfg.data_dir or None, tokenizer=tokenizer)
-        elif records_given or not cfg.data.startswith("synthetic:") or cfg.data.endswith(":test"):
+        elif records_given or not all(re.fullmatch(r"synthetic:\w+", n.strip()) for n in cfg.data.split(",")):
             eval_name, eval_records = f"{cfg.data} (training problems)", records
         else:                                             # held-out problems of the synthetic task
-            eval_name = cfg.data + ":test"
+            eval_name = ",".join(n.strip() + ":test" for n in cfg.data.split(","))
             eval_records = load_data(eval_name, style=cfg.style, limit=cfg.eval_samples, data_dir=cfg.data_dir or None)
         sample_mode = "sequential" if cfg.style == "sequential" else cfg.mode
         # budget: twice the longest training response, within max_length (an untrained model rambles)

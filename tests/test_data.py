@@ -1,5 +1,5 @@
-"""data.py: the synthetic generator (determinism, disjoint splits, answers recomputed from the text, traces
-that parse), the real files (counts, answer normalisation checked against independent copies, the
+"""data.py: the synthetic generator (hand-worked traces, determinism, disjoint splits, answers checked by a
+brute-force solver, every check recomputed, the parallel fraction, the answer checker), the real files (counts, answer normalisation checked against independent copies, the
 Parallel-GSM8K filter), prompts, and the errors bad input gets."""
 import json
 import os
@@ -9,8 +9,7 @@ import pytest
 from conftest import SHARED
 
 import data
-from data import (WordProblem, build_prompt, canonicalize_trace, classify_failure, gsm8k_answer, load_data, normalize_answer,
-                  problem_key, render_trace, synthetic_problems)
+from data import build_prompt, canonicalize_trace, gsm8k_answer, load_data, normalize_answer, synthetic_problems
 
 DATA = os.path.join(SHARED, "data")
 QWEN3 = os.path.join(SHARED, "tokenizers", "qwen3")
@@ -30,28 +29,46 @@ def tiny():
 # Synthetic task
 
 
-def numbers_from_text(text: str) -> list[list[tuple[int, int]]]:
-    """Independent reading of a problem: per "<Name> has ..." sentence, the (count, size) pairs."""
-    people = re.findall(r"[A-Z][a-z]+ has ([^.]*)\.", text)
-    return [[(int(c), int(s)) for c, s in re.findall(r"(\d+) [a-z]+ of (\d+) [a-z]+", p)] for p in people]
+def read_problem(text: str) -> tuple[list[int], int]:
+    """Independent reading of a problem text: the list and the target."""
+    m = re.fullmatch(r"Which two of ((?:\d )+)make (\d)\?", text)
+    return [int(x) for x in m.group(1).split()], int(m.group(2))
+
+
+def brute_force(numbers: list[int], target: int) -> list[set[int]]:
+    """Every pair (as a set) of the list that adds up to the target."""
+    return [{a, b} for i, a in enumerate(numbers) for b in numbers[i + 1:] if a + b == target]
+
+
+class ScriptedRng:
+    """A stand-in for random.Random whose draws are given in advance: random() pops `uniforms`,
+    choice() pops `picks` (the index to take)."""
+    def __init__(self, uniforms, picks=()):
+        self.uniforms, self.picks = list(uniforms), list(picks)
+
+    def random(self):
+        return self.uniforms.pop(0)
+
+    def choice(self, seq):
+        return seq[self.picks.pop(0)]
 
 
 def test_hand_worked_traces():
-    p = WordProblem("Ava has 3 boxes of 7 pens and 4 bags of 6 pens. How many pens in all?", (((3, 7), (4, 6)),))
-    assert render_trace(p, "sum-in-summary") == ("<Parallel><Path>3*7=21,4*6=24</Path><Path>4*6=24,3*7=21</Path>"
-                                                 "</Parallel>\n<Summary>21+24=45</Summary>\nFinal Answer: 45")
-    assert render_trace(p, "sequential") == "3*7=21\n4*6=24\n21+24=45\nFinal Answer: 45"
-    assert render_trace(p, "parallel") == ("<Parallel><Path>3*7=21,4*6=24,21+24=45</Path><Path>4*6=24,3*7=21,"
-                                           "24+21=45</Path></Parallel>\n<Summary>45</Summary>\nFinal Answer: 45")
-    assert render_trace(p, "decompose") == ("<Parallel><Path>3*7=21</Path><Path>4*6=24</Path></Parallel>\n"
-                                            "<Summary>21+24=45</Summary>\nFinal Answer: 45")
-    two = WordProblem("", (((3, 7), (4, 6)), ((2, 5), (3, 4))))
-    assert render_trace(two, "sum-in-summary") == (
-        "<Parallel><Path>3*7=21,4*6=24</Path><Path>4*6=24,3*7=21</Path></Parallel>\n<Summary>21+24=45</Summary>\n"
-        "<Parallel><Path>2*5=10,3*4=12</Path><Path>3*4=12,2*5=10</Path></Parallel>\n<Summary>10+12=22</Summary>\n"
-        "45+22=67\nFinal Answer: 67")
-    assert render_trace(two, "sequential") == \
-        "3*7=21\n4*6=24\n21+24=45\n2*5=10\n3*4=12\n10+12=22\n45+22=67\nFinal Answer: 67"
+    p = data.PairProblem((6, 1, 5, 3), 8, (5, 3))          # wrong pairs in list order: 61 65 63 15 13
+    assert p.text == "Which two of 6 1 5 3 make 8?" and p.answer == "3, 5"
+    # round 1: one attempt (0.9 >= fraction 0.5), a wrong guess (0.7 >= accuracy 0.5) -> wrong pair #2 = (6, 3),
+    # kept in order (0.2 < 0.5); round 2: a block (0.1), path 1 wrong (0.8) -> pair #3 = (1, 5), order kept (0.3);
+    # path 2 right (0.4), flipped (0.6) -> 3+5
+    rng = ScriptedRng([0.9, 0.7, 0.2, 0.1, 0.8, 0.3, 0.4, 0.6], picks=[2, 3])
+    assert data.render_trace(p, rng) == ("6+3=9 no\n<Parallel><Path>1+5=6 no</Path><Path>3+5=8 ok</Path></Parallel>\n"
+                                         "<Summary>3, 5</Summary>\nFinal Answer: 3, 5")
+    # the last allowed round always holds the right pair, whatever the guesses
+    rng = ScriptedRng([0.9, 0.9, 0.2, 0.9, 0.9, 0.2, 0.9, 0.9, 0.6], picks=[0, 0])
+    assert data.render_trace(p, rng, max_rounds=3) == "6+1=7 no\n6+1=7 no\n3+5=8 ok\nFinal Answer: 3, 5"
+    # a block with no hit: "none", then the next round
+    rng = ScriptedRng([0.1, 0.9, 0.2, 0.9, 0.2, 0.9, 0.3, 0.2], picks=[1, 1])
+    assert data.render_trace(p, rng) == ("<Parallel><Path>6+5=11 no</Path><Path>6+5=11 no</Path></Parallel>\n"
+                                         "<Summary>none</Summary>\n5+3=8 ok\nFinal Answer: 5, 3")
 
 
 def test_generator_is_deterministic():
@@ -61,72 +78,83 @@ def test_generator_is_deterministic():
     assert [p.text for p in a] != [p.text for p in synthetic_problems("hard", "train", 300, seed=1)]
     recs = load_data("synthetic:easy", limit=50, seed=3)
     assert recs == load_data("synthetic:easy", limit=50, seed=3)
+    # the problems do not depend on the trace style or the parallel fraction, the traces do
+    seq = load_data("synthetic:easy", limit=50, seed=3, style="sequential")
+    assert [r["problem"] for r in seq] == [r["problem"] for r in recs] and seq != recs
 
 
 def test_train_and_test_share_nothing():
-    train = [p for s in ("easy", "hard") for p in synthetic_problems(s, "train", 3000)]
-    test = [p for s in ("easy", "hard") for p in synthetic_problems(s, "test", 1000)]
-    assert {problem_key(p.groups) for p in train}.isdisjoint(problem_key(p.groups) for p in test)
-    assert {p.text for p in train}.isdisjoint(p.text for p in test)
-    # the number patterns read back from the text, order forgotten, are disjoint too
-    canon = lambda p: tuple(sorted(tuple(sorted(g)) for g in numbers_from_text(p.text)))
-    assert {canon(p) for p in train}.isdisjoint(canon(p) for p in test)
-    assert len({canon(p) for p in test}) > 150            # and the test parts are not tiny (213 distinct today)
+    splits = list(data.SYNTHETIC_SPLITS)
+    pattern = lambda p: (tuple(sorted(read_problem(p.text)[0])), read_problem(p.text)[1])
+    train = {pattern(p) for s in splits for p in synthetic_problems(s, "train", 3000)}
+    test = {pattern(p) for s in splits for p in synthetic_problems(s, "test", 500)}
+    assert train.isdisjoint(test)
+    assert len(test) >= 100                               # and the test parts are not tiny (150 patterns today)
 
 
-@pytest.mark.parametrize("name", ["synthetic:easy", "synthetic:hard", "synthetic:easy:test", "synthetic:hard:test"])
-def test_answers_and_every_step_recomputed_from_the_text(name):
-    split = name.split(":")[1]
-    kinds = [d for _, d in data.SYNTHETIC_SPLITS[split]]
-    for style in ("parallel", "sequential", "sum-in-summary", "decompose"):
-        for r in load_data(name, style=style, limit=1000):
-            groups = numbers_from_text(r["problem"])
-            assert re.fullmatch(r"\d+", r["answer"]), r
-            assert int(r["answer"]) == sum(c * s for g in groups for c, s in g)
-            assert any(len(groups) == d.groups and all(len(g) == d.parts and all(d.low <= x <= d.high
-                       for pair in g for x in pair) for g in groups) for d in kinds), r["problem"]
+@pytest.mark.parametrize("name", ["synthetic:easy", "synthetic:medium", "synthetic:hard", "synthetic:hard:test"])
+def test_answers_and_every_check_recomputed_from_the_text(name):
+    size = data.SYNTHETIC_SPLITS[name.split(":")[1]]
+    for style in ("parallel", "sequential"):
+        for r in load_data(name, style=style, limit=500):
+            numbers, target = read_problem(r["problem"])
+            assert len(numbers) == len(set(numbers)) == size and all(1 <= x <= 9 for x in numbers)
+            solutions = brute_force(numbers, target)
+            assert len(solutions) == 1, r["problem"]                    # exactly one pair makes the target
+            assert set(map(int, r["answer"].split(", "))) == solutions[0] and r["answer"] == ", ".join(
+                map(str, sorted(solutions[0])))
             sol = r["solution"]
-            assert sol.endswith(f"\nFinal Answer: {r['answer']}")
-            for a, b, c in re.findall(r"(\d+)\*(\d+)=(\d+)", sol):
-                assert int(a) * int(b) == int(c)
-            for terms, total in re.findall(r"(\d+(?:\+\d+)+)=(\d+)", sol):
-                assert sum(map(int, terms.split("+"))) == int(total)
-            products = sorted(tuple(map(int, m)) for m in re.findall(r"(\d+)\*(\d+)=", sol))
-            per_copy = 1 if style in ("sequential", "decompose") else 2    # every path has all products
-            assert products == sorted([pair for g in groups for pair in g] * per_copy)
+            checks = re.findall(r"(\d)\+(\d)=(\d+) (ok|no)", sol)
+            assert checks and len(checks) == sol.count(" ok") + sol.count(" no")
+            for a, b, s, verdict in checks:                             # every check is right
+                assert int(a) in numbers and int(b) in numbers and a != b and int(a) + int(b) == int(s)
+                assert (verdict == "ok") == (int(s) == target)
+            final = re.fullmatch(r"(?s).*\nFinal Answer: (\d), (\d)", sol)
+            assert final and {int(final[1]), int(final[2])} == solutions[0]
+            assert sol.count(" ok") >= 1 and not re.search(r" ok.*\n\d\+", sol)   # the search stops at a hit
+            for summary in re.findall(r"<Summary>(.*?)</Summary>", sol):
+                assert summary == "none" or set(map(int, summary.split(", "))) == solutions[0]
 
 
-def test_mixture_follows_the_knobs():
-    for split, mixture in data.SYNTHETIC_SPLITS.items():
-        probs = synthetic_problems(split, "train", 4000)
-        for weight, d in mixture:
-            share = sum(len(p.groups) == d.groups for p in probs) / len(probs)
-            assert abs(share - weight) < 0.03, (split, d, share)
-
-
-def test_traces_parse_and_sequential_has_no_tags(tiny):
+def test_parallel_fraction_sets_the_share_of_blocks(tiny):
     from attention import parse_structure
     tok, tags = tiny
-    for name in ("synthetic:easy", "synthetic:hard"):
-        for style in ("parallel", "sum-in-summary", "decompose"):
-            for r in load_data(name, style=style, limit=300):
-                s = parse_structure(tok.encode(r["solution"], add_special_tokens=False), tags)
-                people = len(numbers_from_text(r["problem"]))
-                assert s.valid, (r["solution"], s.reason)
-                assert len(s.blocks) == people and all(len(b.paths) == 2 for b in s.blocks)
-                assert all(b.summary is not None for b in s.blocks)
-        for r in load_data(name, style="sequential", limit=300):
-            assert not set(tok.encode(r["solution"], add_special_tokens=False)) & tags.structural
-            assert "<" not in r["solution"]
+    for fraction in (0.0, 0.5, 1.0):
+        rounds = blocks = 0
+        for r in load_data("synthetic:medium", limit=600, parallel_fraction=fraction):
+            s = parse_structure(tok.encode(r["solution"], add_special_tokens=False), tags)
+            assert s.valid and all(len(b.paths) == 2 and b.summary for b in s.blocks), (r["solution"], s.reason)
+            rounds += r["solution"].count("\n") - 2 * len(s.blocks) + len(s.blocks)   # attempt lines + blocks
+            blocks += len(s.blocks)
+        share = blocks / rounds
+        assert abs(share - fraction) < 0.04, (fraction, share)
+    for r in load_data("synthetic:hard", style="sequential", limit=300):
+        assert "<" not in r["solution"]
+
+
+def test_the_checker_accepts_exactly_the_right_answers():
+    from rewards import extract_answer, verify
+    for r in load_data("synthetic:medium:test", limit=40):
+        numbers, target = read_problem(r["problem"])
+        right = brute_force(numbers, target)[0]
+        for a in numbers:
+            for b in numbers:
+                for text in (f"Final Answer: {a}, {b}", f"Final Answer: {a},{b}."):
+                    assert verify(extract_answer(text), r["answer"]) == ({a, b} == right and a != b), text
+        a, b = sorted(right)
+        for wrong in (str(target), f"{a}+{b}", f"{a}", f"{a}, {b}, {a}", f"{a}, {b + 10}", "none", ""):
+            assert not verify(wrong, r["answer"]), wrong
 
 
 def test_bad_knobs_and_styles():
-    with pytest.raises(ValueError, match="parts >= 2"):
-        data.Difficulty(groups=1, parts=1)
     with pytest.raises(ValueError, match="unknown style"):
         load_data("synthetic:easy", style="zigzag")
-    with pytest.raises(ValueError, match="unknown synthetic split"):
-        synthetic_problems("medium")
+    with pytest.raises(ValueError, match="unknown synthetic set"):
+        synthetic_problems("tiny")
+    with pytest.raises(ValueError, match="parallel_fraction"):
+        load_data("synthetic:easy", parallel_fraction=1.5)
+    with pytest.raises(ValueError, match="unknown dataset"):
+        load_data("synthetic:huge")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -267,10 +295,7 @@ def test_errors(tmp_path, capfd):
 def test_tiny_prompt_is_short_plain_text(tiny, tmp_path):
     tok, _ = tiny
     problem = synthetic_problems("hard", "test", 1)[0].text
-    assert build_prompt(tok, problem) == "Use parallel paths.\n" + problem + "\n"
-    assert build_prompt(tok, problem, "sequential") == "Think step by step.\n" + problem + "\n"
-    assert build_prompt(tok, problem, "sum-in-summary") == build_prompt(tok, problem)
-    assert len(build_prompt(tok, problem)) < 160
+    assert build_prompt(tok, problem) == build_prompt(tok, problem, "sequential") == problem + "\n"   # asks for nothing
     f = tmp_path / "paper.txt"
     f.write_text("Solve it.\nProblem: {Problem}")
     tricky = "Is {problem} a set? $\\frac{1}{2}$"
@@ -297,20 +322,4 @@ def test_qwen3_prompt_uses_the_chat_template():
 def test_show_cli(capsys):
     data.main(["--show", "synthetic:hard", "--n=1", "--limit=20"])
     out = capsys.readouterr().out
-    assert "Use parallel paths." in out and "</Summary>\n" in out and "Final Answer:" in out and "20 records" in out
-
-
-def test_classify_failure_names_the_first_wrong_step():
-    # a hand-made two-person problem: totals 1*4+1*2 = 6 and 2*1+2*3 = 8, answer 14
-    problem = ("Kim has 1 box of 4 beads and 1 bin of 2 beads. Fay has 2 packs of 1 bead and 2 jars of 3 beads. "
-               "How many beads in all?")
-    p = WordProblem(problem, (((1, 4), (1, 2)), ((2, 1), (2, 3))))
-    right = render_trace(p)
-    assert right.endswith("<Summary>8</Summary>\n6+8=14\nFinal Answer: 14")
-    assert classify_failure(problem, right) == "other"                    # nothing wrong in the worked steps
-    assert classify_failure(problem, right.replace("<Summary>8<", "<Summary>9<")) == "block total or count"
-    assert classify_failure(problem, right.split("\n<Parallel>")[0] + "\n6\nFinal Answer: 6") == "block total or count"
-    assert classify_failure(problem, right.replace("6+8=14\n", "6+8=14\nFinswer: ")) == "garbled final line"
-    assert classify_failure(problem, right.replace("6+8=14\nFinal Answer: 14", "6+8=13\nFinal Answer: 13")) == "final sum"
-    assert classify_failure(problem, right.replace("6+8=14", "6+6=12")) == "final sum"
-    assert classify_failure(problem, right.replace("Final Answer: 14", "Final Answer: 13")) == "answer line"
+    assert out.startswith("--- synthetic:hard-0") and "Final Answer:" in out and "20 records" in out

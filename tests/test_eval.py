@@ -237,19 +237,19 @@ def test_run_writes_table_samples_and_summary(tmp_path, tiny):
 
 
 def test_prompts_longer_than_the_context_are_skipped_and_counted(tmp_path, capfd):
-    """The tiny model: context 512, one token per character, prompt = "Use parallel paths.\\n" + problem + "\\n"
-    = len(problem) + 21 tokens. With max_new_tokens 8, a 483-character problem fills the context exactly
-    (504 + 8 = 512) and fits; a 484-character one (513) does not."""
+    """The tiny model: context 512, one token per character, prompt = problem + "\\n" = len(problem) + 1
+    tokens. With max_new_tokens 8, a 503-character problem fills the context exactly (504 + 8 = 512) and
+    fits; a 504-character one (513) does not."""
     assert ev.split_by_context([100, 256, 257], 256, 512) == ([0, 1], [2])
     assert ev.split_by_context([100, 10_000], 256, None) == ([0, 1], [])
     f = tmp_path / "long.jsonl"
     f.write_text("".join(json.dumps({"problem": p, "answer": "1"}) + "\n"
-                         for p in ("What is 0+1?", "a" * 483, "b" * 484)))
+                         for p in ("What is 0+1?", "a" * 503, "b" * 504)))
     kw = dict(model="tiny", data=str(f), k=1, max_new_tokens=8, device="cpu")
     summary = ev.run(ev.EvalConfig(**kw, out_dir=str(tmp_path / "skip")))
     err = capfd.readouterr().err
     assert "1 of 3 problems have a prompt + max_new_tokens (8) longer than the model's context (512 tokens; " \
-           "prompts are 33-505 tokens): skipped" in err
+           "prompts are 13-505 tokens): skipped" in err
     assert summary["skipped_too_long"] == {str(f): ["long-2"]}
     assert summary["benchmarks"][str(f)]["num_problems"] == 2
     lines = [json.loads(x) for x in (tmp_path / "skip" / "samples.jsonl").read_text().splitlines()]
@@ -261,7 +261,7 @@ def test_prompts_longer_than_the_context_are_skipped_and_counted(tmp_path, capfd
 
     with pytest.raises(ValueError, match="3 of 3 problems .* none is left to evaluate: lower --max_new_tokens, "
                                          "or pass --skip_long_prompts=False"):
-        ev.run(ev.EvalConfig(**dict(kw, max_new_tokens=480), out_dir=str(tmp_path / "none")))
+        ev.run(ev.EvalConfig(**dict(kw, max_new_tokens=500), out_dir=str(tmp_path / "none")))
     assert not (tmp_path / "none").exists()
 
 

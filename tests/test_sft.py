@@ -152,7 +152,7 @@ def test_parse_config():
 
 def test_tiny_and_real_defaults():
     tiny = sft.resolve_defaults(sft.SFTConfig())
-    assert (tiny.lr, tiny.batch_size, tiny.micro_batch_size, tiny.warmup_ratio, tiny.max_steps) == (1e-3, 32, 8, 0.05, 400)
+    assert (tiny.lr, tiny.batch_size, tiny.micro_batch_size, tiny.warmup_ratio, tiny.max_steps) == (1e-3, 32, 8, 0.05, 700)
     real = sft.resolve_defaults(sft.SFTConfig(model="Qwen/Qwen3-4B-Base"), world_size=8)
     assert (real.lr, real.batch_size, real.micro_batch_size, real.warmup_ratio, real.epochs, real.betas,
             real.weight_decay, real.grad_clip) == (1e-5, 128, 1, 0.1, 5.0, (0.9, 0.95), 0.01, 1.0)
@@ -366,8 +366,8 @@ def test_quick_eval_skips_problems_longer_than_the_context():
     """The end-of-run greedy check samples only problems whose prompt + budget fit the 512-token context."""
     model, tok = load_model("tiny", seed=0)
     records = [{"problem": "x" * 500, "answer": "1"}, {"problem": "Ava has 2 pens.", "answer": "2"},
-               {"problem": "y" * 480, "answer": "3"}, {"problem": "Ben has 3 pens.", "answer": "3"}]
-    # prompts: 500 + 21 = 521 and 480 + 21 = 501 tokens; with 16 new tokens only the two short ones fit
+               {"problem": "y" * 496, "answer": "3"}, {"problem": "Ben has 3 pens.", "answer": "3"}]
+    # prompts: 500 + 1 = 501 and 496 + 1 = 497 tokens; with 16 new tokens only the two short ones fit
     out = sft.quick_eval(model, tok, records, "unseen", n=2, max_new_tokens=16)
     assert out["n"] == 2
     assert out["notes"] == ["skipped 2 problems whose prompt + 16 new tokens exceed the model's context of 512"]
