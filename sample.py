@@ -4,27 +4,28 @@
 
 One sample in `mode="unseen"` (NOTES.md §3), and the method that makes each transition:
 
-    main chain    ... The total is<Parallel>            sampled (_advance) until <Parallel>, EOS or the budget
+    main chain    ... The total is<Parallel>         _advance: sampled until <Parallel>, EOS or the budget
     _open_block   <Path> injected into each of num_paths paths, all at position p+1 (p: <Parallel>'s)
-    paths         <Path>3*7=21</Path> | <Path>4*6=24</Path>    each decode step feeds one query per open
-                  path into the sample's row, at its own position; it sees the shared slots and its own
-    _close_block  the path slots become shared (nothing is copied or recomputed); </Parallel>\\n<Summary>
-                  injected at position p + longest path + 1
-    summary       sampled until </Summary>, then the main chain goes on: more blocks, then EOS
-    _finish       at EOS or the budget, open paths get their </Path> (the reserved last slot of each)
+    paths         <Path>3*7=21</Path> | <Path>4*6=24</Path>   _advance: every decode step feeds one query
+                  per open path into the sample's row, at the path's own position; it sees the shared
+                  slots and its own path's only. _end_path: </Path> sampled, or injected at a path budget
+    _close_block  the path slots become shared (nothing is copied); </Parallel>\\n<Summary> injected at
+                  position p + longest path + 1
+    summary       _advance: sampled until </Summary>, then the main chain goes on (more blocks, EOS)
+    _finish       EOS or budget: each open path gets its </Path> (its reserved last token)
 
-The response is written out in the training layout (path 1, then path 2, ...). Attention depends on
-the mask and on the positions baked into the cached keys, not on the order of the slots, so this is
-the context `attention.build_mask_and_positions(mode="unseen")` gives the training forward (NOTES.md
-§2), and the recorded log-probs equal it (tests/test_sample.py: 1e-4). The official code samples the
-paths with plain causal attention and trains under another mask and positions (NOTES.md §8).
-`mode="seen"`: the paths follow one another in the row, with causal attention (path 2 sees path 1).
+The response is written out in the training layout (path 1, then path 2, ...): attention depends on the
+mask and on the positions baked into the cached keys, not on the order of the slots, so the context is
+the one `attention.build_mask_and_positions(mode="unseen")` gives the training forward (NOTES.md §2) and
+the recorded log-probs equal it (tests/test_sample.py: 1e-4). The official code samples paths with plain
+causal attention and trains under another mask and other positions (NOTES.md §8).
+`mode="seen"`: the paths follow one another in the row, causally (path 2 sees path 1).
 `mode="sequential"`: plain sampling; `allow_parallel=False` masks <Parallel> out.
 
-A decode step feeds q queries per row, q = the most open paths of any row (1 outside blocks); rows
-with fewer feed hidden dummies. The cache (`SlotCache`) is preallocated and written in place; the
-prompt's prefill is fanned out to its group_size rows, finished rows stay (fed dummies) until half
-the batch is done, then one index_select drops them. `python sample.py --bench` times it.
+A decode step feeds q queries per row, q = the most open paths of any row (1 outside blocks); a row with
+fewer feeds hidden dummies. `SlotCache` is preallocated and written in place; the prompt's prefill is the
+only copy (fanned out to its group_size rows); finished rows stay, fed dummies, until half the batch is
+done, then one index_select drops them. `python sample.py --bench` times it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import torch
 
 from attention import Structure, TagIds, build_mask_and_positions, parse_structure
 
-HIDDEN, SHARED = 0, 1   # slot owners: seen by no query / by every query of the row; path j owns 2 + j
+HIDDEN, SHARED = 0, 1   # slot owners: seen by no query / by every query of its row; path j's slots: 2 + j
 
 
 @dataclass
@@ -90,19 +91,18 @@ def _choose(logits, banned, temperature: float, top_p: float, top_k: int, greedy
 class SlotCache:
     """A KV cache written in place, for decoding under a custom mask (any Hugging Face causal LM).
 
-    It implements the one method the attention layers call, `update(key, value, layer_idx)`. Per layer
-    it holds keys and values (R, kv_heads, capacity, head_dim), allocated at the first forward in the
-    keys' dtype and zero-filled (a hidden slot must hold finite numbers: 0 * NaN is NaN). Before a
-    forward the caller sets `slots` (R, q) long, where each row's q new keys go, and `width`: attention
-    spans slots [0, width) only. `owner` (R, capacity) long: which queries may see each slot (HIDDEN,
-    SHARED, or 2 + j for path j); `mask` turns it into the model's additive 4-D mask.
+    It has the one method the attention layers call, `update(key, value, layer_idx)`. Per layer it holds
+    keys and values (R, kv_heads, capacity, head_dim), made at the first forward in the keys' dtype and
+    zero-filled (a hidden slot must still be finite: 0 * NaN is NaN). Before a forward the caller sets
+    `slots` (R, q) long, the slots the q new keys of each row go to, and calls `reserve(width)`:
+    attention spans slots [0, width) only. `owner` (R, capacity) long says who sees a slot (HIDDEN,
+    SHARED, 2 + j for path j); `mask` turns it into the additive 4-D mask the model gets.
     """
 
     def __init__(self, rows: int, capacity: int, device):
-        self.keys, self.values = [], []
+        self.keys, self.values, self.slots, self.width = [], [], None, 0
         self.owner = torch.zeros(rows, capacity, dtype=torch.long, device=device)
         self.row_ids = torch.arange(rows, device=device)[:, None]
-        self.slots, self.width = None, 0
 
     def update(self, key, value, layer_idx: int, *args, **kwargs):
         if layer_idx == len(self.keys):
@@ -110,12 +110,12 @@ class SlotCache:
             self.keys.append(key.new_zeros(shape))
             self.values.append(value.new_zeros(shape))
         k, v = self.keys[layer_idx], self.values[layer_idx]
-        k[self.row_ids, :, self.slots] = key.transpose(1, 2)        # (R, q, kv_heads, head_dim) in place
+        k[self.row_ids, :, self.slots] = key.transpose(1, 2)        # (R, q, kv_heads, head_dim), in place
         v[self.row_ids, :, self.slots] = value.transpose(1, 2)
         return k[:, :, :self.width], v[:, :, :self.width]
 
     def reserve(self, width: int):
-        """Make room for slots [0, width): the capacity doubles, so growing is O(1) per token."""
+        """Attend over slots [0, width); the capacity doubles when short, so growing is O(1) per token."""
         cap = self.owner.shape[1]
         if width > cap:
             def grow(t, dim):
@@ -125,31 +125,30 @@ class SlotCache:
         self.width = width
 
     def select(self, rows: torch.Tensor):
-        """New row i = old row rows[i] (long, on the cache's device): fans a prompt out, drops finished rows."""
+        """New row i = old row rows[i] (long, on the cache's device): fans prompts out, drops finished rows."""
         self.keys = [t.index_select(0, rows) for t in self.keys]
         self.values = [t.index_select(0, rows) for t in self.values]
         self.owner = self.owner.index_select(0, rows)
         self.row_ids = torch.arange(len(rows), device=rows.device)[:, None]
 
     def mask(self, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """(R, 1, q, width) additive mask: query (r, i) sees slot s iff owner[r, s] is SHARED or codes[r, i]."""
+        """(R, 1, q, width) additive: query (r, i) sees slot s iff owner[r, s] is SHARED or codes[r, i]."""
         own = self.owner[:, None, :self.width]
-        vis = (own == SHARED) | (own == codes[:, :, None])
-        return torch.zeros(vis.shape, dtype=dtype, device=vis.device).masked_fill_(~vis, torch.finfo(dtype).min)[:, None]
+        hide = (own != SHARED) & (own != codes[:, :, None])
+        return torch.zeros(hide.shape, dtype=dtype, device=hide.device).masked_fill_(hide, torch.finfo(dtype).min)[:, None]
 
 
 @dataclass
 class _Stream:
-    """What feeds one query per decode step: a sample's main chain (its Seen paths and summaries
-    included), or one path of an open Unseen block."""
+    """What feeds one query per step: a sample's main chain (Seen paths, summaries), or an Unseen path."""
 
-    kind: str                       # next: "main", "path", "summary"; "fork" = open the block, "closed" = </Path> given
+    kind: str                       # "main", "path", "summary"; "fork": open a block; "closed": </Path> given
     pos: int                        # position id of `feed`
-    code: int = SHARED              # owner code of its slots
-    feed: int | None = None         # the token to feed at the next step (None: nothing)
-    queue: list = field(default_factory=list)          # forced tokens to give after `feed`
-    path_len: int = 0               # tokens of its current path so far (<Path> included)
-    toks: list = field(default_factory=list)           # (token, sampled, logprob); the main chain's is the response
+    code: int = SHARED              # owner of its slots
+    feed: int | None = None         # the token to feed at the next step (None: nothing to feed)
+    queue: list = field(default_factory=list)   # forced tokens to give after `feed`
+    path_len: int = 0               # tokens of its current path (<Path> included)
+    toks: list = field(default_factory=list)    # (token, sampled, logprob); the main chain's is the response
 
 
 @dataclass(eq=False)
@@ -157,12 +156,15 @@ class _Sample:
     prompt_index: int
     prompt_ids: list[int]
     main: _Stream
-    paths: list = field(default_factory=list)          # streams of the open Unseen block, in path order
+    paths: list = field(default_factory=list)   # the open Unseen block's streams, in path order
     used: int = 0                   # response tokens counted against the budget
     open_paths: int = 0             # paths not closed yet: one </Path> each is reserved in the budget
     closed_paths: int = 0           # Seen: paths of the current block closed so far
     blocks: int = 0
     done: str = ""                  # "", "eos" or "budget"
+
+
+_BANS = ("main", "path", "summary", "main_full", "free")   # rows of _Engine.ban
 
 
 class _Engine:
@@ -173,11 +175,11 @@ class _Engine:
         self.sampling, self.pad_id = sampling, pad_id
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        # Structural tags are the runtime's to inject: a segment may sample only its own closing tag
-        # (the main chain <Parallel>, until max_blocks). Rows: main, main after max_blocks, path, summary, free.
-        ban = torch.zeros(5, model.get_output_embeddings().weight.shape[0], dtype=torch.bool)
+        # Structural tags are the runtime's to inject: a segment samples only its own closing tag (the main
+        # chain <Parallel>, until max_blocks); "free" (sequential mode) bans <Parallel> if not allow_parallel.
+        ban = torch.zeros(len(_BANS), model.get_output_embeddings().weight.shape[0], dtype=torch.bool)
         ban[:4, sorted(tags.structural)] = True
-        ban[0, tags.parallel] = ban[2, tags.end_path] = ban[3, tags.end_summary] = False
+        ban[0, tags.parallel] = ban[1, tags.end_path] = ban[2, tags.end_summary] = False
         ban[4, tags.parallel] = not allow_parallel
         self.ban = ban.to(self.device)
 
@@ -187,13 +189,14 @@ class _Engine:
         ids = torch.tensor([[self.pad_id] * (L - len(p)) + p for p in prompts])
         am = (torch.arange(L)[None] >= torch.tensor([L - len(p) for p in prompts])[:, None]).long()
         mask, pos = build_mask_and_positions(ids, [len(p) for p in prompts], am, self.tags, "seen", self.dtype)
-        self.cache = SlotCache(P, L + min(self.max_new_tokens, 256) + 1, self.device)
-        self.cache.owner[:, :L] = am.to(self.device)                 # padding slots HIDDEN, prompts SHARED
-        self.cache.slots, self.cache.width = torch.arange(L, device=self.device).expand(P, L), L
+        self.cache = c = SlotCache(P, L + min(self.max_new_tokens, 256) + 1, self.device)
+        c.owner[:, :L] = am.to(self.device)                          # padding slots HIDDEN, prompts SHARED
+        c.slots = torch.arange(L, device=self.device).expand(P, L)
+        c.reserve(L)
         out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                         position_ids=pos.to(self.device), cache=self.cache, use_cache=True, logits_to_keep=1)
+                         position_ids=pos.to(self.device), cache=c, use_cache=True, logits_to_keep=1)
         src = torch.arange(P, device=self.device).repeat_interleave(group_size)
-        self.cache.select(src)
+        c.select(src)
         samples = [_Sample(i, prompts[i], _Stream("main", pos=len(prompts[i]))) for i in src.tolist()]
         self.rows, self.used = list(samples), [L] * len(samples)
         self._decide(out.logits[:, -1].float()[src], [(s, s.main) for s in samples])
@@ -202,7 +205,7 @@ class _Engine:
         return samples
 
     def _step(self):
-        """One decode step: every row feeds q queries (its streams', then hidden dummies) at once."""
+        """One decode step: each row feeds its streams' tokens, then hidden dummies up to q, in one forward."""
         feeds = [[] if s.done else [st for st in (s.paths or [s.main]) if st.feed is not None] for s in self.rows]
         q = max(1, max(map(len, feeds)))
         ids, pos, codes, slots = [], [], [], []
@@ -211,35 +214,35 @@ class _Engine:
             ids.append([st.feed for st in f] + [self.pad_id] * (q - n))
             pos.append([st.pos for st in f] + [0] * (q - n))
             codes.append([st.code for st in f] + [HIDDEN] * (q - n))
-            slots.append(list(range(u, u + n)) + [u + n] * (q - n))  # dummies share one scratch slot
+            slots.append(list(range(u, u + n)) + [u + n] * (q - n))  # the dummies share one scratch slot
             self.used[r] += n
-        c = self.cache
+        c, dev = self.cache, self.device
+        c.slots, codes = torch.tensor(slots, device=dev), torch.tensor(codes, device=dev)
         c.reserve(max(row[-1] for row in slots) + 1)
-        c.slots, codes = torch.tensor(slots, device=self.device), torch.tensor(codes, device=self.device)
         c.owner[c.row_ids, c.slots] = codes
-        out = self.model(input_ids=torch.tensor(ids, device=self.device), attention_mask=c.mask(codes, self.dtype),
-                         position_ids=torch.tensor(pos, device=self.device), cache=c, use_cache=True)
-        for st in (st for f in feeds for st in f):
+        out = self.model(input_ids=torch.tensor(ids, device=dev), attention_mask=c.mask(codes, self.dtype),
+                         position_ids=torch.tensor(pos, device=dev), cache=c, use_cache=True)
+        fed = [(s, st) for s, f in zip(self.rows, feeds) for st in f]
+        for _, st in fed:
             st.pos += 1
-        real = torch.tensor([r * q + i for r, f in enumerate(feeds) for i in range(len(f))], device=self.device)
-        self._decide(out.logits.flatten(0, 1)[real].float(), [(s, st) for s, f in zip(self.rows, feeds) for st in f])
+        real = torch.tensor([r * q + i for r, f in enumerate(feeds) for i in range(len(f))], device=dev)
+        self._decide(out.logits.flatten(0, 1)[real].float(), fed)
         live = [r for r, s in enumerate(self.rows) if not s.done]
-        if 2 * len(live) <= len(self.rows):                          # half done: drop the finished rows
-            c.select(torch.tensor(live, dtype=torch.long, device=self.device))
+        if 2 * len(live) <= len(self.rows):                          # half the rows are done: drop them
+            c.select(torch.tensor(live, dtype=torch.long, device=dev))
             self.rows, self.used = [self.rows[r] for r in live], [self.used[r] for r in live]
 
-    def _decide(self, logits: torch.Tensor, streams: list):
-        """Sample a token for every stream that fed (logits (n, V) float32, in `streams` order), then
-        let each stream take its next token, in order (budgets are spent in that order)."""
-        kinds = [4 if self.mode == "sequential" else {"path": 2, "summary": 3}.get(st.kind, int(s.blocks >= self.max_blocks))
-                 for s, st in streams]
-        banned = self.ban[torch.tensor(kinds, device=self.device)]
+    def _decide(self, logits: torch.Tensor, fed: list):
+        """Sample a token for every stream that fed (logits (n, V) float32, in `fed` order), then give each
+        stream its next token, in that order (a sample spends its budget in path order)."""
+        kinds = ["free" if self.mode == "sequential" else "main_full" if st.kind == "main" and
+                 s.blocks >= self.max_blocks else st.kind for s, st in fed]
+        banned = self.ban[[_BANS.index(k) if k in _BANS else 0 for k in kinds]]
         if self.min_new_tokens:                                      # no EOS before min_new_tokens (benchmarks)
-            banned[:, self.tags.eos] |= torch.tensor([s.used < self.min_new_tokens for s, _ in streams], device=self.device)
+            banned[:, self.tags.eos] |= torch.tensor([s.used < self.min_new_tokens for s, _ in fed], device=self.device)
         temperature, top_p, top_k, greedy, gen = self.sampling
         chosen = _choose(logits, banned, temperature, top_p, top_k, greedy, gen)
-        lps = token_logprobs(logits, chosen, temperature).tolist()
-        for (s, st), tok, lp in zip(streams, chosen.tolist(), lps):
+        for (s, st), tok, lp in zip(fed, chosen.tolist(), token_logprobs(logits, chosen, temperature).tolist()):
             if not s.done:
                 self._advance(s, st, tok, lp)
                 if s.done:
@@ -315,16 +318,14 @@ class _Engine:
         st.feed = T.end_path
         if self.mode == "unseen":
             st.kind = "closed"
-            return
-        s.closed_paths += 1
-        if s.closed_paths < self.num_paths:
-            st.queue = [T.path]
+        elif s.closed_paths + 1 < self.num_paths:
+            s.closed_paths, st.queue = s.closed_paths + 1, [T.path]
         else:
             st.kind, st.queue = "summary", [T.end_parallel, *T.newline, T.summary]
 
     def _close_block(self, s: _Sample):
-        """Every path has fed its </Path>: the paths join the response in order, their slots become
-        shared, and </Parallel> goes at p + longest path + 1 (the main chain's position is still p+1)."""
+        """Every path fed its </Path>: they join the response in path order, their slots become shared, and
+        </Parallel> goes at p + longest path + 1 (the main chain's position is still p + 1)."""
         for p in s.paths:
             s.main.toks += p.toks
         owner = self.cache.owner[self.rows.index(s)]
@@ -336,12 +337,12 @@ class _Engine:
             m.feed, m.kind, m.queue = T.end_parallel, "summary", [*T.newline, T.summary]
 
     def _finish(self, s: _Sample):
-        """The sample ended: close what is open so the response parses into the spans it was sampled with."""
+        """The sample ended: close what is open, so the response parses into the spans it was sampled with."""
         for p in s.paths:                                            # Unseen, inside a block
             if p.kind == "path":
                 self._append(s, p, self.tags.end_path, 0, 0.0, closing=True)
             s.main.toks += p.toks
-        if not s.paths and s.open_paths > 0:                         # Seen, inside a path
+        if s.open_paths:                                             # Seen, inside a path
             self._append(s, s.main, self.tags.end_path, 0, 0.0, closing=True)
         s.paths = []
 
@@ -363,8 +364,8 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
     """Sample `group_size` responses for each prompt with the branching runtime.
 
     Args:
-        model: a causal LM from `model.load_model` (any device/dtype; anything with the Hugging Face
-            call, a 4-D mask and `get_output_embeddings`). Put in eval mode by the caller.
+        model: a causal LM from `model.load_model`, on any device/dtype; any module with the Hugging Face
+            call (4-D `attention_mask`, `position_ids`, `cache`) and `get_output_embeddings`. Eval mode.
         tokenizer: its tokenizer (with the six tags).
         prompts: list of prompt strings (tokenized without special tokens) or of token-id lists.
         group_size: samples per prompt (GRPO's G). The prompt is prefilled once and fanned out.
@@ -407,8 +408,20 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tags.eos
     engine = _Engine(model, tags, mode, num_paths, max_new_tokens, max_path_tokens or max_new_tokens, max_blocks,
                      allow_parallel, (temperature, top_p, top_k, greedy, gen), pad_id, min_new_tokens)
+    # Several masked queries per row (an Unseen block) make transformers copy every layer's cached keys and
+    # values at every step (repeat_kv, for grouped-query attention) unless SDPA shares the key/value heads
+    # itself, which on CPU it does without a copy (on CUDA, under a mask, it would take a slower kernel).
+    saved = os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA")
+    if engine.device.type == "cpu":
+        os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+    try:
+        samples = engine.run(prompts, group_size)
+    finally:
+        os.environ.pop("TRANSFORMERS_SDPA_FORCE_GQA", None)
+        if saved is not None:
+            os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = saved
     out = []
-    for s in engine.run(prompts, group_size):
+    for s in samples:
         ids, sampled, lps = (list(x) for x in zip(*s.main.toks)) if s.main.toks else ([], [], [])
         st = parse_structure(ids, tags)
         body = ids[:-1] if ids and ids[-1] == tags.eos else ids
@@ -456,9 +469,7 @@ def bench(batch: int = 16, repeats: int = 2):
     big = Qwen3ForCausalLM(cfg20).eval()
     tags = TagIds.from_tokenizer(tok)
     prompts = [tok.encode(f"Problem {i}: Ava has {i} boxes of 7 pens.", add_special_tokens=False) for i in range(batch)]
-    L = max(map(len, prompts))
-    ids = torch.tensor([[tok.pad_token_id] * (L - len(p)) + p for p in prompts])
-    am = (ids != tok.pad_token_id).long()
+    ids = torch.tensor([[tok.pad_token_id] * (max(map(len, prompts)) - len(p)) + p for p in prompts])
 
     def best(fn):
         times = []
@@ -468,15 +479,15 @@ def bench(batch: int = 16, repeats: int = 2):
             times.append(time.perf_counter() - t0)
         return min(times), res
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {batch}; blocks: <Parallel> likely, "
-          "2 paths that run to the path budget, up to 4 blocks")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {batch}, random weights; blocks: "
+          "<Parallel> likely, 2 paths that run to the path budget, up to 4 blocks")
     print("| model | new tokens | path budget | ours seq. tok/s | generate() tok/s | ratio | unseen s | seen s "
           "| unseen/seen | D/T |\n|---|---|---|---|---|---|---|---|---|---|")
     for name, m, n, path_budget in (("tiny", tiny, 128, 24), ("20M", big, 128, 24), ("20M", big, 1024, 128)):
         t_ours, _ = best(lambda: generate(m, tok, prompts, mode="sequential", allow_parallel=False,
                                           max_new_tokens=n, min_new_tokens=n, seed=0))
-        t_hf, _ = best(lambda: m.generate(input_ids=ids, attention_mask=am, do_sample=True, max_new_tokens=n,
-                                          min_new_tokens=n, pad_token_id=tok.pad_token_id))
+        t_hf, _ = best(lambda: m.generate(input_ids=ids, attention_mask=(ids != tok.pad_token_id).long(), do_sample=True,
+                                          max_new_tokens=n, min_new_tokens=n, pad_token_id=tok.pad_token_id))
         bias = torch.zeros(m.get_output_embeddings().weight.shape[0])
         bias[tags.parallel], bias[tags.end_path], bias[tags.end_summary] = 2.0, -30.0, 3.0
         kw = dict(max_new_tokens=n, min_new_tokens=n, max_path_tokens=path_budget, seed=0)
