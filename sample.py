@@ -225,8 +225,10 @@ class _Engine:
         fed = [(s, st) for s, f in zip(self.rows, feeds) for st in f]
         for _, st in fed:
             st.pos += 1
-        real = torch.tensor([r * q + i for r, f in enumerate(feeds) for i in range(len(f))], device=dev)
-        self._decide(out.logits.flatten(0, 1)[real].float(), fed)
+        logits = out.logits.flatten(0, 1).float()                    # (R * q, V): keep the real queries'
+        if len(fed) < len(logits):
+            logits = logits[torch.tensor([r * q + i for r, f in enumerate(feeds) for i in range(len(f))], device=dev)]
+        self._decide(logits, fed)
         live = [r for r, s in enumerate(self.rows) if not s.done]
         if 2 * len(live) <= len(self.rows):                          # half the rows are done: drop them
             c.select(torch.tensor(live, dtype=torch.long, device=dev))
@@ -401,25 +403,21 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
         raise ValueError("a prompt has no tokens")
     tags = TagIds.from_tokenizer(tokenizer)
     gen = torch.Generator()
-    if seed is None:
-        gen.seed()                                   # fresh entropy, without touching the global RNG
-    else:
-        gen.manual_seed(seed)
+    gen.seed() if seed is None else gen.manual_seed(seed)   # no seed: fresh entropy, the global RNG untouched
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tags.eos
     engine = _Engine(model, tags, mode, num_paths, max_new_tokens, max_path_tokens or max_new_tokens, max_blocks,
                      allow_parallel, (temperature, top_p, top_k, greedy, gen), pad_id, min_new_tokens)
     # Several masked queries per row (an Unseen block) make transformers copy every layer's cached keys and
     # values at every step (repeat_kv, for grouped-query attention) unless SDPA shares the key/value heads
     # itself, which on CPU it does without a copy (on CUDA, under a mask, it would take a slower kernel).
-    saved = os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA")
-    if engine.device.type == "cpu":
-        os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+    key, saved = "TRANSFORMERS_SDPA_FORCE_GQA", os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA")
+    os.environ[key] = "1" if engine.device.type == "cpu" else saved or "0"
     try:
         samples = engine.run(prompts, group_size)
     finally:
-        os.environ.pop("TRANSFORMERS_SDPA_FORCE_GQA", None)
+        del os.environ[key]
         if saved is not None:
-            os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = saved
+            os.environ[key] = saved
     out = []
     for s in samples:
         ids, sampled, lps = (list(x) for x in zip(*s.main.toks)) if s.main.toks else ([], [], [])
