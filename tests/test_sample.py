@@ -230,7 +230,7 @@ def test_block_cut_by_the_budget_parses_into_its_spans(models, mode):
     bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
     bias[tags.parallel], bias[tags.end_path], bias[tags.eos] = 6.0, -30.0, -30.0
     wrapped = TagBias(model, bias).eval()
-    for budget, n in [(25, 3), (32, 2), (9, 3)]:
+    for budget, n, min_cut in [(25, 3, 3), (32, 2, 3), (9, 3, 0)]:   # 9: often no room to open the block
         rollouts = generate(wrapped, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=budget, num_paths=n,
                             seed=budget)
         cut = 0
@@ -249,7 +249,7 @@ def test_block_cut_by_the_budget_parses_into_its_spans(models, mode):
                     assert len(last.paths) == n
                     assert all(r.response_ids[e - 1] == tags.end_path and r.sampled_mask[e - 1] == 0
                                for s, e in last.paths)
-        assert cut >= len(rollouts) // 2 or budget == 9
+        assert cut >= min_cut
         assert max_logprob_diff(wrapped, tok, rollouts, mode, 1.0) <= 1e-4
 
 
