@@ -204,6 +204,13 @@ class _Engine:
             self._step()
         return samples
 
+    def _drop_finished(self):
+        """Once half the rows are done, drop them from the batch (one index_select of every buffer)."""
+        live = [r for r, s in enumerate(self.rows) if not s.done]
+        if 2 * len(live) <= len(self.rows):
+            self.cache.select(torch.tensor(live, dtype=torch.long, device=self.device))
+            self.rows, self.used = [self.rows[r] for r in live], [self.used[r] for r in live]
+
     def _step(self):
         """One decode step: each row feeds its streams' tokens, then hidden dummies up to q, in one forward."""
         feeds = [[] if s.done else [st for st in (s.paths or [s.main]) if st.feed is not None] for s in self.rows]
@@ -229,10 +236,6 @@ class _Engine:
         if len(fed) < len(logits):
             logits = logits[torch.tensor([r * q + i for r, f in enumerate(feeds) for i in range(len(f))], device=dev)]
         self._decide(logits, fed)
-        live = [r for r, s in enumerate(self.rows) if not s.done]
-        if 2 * len(live) <= len(self.rows):                          # half the rows are done: drop them
-            c.select(torch.tensor(live, dtype=torch.long, device=dev))
-            self.rows, self.used = [self.rows[r] for r in live], [self.used[r] for r in live]
 
     def _decide(self, logits: torch.Tensor, fed: list):
         """Sample a token for every stream that fed (logits (n, V) float32, in `fed` order), then give each
@@ -249,6 +252,7 @@ class _Engine:
                 self._advance(s, st, tok, lp)
                 if s.done:
                     self._finish(s)
+        self._drop_finished()
 
     def _append(self, s: _Sample, st: _Stream, tok: int, sampled: int, lp: float, closing: bool = False) -> bool:
         """Append a response token to a stream; False (and the sample ends) once the budget is spent.

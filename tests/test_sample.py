@@ -277,3 +277,16 @@ def test_finished_rows_leave_the_batch_and_the_rest_stay_exact(models, mode, mon
     assert all(b < a for a, b in zip(sizes[1:], sizes[2:]))
     assert lengths[0] * 4 < lengths[-1], lengths
     assert max_logprob_diff(wrapped, tok, rollouts, mode, 1.0) <= 1e-4
+
+
+@pytest.mark.parametrize("mode", ["unseen", "seen", "sequential"])
+def test_samples_done_at_the_first_token(models, mode):
+    """Budgets of 0 and 1 token, and an EOS first: every row is done before the first decode step."""
+    model, _, tok = models
+    assert all(r.response_ids == [] and r.finish_reason == "budget"
+               for r in generate(model, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=0, seed=0))
+    assert all(r.num_tokens == 1 for r in generate(model, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=1))
+    bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
+    bias[tok.eos_token_id] = 50.0
+    assert all(r.response_ids == [tok.eos_token_id] and r.finish_reason == "eos"
+               for r in generate(TagBias(model, bias), tok, PROMPTS, mode=mode, max_new_tokens=10, seed=0))
