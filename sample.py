@@ -118,8 +118,9 @@ class SlotCache:
         """Attend over slots [0, width); the capacity doubles when short, so growing is O(1) per token."""
         cap = self.owner.shape[1]
         if width > cap:
-            def grow(t, dim):
-                return torch.cat([t, t.new_zeros(t.shape[:dim] + (max(width, 2 * cap) - cap,) + t.shape[dim + 1:])], dim)
+            def grow(t, dim):                                        # zeros appended along the slot dim
+                more = t.new_zeros(t.shape[:dim] + (max(width, 2 * cap) - cap,) + t.shape[dim + 1:])
+                return torch.cat([t, more], dim)
             self.keys, self.values = [grow(t, 2) for t in self.keys], [grow(t, 2) for t in self.values]
             self.owner = grow(self.owner, 1)
         self.width = width
@@ -135,7 +136,8 @@ class SlotCache:
         """(R, 1, q, width) additive: query (r, i) sees slot s iff owner[r, s] is SHARED or codes[r, i]."""
         own = self.owner[:, None, :self.width]
         hide = (own != SHARED) & (own != codes[:, :, None])
-        return torch.zeros(hide.shape, dtype=dtype, device=hide.device).masked_fill_(hide, torch.finfo(dtype).min)[:, None]
+        mask = torch.zeros(hide.shape, dtype=dtype, device=hide.device)
+        return mask.masked_fill_(hide, torch.finfo(dtype).min)[:, None]
 
 
 @dataclass
@@ -428,8 +430,9 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
         st = parse_structure(ids, tags)
         body = ids[:-1] if ids and ids[-1] == tags.eos else ids
         out.append(Rollout(prompt_index=s.prompt_index, prompt_ids=s.prompt_ids, response_ids=ids, sampled_mask=sampled,
-                           logprobs=lps, structure=st, num_tokens=len(ids), critical_path=critical_path_length(st, mode),
-                           finish_reason=s.done or "budget", text=tokenizer.decode(body, skip_special_tokens=False)))
+                           logprobs=lps, structure=st, num_tokens=len(ids), finish_reason=s.done or "budget",
+                           critical_path=critical_path_length(st, mode),
+                           text=tokenizer.decode(body, skip_special_tokens=False)))
     return out
 
 
@@ -472,6 +475,7 @@ def bench(batch: int = 16, repeats: int = 2):
     tags = TagIds.from_tokenizer(tok)
     prompts = [tok.encode(f"Problem {i}: Ava has {i} boxes of 7 pens.", add_special_tokens=False) for i in range(batch)]
     ids = torch.tensor([[tok.pad_token_id] * (max(map(len, prompts)) - len(p)) + p for p in prompts])
+    am = (ids != tok.pad_token_id).long()
 
     def best(fn):
         times = []
@@ -488,7 +492,7 @@ def bench(batch: int = 16, repeats: int = 2):
     for name, m, n, path_budget in (("tiny", tiny, 128, 24), ("20M", big, 128, 24), ("20M", big, 1024, 128)):
         t_ours, _ = best(lambda: generate(m, tok, prompts, mode="sequential", allow_parallel=False,
                                           max_new_tokens=n, min_new_tokens=n, seed=0))
-        t_hf, _ = best(lambda: m.generate(input_ids=ids, attention_mask=(ids != tok.pad_token_id).long(), do_sample=True,
+        t_hf, _ = best(lambda: m.generate(input_ids=ids, attention_mask=am, do_sample=True,
                                           max_new_tokens=n, min_new_tokens=n, pad_token_id=tok.pad_token_id))
         bias = torch.zeros(m.get_output_embeddings().weight.shape[0])
         bias[tags.parallel], bias[tags.end_path], bias[tags.end_summary] = 2.0, -30.0, 3.0
