@@ -1,4 +1,4 @@
-"""The parallel-thinking structure: one parser, the Seen/Unseen masks and positions, KV-cache fork/merge.
+"""The parallel-thinking structure: one parser, and the Seen/Unseen masks and positions.
 
 A response in the Parallel-R1 format (PAPER_NOTES §1.3) looks like
 
@@ -31,10 +31,6 @@ Worked example (PAPER_NOTES §2.4; run `python attention.py` to print it):
 
 The prompt is never parsed (the paper's instruction text itself contains the tags; parsing it shifted
 every position in the official SFT code, PAPER_NOTES §8.2.1).
-
-KV-cache helpers for the sampler: `gather_cache` re-lays a `DynamicCache` row by row from any
-(row, slot) sources; `fork_cache` and `merge_paths` are the two uses the method needs. Cached keys
-already carry their rotary position, so concatenating the slots of sibling paths is exact.
 """
 
 from __future__ import annotations
@@ -320,62 +316,6 @@ def structured_forward(model, input_ids, attention_mask_2d, prompt_lengths, tag_
     mask, pos = build_mask_and_positions(input_ids, prompt_lengths, attention_mask_2d, tag_ids,
                                          "unseen" if mode == "unseen" else "seen", dtype=dtype)
     return model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
-
-
-# ----------------------------------------------------------------------------------------------------
-# KV-cache fork / merge
-
-
-def gather_cache(cache, index: torch.Tensor):
-    """Re-lay a KV cache: new row r, slot t takes the cached key/value at flat source `index[r, t]`.
-
-    Args:
-        cache: a transformers `DynamicCache` with R rows and T slots (every layer
-            `layers[i].keys` / `.values` of shape (R, kv_heads, T, head_dim)).
-        index: (R', T') long; entry = src_row * T + src_slot, or -1 for an empty (padding) slot,
-            which holds a copy of some real entry (finite) and must be hidden by the caller's mask.
-    Returns:
-        a new `DynamicCache` with R' rows and T' slots. The source is not modified.
-
-    Fork (one row into N), merge (N sibling paths into one row), dropping finished rows and
-    compacting padding are all one gather. Keys keep the rotary position they were computed at,
-    so gathering never recomputes anything and stays exact.
-    """
-    from transformers import DynamicCache
-
-    T = cache.layers[0].keys.shape[2]
-    flat = index.clamp(min=0)                     # empty slots copy slot 0 of row 0: finite, and masked
-    rows, slots = flat // T, flat % T             # (R', T') each
-    out = []
-    for layer in cache.layers:
-        kv = []
-        for t in (layer.keys, layer.values):      # (R, H, T, D) -> one copy: (R', T', H, D) -> (R', H, T', D)
-            r, s = rows.to(t.device), slots.to(t.device)
-            kv.append(t[r, :, s].transpose(1, 2).contiguous())
-        out.append(tuple(kv))
-    return DynamicCache(ddp_cache_data=out)
-
-
-def fork_cache(cache, rows: Sequence[int]):
-    """A cache whose row i is a copy of source row `rows[i]` (e.g. [0, 0, 0] forks row 0 into 3)."""
-    T = cache.layers[0].keys.shape[2]
-    rows_t = torch.as_tensor(list(rows), dtype=torch.long)
-    return gather_cache(cache, rows_t[:, None] * T + torch.arange(T)[None, :])
-
-
-def merge_paths(cache, rows: Sequence[int], prefix_len: int, path_lens: Sequence[int]):
-    """Merge N sibling paths of a forked cache into one row: prefix + path 1 + ... + path N.
-
-    Source row `rows[k]` holds the shared prefix in slots [0, prefix_len) and path k in the next
-    `path_lens[k]` slots. Returns a one-row cache of prefix_len + sum(path_lens) slots. Nothing is
-    recomputed: each path's keys were computed at its multiverse positions, which is exactly what the
-    Unseen training forward uses for the summary that follows.
-    """
-    T = cache.layers[0].keys.shape[2]
-    idx = [rows[0] * T + t for t in range(prefix_len)]
-    for r, n in zip(rows, path_lens):
-        idx += [r * T + t for t in range(prefix_len, prefix_len + n)]
-    return gather_cache(cache, torch.tensor([idx], dtype=torch.long))
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""Tests of attention.py: the parser, the Seen/Unseen masks and positions, and KV-cache fork/merge.
+"""Tests of attention.py: the parser, the Seen/Unseen masks and positions, and cached branching decode.
 
 The expected values come from outside the code under test: the worked example of PAPER_NOTES §2.4
 (written out literally below), hand-computed positions for malformed responses, and reference runs of
 tiny random models (an ordinary causal forward of prefix + one path, and a cached branching decode
-that forks and merges the KV cache the way the sampler does).
+that feeds the paths of a block side by side into one `sample.SlotCache` row, the way the sampler
+does).
 
 Token ids used throughout (a made-up vocabulary of 120; the tags sit at fixed ids):
     0 pad, 1 eos, 10 newline, 11..98 text, 100 <Parallel>, 101 </Parallel>, 102 <Path>, 103 </Path>,
@@ -15,8 +16,7 @@ import random
 import pytest
 import torch
 
-from attention import (TagIds, build_mask_and_positions, fork_cache, merge_paths, parse_structure,
-                       structured_forward)
+from attention import TagIds, build_mask_and_positions, parse_structure, structured_forward
 
 PAD, EOS, NL = 0, 1, 10
 P, EP, A, EA, S, ES = 100, 101, 102, 103, 104, 105
@@ -246,80 +246,84 @@ def causal_chunk_mask(past: int, q: int, rows: int = 1) -> torch.Tensor:
 @torch.no_grad()
 def cached_branching_logits(model, prompt, response, layout):
     """Decode `prompt + response` the way the branching sampler does, returning logits (L, V) aligned
-    with the full sequence: prefill up to <Parallel>, fork the cache to N rows, decode path k in row k
-    at positions p+1.., merge the N path segments with `merge_paths`, then decode </Parallel>, the
-    newline, <Summary>, the summary and the main text one token at a time with all-visible masks."""
-    from transformers import DynamicCache
+    with the full sequence: one `sample.SlotCache` row; prefill up to <Parallel>; then every step feeds
+    the N paths' next tokens as N queries of that row (path k at position p+1+t, seeing the shared slots
+    and its own; a finished path feeds a hidden dummy); then the path slots become shared and </Parallel>,
+    the newline, <Summary>, the summary and the main text follow one token at a time."""
+    from sample import HIDDEN, SHARED, SlotCache
 
     ids = prompt + response
     n0 = len(prompt)
     out = torch.full((len(ids), VOCAB), float("nan"))
-    cache, cur, pos_next = DynamicCache(), 0, 0
+    cache = SlotCache(1, 8, "cpu")                     # small, so that it grows several times
 
-    def step(tokens, positions, mask):
-        nonlocal cache
-        o = model(input_ids=torch.tensor(tokens), position_ids=torch.tensor(positions), attention_mask=mask,
-                  cache=cache, use_cache=True)
-        cache = o.cache
-        return o.logits
+    def step(tokens, positions, codes, mask=None):
+        """Feed one row of queries; real ones take the next slots, dummies (HIDDEN) one scratch slot."""
+        used = int((cache.owner[0] != HIDDEN).sum())   # every slot so far is real: no padding here
+        n = sum(c != HIDDEN for c in codes)
+        slots = [used + i for i in range(n)] + [used + n] * (len(codes) - n)
+        cache.reserve(max(slots) + 1)
+        cache.slots, codes_t = torch.tensor([slots]), torch.tensor([codes])
+        cache.owner[0, slots] = codes_t[0]
+        o = model(input_ids=torch.tensor([tokens]), position_ids=torch.tensor([positions]), cache=cache,
+                  attention_mask=cache.mask(codes_t, torch.float32) if mask is None else mask, use_cache=True)
+        return o.logits[0]
 
+    cur = pos_next = 0
     for p, spans in layout:
         p_abs = n0 + p
         if cur == 0:                                   # prefill prompt + main text + <Parallel> in one chunk
             q = p_abs + 1
-            out[:q] = step([ids[:q]], [list(range(q))], causal_chunk_mask(0, q))[0]
+            out[:q] = step(ids[:q], list(range(q)), [SHARED] * q, causal_chunk_mask(0, q))
             pos_next = q
         else:                                          # main text after the previous block, token by token
             for i in range(cur, p_abs + 1):
-                out[i] = step([[ids[i]]], [[pos_next]], torch.zeros(1, 1, 1, i + 1))[0, 0]
+                out[i] = step([ids[i]], [pos_next], [SHARED])[0]
                 pos_next += 1
         pos_p = pos_next - 1
-        n = len(spans)
-        cache = fork_cache(cache, [0] * n)
         lens = [e - s for s, e in spans]
-        longest = max(lens)
-        for t in range(longest):                      # row k decodes path k; finished rows decode filler
-            toks = [[ids[n0 + s + t] if t < ln else EOS] for (s, _), ln in zip(spans, lens)]
-            logits = step(toks, [[pos_p + 1 + t]] * n, torch.zeros(n, 1, 1, p_abs + 2 + t))
-            for k, ((s, _), ln) in enumerate(zip(spans, lens)):
-                if t < ln:
-                    out[n0 + s + t] = logits[k, 0]
-        cache = merge_paths(cache, list(range(n)), p_abs + 1, lens)
+        for t in range(max(lens)):                     # live paths first (the sampler's order), then dummies
+            live = [k for k, ln in enumerate(lens) if t < ln]
+            dummies = len(lens) - len(live)
+            logits = step([ids[n0 + spans[k][0] + t] for k in live] + [EOS] * dummies,
+                          [pos_p + 1 + t] * len(live) + [0] * dummies, [2 + k for k in live] + [HIDDEN] * dummies)
+            for i, k in enumerate(live):
+                out[n0 + spans[k][0] + t] = logits[i]
+        cache.owner.masked_fill_(cache.owner > SHARED, SHARED)   # the block closes: nothing is copied
         cur = p_abs + 1 + sum(lens)                    # index of </Parallel>
-        assert cache.layers[0].keys.shape[2] == cur
-        pos_next = pos_p + 1 + longest
+        pos_next = pos_p + 1 + max(lens)
     for i in range(cur, len(ids)):                     # </Parallel> \n <Summary> ... tail
-        out[i] = step([[ids[i]]], [[pos_next]], torch.zeros(1, 1, 1, i + 1))[0, 0]
+        out[i] = step([ids[i]], [pos_next], [SHARED])[0]
         pos_next += 1
     return out
 
 
-def test_fork_and_merge_cache_layout():
-    """Slot bookkeeping on a cache whose entries name themselves (value = 100*row + slot)."""
-    from attention import gather_cache
-    from transformers import DynamicCache
+def test_slot_cache_writes_in_place_grows_and_selects_rows():
+    """Slot bookkeeping on keys that name themselves (value = 100*row + slot)."""
+    from sample import HIDDEN, SHARED, SlotCache
 
-    def labelled(rows, slots):
-        k = (100 * torch.arange(rows)[:, None] + torch.arange(slots)[None, :]).float()
-        k = k[:, None, :, None].expand(rows, 2, slots, 3).clone()    # (R, kv_heads=2, T, head_dim=3)
-        return DynamicCache(ddp_cache_data=[(k, -k), (k + 0.5, -k - 0.5)])
+    cache = SlotCache(2, 3, "cpu")
 
-    def slots(cache, layer=0):
-        return cache.layers[layer].keys[:, 0, :, 0].tolist()
+    def write(slots, label):
+        cache.slots = torch.tensor(slots)
+        cache.reserve(max(max(r) for r in slots) + 1)
+        k = torch.tensor([[[float(label(r, s))] * 3 for s in row] for r, row in enumerate(slots)])  # (R, q, 3)
+        k = k[:, None].expand(2, 2, -1, 3)                             # (R, kv_heads=2, q, head_dim=3)
+        return cache.update(k, -k, 0)
 
-    one = labelled(1, 4)
-    forked = fork_cache(one, [0, 0, 0])
-    assert slots(forked) == [[0, 1, 2, 3]] * 3
-    forked.layers[0].keys[1] += 7                                    # a copy, not a view
-    assert slots(one) == [[0, 1, 2, 3]]
-
-    three = labelled(3, 6)                                            # prefix of 2, paths of 3, 1, 4 slots
-    merged = merge_paths(three, [0, 1, 2], prefix_len=2, path_lens=[3, 1, 4])
-    assert slots(merged) == [[0, 1, 2, 3, 4, 102, 202, 203, 204, 205]]
-    assert merged.layers[1].values[0, 1, :, 2].tolist() == [-(v + 0.5) for v in slots(merged)[0]]
-
-    g = gather_cache(three, torch.tensor([[6 + 1, -1, 2 * 6 + 5]]))   # (row 1, slot 1), empty, (row 2, slot 5)
-    assert slots(g) == [[101, 0, 205]]
+    write([[0, 1, 2], [0, 1, 2]], lambda r, s: 100 * r + s)
+    keys, values = write([[3, 4], [4, 3]], lambda r, s: 100 * r + s)  # any slot order; capacity 3 -> 6
+    assert cache.owner.shape == (2, 6) and keys.shape == (2, 2, 5, 3)
+    assert keys[:, 0, :, 0].tolist() == [[0, 1, 2, 3, 4], [100, 101, 102, 103, 104]]
+    assert torch.equal(values, -keys)
+    cache.owner[0, :5] = torch.tensor([SHARED, HIDDEN, 2, 3, SHARED])
+    cache.width = 5
+    vis = cache.mask(torch.tensor([[2, 3], [SHARED, SHARED]]), torch.float32)[0, 0] == 0
+    assert vis.tolist() == [[True, False, True, False, True], [True, False, False, True, True]]
+    cache.select(torch.tensor([1, 1, 0]))                              # fan out / reorder: copies
+    assert cache.keys[0][:, 0, :5, 0].tolist() == [[100, 101, 102, 103, 104]] * 2 + [[0, 1, 2, 3, 4]]
+    cache.keys[0][0] += 7
+    assert cache.keys[0][1, 0, 0, 0] == 100 and cache.owner.shape == (3, 6)
 
 
 @pytest.mark.parametrize("n_paths", [2, 3])
@@ -347,7 +351,7 @@ def test_unseen_equals_independent_paths_and_cached_branching(arch, impl, n_path
         diffs.append((full[:q] - ref[:q]).abs().max().item())
         diffs.append((full[n0 + s:n0 + e] - ref[q:]).abs().max().item())
 
-    # (2) every token (paths of both blocks, summaries, main text) = the cached fork/merge decode
+    # (2) every token (paths of both blocks, summaries, main text) = the cached branching decode
     cached = cached_branching_logits(model, prompt, response, layout)
     assert not cached.isnan().any()
     diffs.append((full - cached).abs().max().item())

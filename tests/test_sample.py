@@ -180,3 +180,113 @@ def test_fuzz_never_crashes_hangs_or_overruns(strength):
                 assert len(r.structure.blocks) <= 1 + seed % 3
                 assert all(e - s <= 5 for b in r.structure.blocks for s, e in b.paths)
             assert parse_structure(r.response_ids, tags).blocks == r.structure.blocks
+
+
+class EndPathAfter(torch.nn.Module):
+    """TagBias, plus a strong </Path> right after one trigger token: a path that samples the trigger
+    closes at once, the others run to max_path_tokens. The bias depends only on the input token, so
+    the training forward sees it too."""
+
+    def __init__(self, inner, tok, trigger):
+        super().__init__()
+        self.inner, self.trigger, self.end_path = inner, trigger, TagIds.from_tokenizer(tok).end_path
+
+    def forward(self, **kw):
+        out = self.inner(**kw)
+        ids = kw["input_ids"][:, -out.logits.shape[1]:]           # the prefill keeps the last logits only
+        out.logits[..., self.end_path] += 40.0 * (ids == self.trigger)
+        return out
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+
+@pytest.mark.parametrize("mode", ["unseen", "seen"])
+def test_three_paths_of_very_different_lengths(models, mode):
+    """One path closes after a token or two while a sibling runs to max_path_tokens: each path keeps its
+    own positions (p+1, p+2, ...) and its own context, checked through the training forward."""
+    model, _, tok = models
+    tags = TagIds.from_tokenizer(tok)
+    bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
+    bias[tags.parallel], bias[tags.end_path], bias[tags.end_summary] = 4.0, -30.0, 3.0
+    trigger = tok.convert_tokens_to_ids("e")
+    bias[trigger] = 2.5                                # some paths sample the trigger early, some never
+    wrapped = EndPathAfter(TagBias(model, bias), tok, trigger).eval()
+    rollouts = generate(wrapped, tok, PROMPTS, group_size=4, mode=mode, max_new_tokens=120, max_path_tokens=20,
+                        num_paths=3, max_blocks=2, seed=12)
+    lens = [[e - s for s, e in b.paths] for r in rollouts for b in r.structure.blocks if b.end is not None]
+    assert all(len(x) == 3 for x in lens)
+    assert any(min(x) <= 4 and max(x) == 20 for x in lens), lens
+    assert any(x[0] == 20 and min(x[1:]) <= 4 for x in lens), lens   # also when the first path is the longest
+    assert max_logprob_diff(wrapped, tok, rollouts, mode, 1.0) <= 1e-4
+
+
+@pytest.mark.parametrize("mode", ["unseen", "seen"])
+def test_block_cut_by_the_budget_parses_into_its_spans(models, mode):
+    """The budget runs out while N paths are open: each gets its reserved </Path> injected, the response
+    has exactly max_new_tokens tokens and parses into the spans it was sampled with; log-probs exact."""
+    model, _, tok = models
+    tags = TagIds.from_tokenizer(tok)
+    bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
+    bias[tags.parallel], bias[tags.end_path], bias[tags.eos] = 6.0, -30.0, -30.0
+    wrapped = TagBias(model, bias).eval()
+    for budget, n, min_cut in [(25, 3, 3), (32, 2, 3), (9, 3, 0)]:   # 9: often no room to open the block
+        rollouts = generate(wrapped, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=budget, num_paths=n,
+                            seed=budget)
+        cut = 0
+        for r in rollouts:
+            last = r.structure.blocks[-1]
+            assert r.finish_reason == "budget" and parse_structure(r.response_ids, tags).blocks == r.structure.blocks
+            if not last.paths:                         # no room for N x <Path></Path>: it ends at <Parallel>
+                assert r.response_ids[-1] == tags.parallel and budget - r.num_tokens < 2 * (n if mode == "unseen" else 1)
+                continue
+            assert r.num_tokens == budget
+            if last.end is None:                       # cut inside the block
+                cut += 1
+                s, e = last.paths[-1]
+                assert e == budget and r.response_ids[e - 1] == tags.end_path and r.sampled_mask[e - 1] == 0
+                if mode == "unseen":                   # every path was open: each ends in an injected </Path>
+                    assert len(last.paths) == n
+                    assert all(r.response_ids[e - 1] == tags.end_path and r.sampled_mask[e - 1] == 0
+                               for s, e in last.paths)
+        assert cut >= min_cut
+        assert max_logprob_diff(wrapped, tok, rollouts, mode, 1.0) <= 1e-4
+
+
+@pytest.mark.parametrize("mode", ["unseen", "seen", "sequential"])
+def test_finished_rows_leave_the_batch_and_the_rest_stay_exact(models, mode, monkeypatch):
+    """Responses of very different lengths in one batch: once half the rows are done the cache drops
+    them (SlotCache.select with fewer rows), and the rows that go on decoding stay exact."""
+    import sample
+
+    model, _, tok = models
+    tags = TagIds.from_tokenizer(tok)
+    bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
+    bias[tags.parallel], bias[tags.end_path], bias[tags.end_summary], bias[tags.eos] = 2.0, 1.0, 3.0, 1.5
+    wrapped = TagBias(model, bias).eval()
+    sizes, select = [], sample.SlotCache.select
+
+    def spy(self, rows):
+        sizes.append(len(rows))
+        return select(self, rows)
+
+    monkeypatch.setattr(sample.SlotCache, "select", spy)
+    rollouts = generate(wrapped, tok, PROMPTS, group_size=4, mode=mode, max_new_tokens=100, max_path_tokens=8, seed=2)
+    lengths = sorted(r.num_tokens for r in rollouts)
+    assert sizes[0] == 12 and len(sizes) >= 3, sizes                # fan-out, then at least two compactions
+    assert all(b < a for a, b in zip(sizes[1:], sizes[2:]))
+    assert lengths[0] * 4 < lengths[-1], lengths
+    assert max_logprob_diff(wrapped, tok, rollouts, mode, 1.0) <= 1e-4
+
+
+@pytest.mark.parametrize("mode", ["unseen", "seen", "sequential"])
+def test_samples_done_at_the_first_token(models, mode):
+    """Budgets of 0 and 1 token, and an EOS first: every row is done before the first decode step."""
+    model, _, tok = models
+    assert all(r.response_ids == [] and r.finish_reason == "budget"
+               for r in generate(model, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=0, seed=0))
+    assert all(r.num_tokens == 1 for r in generate(model, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=1))
+    bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
+    bias[tok.eos_token_id] = 50.0
+    assert all(r.response_ids == [tok.eos_token_id] and r.finish_reason == "eos"
+               for r in generate(TagBias(model, bias), tok, PROMPTS, mode=mode, max_new_tokens=10, seed=0))
