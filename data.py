@@ -129,15 +129,15 @@ def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: 
 #
 #   "Which two of 6 2 5 3 make 8?"
 #
-# One attempt picks two numbers and checks their sum against the target in a few tokens ("6+3=9 no",
-# "5+3=8 ok"). The tiny model cannot see the answer at a glance (test problems use number patterns that
+# One attempt picks two numbers and checks their sum against the target in a few tokens ("6+3=9 vs 8: no",
+# "5+3=8 vs 8: ok"; the target is copied next to the sum, so the check compares neighbouring tokens). The tiny model cannot see the answer at a glance (test problems use number patterns that
 # training never shows), but it can check a guess, and a checked guess is certain: so N attempts beat one.
 # A round of the search is either one attempt written in the main chain, or a parallel block whose paths
 # are the attempts and whose summary keeps the pair that checked ("none" when no path did); rounds go on
 # until a pair checks. The target is at most 9, so every check compares two one-digit numbers.
 #
-#   6+3=9 no
-#   <Parallel><Path>2+5=7 no</Path><Path>5+3=8 ok</Path></Parallel>
+#   6+3=9 vs 8: no
+#   <Parallel><Path>2+5=7 vs 8: no</Path><Path>5+3=8 vs 8: ok</Path></Parallel>
 #   <Summary>5, 3</Summary>
 #   Final Answer: 5, 3
 #
@@ -216,7 +216,7 @@ def render_trace(problem: PairProblem, rng: random.Random, parallel_fraction: fl
     Each round is a parallel block of `num_paths` attempts with probability `parallel_fraction`, else one
     attempt in the main chain; each attempt is the right pair with probability `guess_accuracy`, else
     another pair (either order); round `max_rounds` always holds the right pair. Example (rng-dependent):
-        "6+3=9 no\n<Parallel><Path>2+5=7 no</Path><Path>5+3=8 ok</Path></Parallel>\n<Summary>5, 3</Summary>\nFinal Answer: 5, 3"
+        "6+3=9 vs 8: no\n<Parallel><Path>2+5=7 vs 8: no</Path><Path>5+3=8 vs 8: ok</Path></Parallel>\n<Summary>5, 3</Summary>\n..."
     """
     p = problem
     wrong = [(a, b) for i, a in enumerate(p.numbers) for b in p.numbers[i + 1:] if {a, b} != set(p.pair)]
@@ -227,7 +227,7 @@ def render_trace(problem: PairProblem, rng: random.Random, parallel_fraction: fl
         for _ in range(num_paths if block else 1):
             a, b = p.pair if rng.random() < guess_accuracy or r == max_rounds - 1 else rng.choice(wrong)
             tries.append((a, b) if rng.random() < 0.5 else (b, a))
-        checks = [f"{a}+{b}={a + b} {'ok' if a + b == p.target else 'no'}" for a, b in tries]
+        checks = [f"{a}+{b}={a + b} vs {p.target}: {'ok' if a + b == p.target else 'no'}" for a, b in tries]
         found = next((f"{a}, {b}" for a, b in tries if a + b == p.target), None)
         if block:
             lines.append("<Parallel>" + "".join(f"<Path>{c}</Path>" for c in checks)

@@ -519,7 +519,7 @@ class EvalConfig:
 
 def resolve_defaults(cfg: EvalConfig, tiny: bool) -> EvalConfig:
     """Fill the None fields for a real or the tiny model (table in `EvalConfig`)."""
-    d = dict(data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test", k=8, max_new_tokens=64, batch_size=16, limit=64) \
+    d = dict(data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test", k=8, max_new_tokens=128, batch_size=16, limit=64) \
         if tiny else dict(data="aime24,aime25,amc23,math500", k=16, max_new_tokens=3000, batch_size=4, limit=0)
     return dataclasses.replace(cfg, **{f: v for f, v in d.items() if getattr(cfg, f) is None})
 

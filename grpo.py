@@ -240,7 +240,7 @@ class GRPOConfig:
 
 SYNTHETIC = "synthetic:easy,synthetic:medium,synthetic:hard"
 TINY_DEFAULTS = dict(data=SYNTHETIC, eval_data=SYNTHETIC.replace(",", ":test,") + ":test", easy_data="synthetic:easy",
-                     batch_size=16, group_size=8, max_new_tokens=64, lr=3e-4, warmup_steps=10,
+                     batch_size=16, group_size=8, max_new_tokens=128, lr=3e-4, warmup_steps=10,
                      lr_schedule="cosine", kl_coef=0.3, micro_batch_size=16, generate_batch_size=0,
                      max_steps=45, max_time=0.0, eval_every=15, eval_samples=64, eval_k=8, easy_steps=10,
                      scaffold_steps=20)

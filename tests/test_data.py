@@ -60,15 +60,15 @@ def test_hand_worked_traces():
     # kept in order (0.2 < 0.5); round 2: a block (0.1), path 1 wrong (0.8) -> pair #3 = (1, 5), order kept (0.3);
     # path 2 right (0.4), flipped (0.6) -> 3+5
     rng = ScriptedRng([0.9, 0.7, 0.2, 0.1, 0.8, 0.3, 0.4, 0.6], picks=[2, 3])
-    assert data.render_trace(p, rng) == ("6+3=9 no\n<Parallel><Path>1+5=6 no</Path><Path>3+5=8 ok</Path></Parallel>\n"
-                                         "<Summary>3, 5</Summary>\nFinal Answer: 3, 5")
+    assert data.render_trace(p, rng) == ("6+3=9 vs 8: no\n<Parallel><Path>1+5=6 vs 8: no</Path><Path>3+5=8 vs 8: ok</Path>"
+                                         "</Parallel>\n<Summary>3, 5</Summary>\nFinal Answer: 3, 5")
     # the last allowed round always holds the right pair, whatever the guesses
     rng = ScriptedRng([0.9, 0.9, 0.2, 0.9, 0.9, 0.2, 0.9, 0.9, 0.6], picks=[0, 0])
-    assert data.render_trace(p, rng, max_rounds=3) == "6+1=7 no\n6+1=7 no\n3+5=8 ok\nFinal Answer: 3, 5"
+    assert data.render_trace(p, rng, max_rounds=3) == "6+1=7 vs 8: no\n6+1=7 vs 8: no\n3+5=8 vs 8: ok\nFinal Answer: 3, 5"
     # a block with no hit: "none", then the next round
     rng = ScriptedRng([0.1, 0.9, 0.2, 0.9, 0.2, 0.9, 0.3, 0.2], picks=[1, 1])
-    assert data.render_trace(p, rng) == ("<Parallel><Path>6+5=11 no</Path><Path>6+5=11 no</Path></Parallel>\n"
-                                         "<Summary>none</Summary>\n5+3=8 ok\nFinal Answer: 5, 3")
+    assert data.render_trace(p, rng) == ("<Parallel><Path>6+5=11 vs 8: no</Path><Path>6+5=11 vs 8: no</Path></Parallel>\n"
+                                         "<Summary>none</Summary>\n5+3=8 vs 8: ok\nFinal Answer: 5, 3")
 
 
 def test_generator_is_deterministic():
@@ -104,10 +104,11 @@ def test_answers_and_every_check_recomputed_from_the_text(name):
             assert set(map(int, r["answer"].split(", "))) == solutions[0] and r["answer"] == ", ".join(
                 map(str, sorted(solutions[0])))
             sol = r["solution"]
-            checks = re.findall(r"(\d)\+(\d)=(\d+) (ok|no)", sol)
+            checks = re.findall(r"(\d)\+(\d)=(\d+) vs (\d): (ok|no)", sol)
             assert checks and len(checks) == sol.count(" ok") + sol.count(" no")
-            for a, b, s, verdict in checks:                             # every check is right
+            for a, b, s, t, verdict in checks:                          # every check is right
                 assert int(a) in numbers and int(b) in numbers and a != b and int(a) + int(b) == int(s)
+                assert int(t) == target
                 assert (verdict == "ok") == (int(s) == target)
             final = re.fullmatch(r"(?s).*\nFinal Answer: (\d), (\d)", sol)
             assert final and {int(final[1]), int(final[2])} == solutions[0]
