@@ -1,57 +1,29 @@
-"""The parallel-thinking structure: one parser, and the Seen/Unseen masks and positions.
+"""The parallel structure: one parser, and the Seen/Unseen attention masks and positions (NOTES.md §1-§2).
 
-A response in the Parallel-R1 format (PAPER_NOTES §1.3) looks like
+    main ... <Parallel><Path> p1 </Path><Path> p2 </Path></Parallel>\\n<Summary> s </Summary> main ... Final Answer: 7
 
-    main ... <Parallel><Path> p1 </Path><Path> p2 </Path></Parallel>\\n<Summary> s </Summary> main ... Final Answer: 7<eos>
+Everything that needs to know where blocks, paths and summaries are (the training mask, the sampler, the
+format reward, the SFT data filter) calls `parse_structure`: one definition of the format.
 
-Everything in this project that needs to know where the blocks, paths and summaries are -- the
-training mask, the sampler, the format reward, the SFT data filter -- calls `parse_structure` below,
-so there is exactly one definition of the format.
+* Seen:   causal attention, positions 0..L-1; path 2 reads path 1.
+* Unseen: a path's tokens (its <Path> and </Path> included) see the shared prefix and their own path only;
+  </Parallel> and everything after it see everything before. "Multiverse" positions: every path of a block
+  starts at p+1 (p: the position of <Parallel>), </Parallel> sits at p + longest path + 1, then +1 per token.
 
-Two model variants (PAPER_NOTES §2):
-
-* Seen   -- ordinary causal attention, positions 0..L-1. Path 2 can read path 1.
-* Unseen -- a path's tokens (its <Path> and </Path> included) see the shared prefix and their own path
-  only; </Parallel> and everything after it see everything before them. "Multiverse" positions: every
-  path of a block starts at p+1 where p is the position of <Parallel>; </Parallel> sits one past the end
-  of the longest path; later tokens continue by +1.
-
-Worked example (PAPER_NOTES §2.4; run `python attention.py` to print it):
-
-    idx  tok   pos(Unseen)  pos(Seen)
-    0-2  q0-q2   0 1 2       0 1 2      prompt: never parsed, always numbered 0..n-1
-    3    a       3           3
-    4    <P>     4           4          p = 4
-    5    <A>     5           5          path 1 starts at p+1
-    6-8  x1 x2 </A>  6 7 8   6 7 8
-    9    <A>     5           9          path 2 starts at p+1 again, and cannot see idx 5-8
-    10-11 y1 </A>  6 7       10 11
-    12   </P>    9           12         p + longest path (4 tokens) + 1
-    13.. \\n <S> ...  10 ...    13 ...
-
-The prompt is never parsed (the paper's instruction text itself contains the tags; parsing it shifted
-every position in the official SFT code, PAPER_NOTES §8.2.1).
+The prompt is never parsed and always numbered 0..n-1 (the paper's instruction contains the tags; parsing it
+shifted every position in the official SFT code, NOTES.md §8). `python attention.py` prints the worked example
+of NOTES.md §2: its positions and the Unseen mask.
 """
-
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
-# ----------------------------------------------------------------------------------------------------
-# Tag ids
-
+from model import TAGS
 
 @dataclass(frozen=True)
 class TagIds:
-    """Token ids of the six structural tags, plus the ids the runtime injects around them.
-
-    `newline` is the token sequence injected between </Parallel> and <Summary> (one id for both the
-    tiny character tokenizer and Qwen's "\\n"). `eos` is the tokenizer's end-of-sequence id.
-    """
-
+    """Ids of the six tags; `newline`: the ids injected between </Parallel> and <Summary>; `eos`."""
     parallel: int
     end_parallel: int
     path: int
@@ -67,42 +39,27 @@ class TagIds:
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> "TagIds":
-        """Look the tags up in `tokenizer`.
-
-        Raises ValueError when a tag is not a single token (the tokenizer was not loaded through
-        `model.load_model`, which adds them) or the tokenizer has no EOS token.
-        """
-        from model import TAGS  # the tag strings live with the code that adds them
-
+        """Raises ValueError when a tag is not one token (load the model with model.load_model) or there is no EOS."""
         ids = []
         for tag in TAGS:
             enc = tokenizer.encode(tag, add_special_tokens=False)
             if len(enc) != 1 or enc[0] == getattr(tokenizer, "unk_token_id", None):
-                raise ValueError(
-                    f"tokenizer does not have {tag!r} as one token (it encodes to {enc}); "
-                    "load the model with model.load_model(), which adds the six parallel tags")
+                raise ValueError(f"tokenizer does not have {tag!r} as one token (it encodes to {enc}); "
+                                 "load the model with model.load_model(), which adds the six parallel tags")
             ids.append(enc[0])
         if len(set(ids)) != len(ids):
             raise ValueError(f"the six tags do not have distinct ids: {ids}")
         if tokenizer.eos_token_id is None:
             raise ValueError("tokenizer has no eos_token_id; set one before sampling or training")
-        newline = tuple(tokenizer.encode("\n", add_special_tokens=False))
-        return cls(*ids, newline=newline, eos=tokenizer.eos_token_id)
-
-
-# ----------------------------------------------------------------------------------------------------
-# The parser
-
+        return cls(*ids, newline=tuple(tokenizer.encode("\n", add_special_tokens=False)), eos=tokenizer.eos_token_id)
 
 @dataclass
 class Block:
-    """One parallel block. Indices are into the parsed id sequence; spans are [start, end)."""
-
-    start: int                                    # index of <Parallel>
+    """One parallel block; indices into the response, spans [start, end)."""
+    start: int                                                  # index of <Parallel>
     paths: list[tuple[int, int]] = field(default_factory=list)  # each from its <Path> to its </Path> inclusive
-    end: int | None = None                        # index of </Parallel>; None if the block never closed
-    summary: tuple[int, int] | None = None        # <Summary> ... </Summary> inclusive; end = len if unclosed
-
+    end: int | None = None                                      # index of </Parallel>; None if never closed
+    summary: tuple[int, int] | None = None                      # <Summary> ... </Summary>; end = length if unclosed
 
 @dataclass
 class Structure:
@@ -111,38 +68,26 @@ class Structure:
     reason: str          # "" when valid, else the first problem found (with its token index)
     length: int
 
-
 def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
-    """Parse the parallel structure of one *response* (never the prompt).
+    """The blocks of one *response* (ids: list or 1-D tensor, no padding) and whether it is well-formed: every
+    block closed with >= 2 paths, only the newline between </Parallel> and its <Summary>, every summary closed,
+    no tag inside a path or summary, no text between paths, no stray tag in the main chain.
 
-    Args:
-        ids: the response token ids (a list, tuple or 1-D tensor); padding must already be removed.
-        tags: `TagIds` of the tokenizer.
-    Returns:
-        `Structure` with the blocks and `valid`/`reason`. Valid means (PAPER_NOTES §4.3, made strict):
-        every block closed, >= 2 paths per block, nothing but the newline between </Parallel> and a
-        <Summary>, every summary closed, no structural tag inside a path or a summary, no text between
-        the paths of a block, no stray tag in the main chain.
-
-    Never raises on malformed model output; the recovery rules (also what the mask builder uses) are:
-      * a tag that is out of place (stray </Path>, <Summary> with no block, <Parallel> inside a path,
-        </Parallel> inside a summary, ...) is an ordinary token of the segment it sits in;
-      * an unclosed <Path> runs to the end of the sequence; an unclosed block ends where its last path ends;
-      * tokens inside a block but outside every path are block-level tokens (no path owns them);
-      * after </Parallel>, anything other than the newline or <Summary> ends the block without a summary.
+    Never raises on model output. Recovery (what the mask builder uses): a tag out of place is an ordinary token
+    of its segment; an unclosed <Path> runs to the end, an unclosed block ends with its last path; tokens in a
+    block outside every path belong to no path; after </Parallel>, anything but the newline or <Summary> ends
+    the block without a summary.
     """
     if isinstance(ids, torch.Tensor):
         ids = ids.tolist()
     P, EP, A, EA, S, ES = tags.parallel, tags.end_parallel, tags.path, tags.end_path, tags.summary, tags.end_summary
-    structural = tags.structural
-    newline = set(tags.newline)
+    structural, newline = tags.structural, set(tags.newline)
     blocks: list[Block] = []
     reason = ""
 
     def bad(msg: str):
         nonlocal reason
-        if not reason:
-            reason = msg
+        reason = reason or msg
 
     state, path_start = "main", 0
     for i, t in enumerate(ids):
@@ -153,7 +98,7 @@ def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
             if t in newline:
                 continue
             bad(f"no <Summary> after </Parallel> (token {i})")
-            state = "main"                        # fall through: t is handled as main-chain text
+            state = "main"                        # fall through: t is main-chain text
         if state == "main":
             if t == P:
                 blocks.append(Block(start=i))
@@ -166,10 +111,9 @@ def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
             if t == A:
                 state, path_start = "path", i
             elif t == EP:
-                blk = blocks[-1]
-                blk.end = i
-                if len(blk.paths) < 2:
-                    bad(f"block at token {blk.start} has {len(blk.paths)} path(s), needs >= 2")
+                blocks[-1].end = i
+                if len(blocks[-1].paths) < 2:
+                    bad(f"block at token {blocks[-1].start} has {len(blocks[-1].paths)} path(s), needs >= 2")
                 state = "after"
             else:
                 bad(f"token {i} inside a block but outside every path")
@@ -185,7 +129,6 @@ def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
                 state = "main"
             elif t in structural:
                 bad(f"structural tag {t} inside a summary (token {i})")
-
     n = len(ids)
     if state == "path":
         blocks[-1].paths.append((path_start, n))
@@ -199,20 +142,12 @@ def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
         bad(f"unclosed <Summary> at token {sum_start}")
     return Structure(blocks=blocks, valid=not reason, reason=reason, length=n)
 
-
 def unseen_positions(structure: Structure, start: int = 0) -> list[int]:
-    """Multiverse position ids of a parsed response whose first token sits at position `start`.
-
-    Rule (PAPER_NOTES §2.3): every path of a block starts at p+1 (p = position of <Parallel>);
-    block-level tokens (</Parallel>, or text between paths) continue one past the furthest path so far;
-    everything after the block continues by +1. Returns a list of `structure.length` ints.
-    """
+    """Multiverse position of every response token, the first at `start`: each path of a block counts from p+1
+    (p: its <Parallel>'s); block-level tokens continue one past the furthest path so far; then +1."""
     pos = [0] * structure.length
-    path_of: dict[int, tuple[int, int]] = {}     # path start index -> (block <Parallel> index, path end)
-    for b in structure.blocks:
-        for s, e in b.paths:
-            path_of[s] = (b.start, e)
-    nxt, i, block_p = start, 0, {}
+    path_of = {s: (b.start, e) for b in structure.blocks for s, e in b.paths}   # path start -> (<Parallel>, end)
+    nxt, i = start, 0
     while i < structure.length:
         if i in path_of:                          # a whole path: p+1, p+2, ...
             bstart, e = path_of[i]
@@ -227,39 +162,16 @@ def unseen_positions(structure: Structure, start: int = 0) -> list[int]:
         i += 1
     return pos
 
+def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths, attention_mask_2d: torch.Tensor,
+                             tag_ids: TagIds, mode: str, dtype: torch.dtype = torch.float32):
+    """The training forward's attention mask and position ids of a batch of prompt + response rows.
 
-# ----------------------------------------------------------------------------------------------------
-# Masks and positions for a padded batch
-
-
-def build_mask_and_positions(
-    input_ids: torch.Tensor,
-    prompt_lengths: torch.Tensor | Sequence[int],
-    attention_mask_2d: torch.Tensor,
-    tag_ids: TagIds,
-    mode: str,
-    dtype: torch.dtype = torch.float32,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The training-time attention mask and position ids for a batch of prompt+response rows.
-
-    Args:
-        input_ids: (B, L) long. Each row is [pad*] prompt response [pad*]: left or right padding,
-            a different structure in each row.
-        prompt_lengths: (B,) number of real prompt tokens in each row (the prompt is never parsed).
-        attention_mask_2d: (B, L) 0/1, the real tokens of each row (one contiguous run).
-        tag_ids: `TagIds` of the tokenizer.
-        mode: "seen" (causal, positions 0..n-1) or "unseen" (path isolation + multiverse positions).
-        dtype: dtype of the additive mask; use the model's compute dtype.
-    Returns:
-        mask: (B, 1, L, L) `dtype`, additive: 0 where a query (row) may attend to a key (column),
-            `torch.finfo(dtype).min` where not. Never bool (eager attention would add a bool mask as
-            0/1) and never a fully hidden row: padding queries see themselves only, so no NaN appears
-            in logits or gradients under eager or sdpa.
-        position_ids: (B, L) long; padding gets position 0.
-    Raises:
-        ValueError when shapes disagree, the mode is unknown, a row's real tokens are not one
-        contiguous run, or a prompt is longer than its row. Malformed *responses* never raise
-        (see `parse_structure` for the rules).
+    input_ids (B, L) long: each row [pad*] prompt response [pad*], its own structure; prompt_lengths (B,);
+    attention_mask_2d (B, L) 0/1 (one contiguous run of real tokens per row); mode "seen" or "unseen".
+    Returns mask (B, 1, L, L) additive in `dtype` (0 visible, finfo(dtype).min hidden; never bool: eager
+    attention would add it as 0/1; a padding query sees itself, so no row is all hidden and nothing is NaN)
+    and position_ids (B, L) long (padding at 0). Raises ValueError for an unknown mode, shapes that disagree,
+    a row that is not one run, or a prompt longer than its row; a malformed *response* never raises.
     """
     if mode not in ("seen", "unseen"):
         raise ValueError(f"mode must be 'seen' or 'unseen', got {mode!r}")
@@ -277,75 +189,50 @@ def build_mask_and_positions(
     am = attention_mask_2d.bool().cpu()
     for b in range(B):
         real = am[b].nonzero().flatten().tolist()
-        n = len(real)
+        n, n_prompt = len(real), prompt_lengths[b]
         lo = real[0] if n else 0
         if n and real[-1] - lo + 1 != n:
             raise ValueError(f"row {b}: attention_mask_2d is not one contiguous run of real tokens")
-        if prompt_lengths[b] > n:
-            raise ValueError(f"row {b}: prompt length {prompt_lengths[b]} exceeds its {n} real tokens")
+        if n_prompt > n:
+            raise ValueError(f"row {b}: prompt length {n_prompt} exceeds its {n} real tokens")
         hi = lo + n
         allowed[b].fill_diagonal_(True)           # padding queries see themselves
         allowed[b, lo:hi, lo:hi] = causal[:n, :n]
-        n_prompt = prompt_lengths[b]
         if mode == "seen":
             positions[b, lo:hi] = torch.arange(n)
             continue
-        structure = parse_structure(input_ids[b, lo + n_prompt:hi], tag_ids)
-        positions[b, lo:lo + n_prompt] = torch.arange(n_prompt)
-        positions[b, lo + n_prompt:hi] = torch.tensor(unseen_positions(structure, n_prompt), dtype=torch.long)
-        r0 = lo + n_prompt                        # response offset inside the row
+        r0 = lo + n_prompt                        # the response's offset in the row
+        structure = parse_structure(input_ids[b, r0:hi], tag_ids)
+        positions[b, lo:r0] = torch.arange(n_prompt)
+        positions[b, r0:hi] = torch.tensor(unseen_positions(structure, n_prompt), dtype=torch.long)
         for blk in structure.blocks:
-            for s, e in blk.paths:                # a path hides everything in its block before it
+            for s, e in blk.paths:                # a path hides everything of its block before it
                 allowed[b, r0 + s:r0 + e, r0 + blk.start + 1:r0 + s] = False
     mask = torch.zeros(B, 1, L, L, dtype=dtype, device=device)
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
     return mask, positions.to(device)
 
-
 def structured_forward(model, input_ids, attention_mask_2d, prompt_lengths, tag_ids: TagIds, mode: str,
                        dtype: torch.dtype | None = None):
-    """One training forward under the Seen/Unseen structure. Returns logits (B, L, V).
-
-    `mode="sequential"` is treated like "seen" (a plain causal forward). The mask is built in the
-    model's dtype and passed as a 4-D tensor together with explicit `position_ids`.
-    Raises ValueError for any other mode (a typo must not silently train Seen).
-    """
-    if mode not in ("seen", "unseen", "sequential"):
-        raise ValueError(f"mode must be 'seen', 'unseen' or 'sequential', got {mode!r}")
-    dtype = dtype or next(model.parameters()).dtype    # pass the autocast dtype under mixed precision
+    """One training forward under the mode's mask and positions ("sequential" = "seen"): logits (B, L, V).
+    The mask is built in `dtype` (default the model's; pass the autocast dtype under mixed precision)."""
     mask, pos = build_mask_and_positions(input_ids, prompt_lengths, attention_mask_2d, tag_ids,
-                                         "unseen" if mode == "unseen" else "seen", dtype=dtype)
+                                         "seen" if mode == "sequential" else mode,
+                                         dtype=dtype or next(model.parameters()).dtype)
     return model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
 
-
-# ----------------------------------------------------------------------------------------------------
-# `python attention.py`: print the worked example
-
-
-def _demo():
-    tags = TagIds(parallel=100, end_parallel=101, path=102, end_path=103, summary=104, end_summary=105,
-                  newline=(106,), eos=107)
-    names = {100: "<P>", 101: "</P>", 102: "<A>", 103: "</A>", 104: "<S>", 105: "</S>", 106: "\\n", 107: "eos"}
-    prompt = [1, 2, 3]
+if __name__ == "__main__":                        # the worked example of NOTES.md §2
+    tags = TagIds(100, 101, 102, 103, 104, 105, newline=(106,), eos=107)
     response = [4, 100, 102, 5, 6, 103, 102, 7, 103, 101, 106, 104, 8, 105, 9, 107]
-    labels = ["q0", "q1", "q2", "a", "<P>", "<A>", "x1", "x2", "</A>", "<A>", "y1", "</A>", "</P>", "\\n",
-              "<S>", "s1", "</S>", "b", "eos"]
-    ids = torch.tensor([prompt + response])
-    am = torch.ones_like(ids)
-    print("Parallel-R1 structure, worked example (PAPER_NOTES §2.4). '1' = the row token may attend to the column token.\n")
+    labels = "q0 q1 q2 a <P> <A> x1 x2 </A> <A> y1 </A> </P> \\n <S> s1 </S> b eos".split()
+    ids = torch.tensor([[1, 2, 3] + response])
     for mode in ("seen", "unseen"):
-        mask, pos = build_mask_and_positions(ids, [3], am, tags, mode)
+        mask, pos = build_mask_and_positions(ids, [3], torch.ones_like(ids), tags, mode)
         print(f"{mode:>7} positions: " + " ".join(f"{p:>4}" for p in pos[0].tolist()))
     print("         tokens:    " + " ".join(f"{t:>4}" for t in labels))
-    mask, _ = build_mask_and_positions(ids, [3], am, tags, "unseen")
-    vis = (mask[0, 0] == 0)
-    print("\nUnseen mask (Seen is the full lower triangle):")
+    print("\nUnseen mask ('1': the row's token attends to the column's; Seen is the full lower triangle):")
     print("      " + "".join(f"{t:>5}" for t in labels))
     for i, t in enumerate(labels):
-        print(f"{t:>5} " + "".join(f"{'1' if vis[i, j] else '.':>5}" for j in range(len(labels))))
+        print(f"{t:>5} " + "".join(f"{'1' if mask[0, 0, i, j] == 0 else '.':>5}" for j in range(len(labels))))
     s = parse_structure(response, tags)
-    print(f"\nparse_structure(response): valid={s.valid}, blocks={[(b.start, b.paths, b.end, b.summary) for b in s.blocks]}")
-
-
-if __name__ == "__main__":
-    _demo()
+    print(f"\nparse_structure: valid={s.valid}, blocks={[(b.start, b.paths, b.end, b.summary) for b in s.blocks]}")

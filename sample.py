@@ -1,8 +1,9 @@
-"""The branching sampler: one KV-cache row per sample; the paths of a block decode side by side in it.
+"""The branching sampler (NOTES.md §3): one KV-cache row per sample; the paths of a block decode side by side in it.
 
     rollouts = generate(model, tokenizer, prompts, group_size=8, mode="unseen")
+    python sample.py --model=runs/sft/checkpoint-400 [--prompt="Which two of 4 9 5 make 9?\n"] [--n=3]
 
-One sample in `mode="unseen"` (NOTES.md §3), and the method that makes each transition:
+One Unseen sample, and the method of `_Engine` that makes each transition:
 
     main chain    ... The total is<Parallel>         _advance: sampled until <Parallel>, EOS or the budget
     _open_block   <Path> injected into each of num_paths paths, all at position p+1 (p: <Parallel>'s)
@@ -14,25 +15,21 @@ One sample in `mode="unseen"` (NOTES.md §3), and the method that makes each tra
     summary       _advance: sampled until </Summary>, then the main chain goes on (more blocks, EOS)
     _finish       EOS or budget: each open path gets its </Path> (its reserved last token)
 
-The response is written out in the training layout (path 1, then path 2, ...): attention depends on the
-mask and on the positions baked into the cached keys, not on the order of the slots, so the context is
-the one `attention.build_mask_and_positions(mode="unseen")` gives the training forward (NOTES.md §2) and
-the recorded log-probs equal it (tests/test_sample.py: 1e-4). The official code samples paths with plain
-causal attention and trains under another mask and other positions (NOTES.md §8).
-`mode="seen"`: the paths follow one another in the row, causally (path 2 sees path 1).
-`mode="sequential"`: plain sampling; `allow_parallel=False` masks <Parallel> out.
+The response is written out in the training layout (path 1, then path 2, ...): attention depends on the mask
+and on the positions baked into the cached keys, not on the order of the slots, so each sampled token has the
+context `attention.build_mask_and_positions(mode="unseen")` gives it in training, and the recorded log-probs
+equal the training forward's (tests/test_sample.py: 1e-4). The official code samples paths causally and
+trains under another mask (NOTES.md §8). Seen: the paths follow one another in the row, causally.
+"sequential": plain sampling; `allow_parallel=False` masks <Parallel> out.
 
-A decode step feeds q queries per row, q = the most open paths of any row (1 outside blocks); a row with
-fewer feeds hidden dummies. `SlotCache` is preallocated and written in place; the prompt's prefill is the
-only copy (fanned out to its group_size rows); finished rows stay, fed dummies, until half the batch is
-done, then one index_select drops them. `python sample.py --bench` times it.
+A decode step feeds q queries per row (q = the most open paths of any row; fewer: hidden dummies). `SlotCache`
+is preallocated and written in place; the prefill is the only copy (fanned out to group_size rows); finished
+rows are dropped (one index_select) once half the batch is done. Speed: `python scripts/bench_sample.py`.
 """
 
-from __future__ import annotations
-
 import os
-import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads sleep (see sft.py)
 
@@ -41,7 +38,6 @@ import torch
 from attention import Structure, TagIds, build_mask_and_positions, parse_structure
 
 HIDDEN, SHARED = 0, 1   # slot owners: seen by no query / by every query of its row; path j's slots: 2 + j
-
 
 @dataclass
 class Rollout:
@@ -58,7 +54,6 @@ class Rollout:
     finish_reason: str              # "eos" or "budget"
     text: str = ""                  # decoded response with the tags, without a final EOS
 
-
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log softmax(logits / temperature) at `tokens`.
 
@@ -69,7 +64,6 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     t = temperature if temperature > 0 else 1.0
     logits = logits.float() / t
     return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
 
 def _choose(logits, banned, temperature: float, top_p: float, top_k: int, greedy: bool, gen) -> torch.Tensor:
     """One token per row of logits (n, V) float32; banned (n, V) bool: the runtime's masked tags.
@@ -86,7 +80,6 @@ def _choose(logits, banned, temperature: float, top_p: float, top_k: int, greedy
         drop = probs.cumsum(-1) - probs > top_p          # keep the smallest prefix whose mass reaches top_p
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     return torch.multinomial(logits.softmax(-1).cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
-
 
 class SlotCache:
     """A KV cache written in place, for decoding under a custom mask (any Hugging Face causal LM).
@@ -139,7 +132,6 @@ class SlotCache:
         mask = torch.zeros(hide.shape, dtype=dtype, device=hide.device)
         return mask.masked_fill_(hide, torch.finfo(dtype).min)[:, None]
 
-
 @dataclass
 class _Stream:
     """What feeds one query per step: a sample's main chain (Seen paths, summaries), or an Unseen path."""
@@ -151,7 +143,6 @@ class _Stream:
     queue: list = field(default_factory=list)   # forced tokens to give after `feed`
     path_len: int = 0               # tokens of its current path (<Path> included)
     toks: list = field(default_factory=list)    # (token, sampled, logprob); the main chain's is the response
-
 
 @dataclass(eq=False)
 class _Sample:
@@ -165,9 +156,7 @@ class _Sample:
     blocks: int = 0
     done: str = ""                  # "", "eos" or "budget"
 
-
 _BANS = ("main", "path", "summary", "main_full", "free")   # rows of _Engine.ban
-
 
 class _Engine:
     def __init__(self, model, tags: TagIds, mode: str, num_paths: int, max_new_tokens: int, max_path_tokens: int,
@@ -354,7 +343,6 @@ class _Engine:
             self._append(s, s.main, self.tags.end_path, 0, 0.0, closing=True)
         s.paths = []
 
-
 def critical_path_length(structure: Structure, mode: str) -> int:
     """D: decode steps a machine that runs the paths of a block side by side needs for this response.
     Unseen: T minus, per block, (sum of its path lengths - its longest path). Seen, sequential: D = T."""
@@ -363,40 +351,23 @@ def critical_path_length(structure: Structure, mode: str) -> int:
     saved = sum(sum(e - s for s, e in b.paths) - max((e - s for s, e in b.paths), default=0) for b in structure.blocks)
     return structure.length - saved
 
-
 @torch.inference_mode()
 def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen", max_new_tokens: int = 256,
              max_path_tokens: int | None = None, num_paths: int = 2, max_blocks: int = 4,
              allow_parallel: bool = True, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
              greedy: bool = False, seed: int | None = None, min_new_tokens: int = 0) -> list[Rollout]:
-    """Sample `group_size` responses for each prompt with the branching runtime.
+    """`group_size` responses per prompt (strings, tokenized without special tokens, or id lists), prompt-major.
 
-    Args:
-        model: a causal LM from `model.load_model`, on any device/dtype; any module with the Hugging Face
-            call (4-D `attention_mask`, `position_ids`, `cache`) and `get_output_embeddings`. Eval mode.
-        tokenizer: its tokenizer (with the six tags).
-        prompts: list of prompt strings (tokenized without special tokens) or of token-id lists.
-        group_size: samples per prompt (GRPO's G). The prompt is prefilled once and fanned out.
-        mode: "unseen" (paths side by side, isolated, multiverse positions), "seen" (paths one after
-            another, causal), or "sequential" (plain sampling, no injection).
-        max_new_tokens: response budget per sample, counted over all tokens incl. paths, summaries
-            and injected tags (the paper's 3000 for real models).
-        max_path_tokens: budget of one path including its <Path> and </Path>; default max_new_tokens.
-            A path that reaches it is closed with an injected </Path>.
-        num_paths: paths per block, N >= 2 (the paper: 2).
-        max_blocks: once a sample has this many blocks <Parallel> is masked out, so the model goes on
-            to an answer (the official code instead ends the episode with no answer, NOTES.md §8).
-        allow_parallel: sequential mode only: False masks <Parallel> out.
-        temperature, top_p, top_k, greedy: sampling; top_k=0 and top_p=1 disable truncation.
-        seed: seeds the sampling generator: the same seed and inputs give the same rollouts.
-        min_new_tokens: EOS is masked out until a sample has this many tokens (as in HF generate).
-    Returns:
-        `len(prompts) * group_size` `Rollout`s, prompt-major (prompt 0's group first).
-        `Rollout.logprobs` is log softmax(logits / temperature) of each *sampled* token, taken before
-        top-p/top-k truncation and before the runtime's tag masking -- the quantity the training
-        forward computes with `token_logprobs`, so the PPO ratio is exactly 1 on-policy.
-    Raises:
-        ValueError for an unknown mode, num_paths < 2, an empty prompt list or an empty prompt.
+    model: any causal LM with the Hugging Face call (4-D `attention_mask`, `position_ids`, `cache`), eval mode.
+    mode: "unseen" (paths side by side, isolated, multiverse positions), "seen" (paths one after another,
+    causal) or "sequential" (no injection). max_new_tokens: the budget of a response, paths, summaries and
+    injected tags included (paper: 3000); max_path_tokens: of one path with its tags (default max_new_tokens),
+    closed by an injected </Path>. num_paths: N >= 2 per block (paper: 2). max_blocks: then <Parallel> is
+    masked out so the answer can follow (the official code ends the episode, NOTES.md §8). top_k=0, top_p=1:
+    no truncation. seed: the same seed and inputs give the same rollouts. min_new_tokens: no EOS before.
+    `Rollout.logprobs` is log softmax(logits / temperature) of each sampled token, before truncation and the
+    runtime's tag masking: what the training forward computes, so PPO's ratio is exactly 1 on-policy.
+    Raises ValueError for an unknown mode, num_paths < 2, or no (or an empty) prompt.
     """
     if mode not in ("unseen", "seen", "sequential"):
         raise ValueError(f"mode must be 'unseen', 'seen' or 'sequential', got {mode!r}")
@@ -435,80 +406,51 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
                            text=tokenizer.decode(body, skip_special_tokens=False)))
     return out
 
-
 # ----------------------------------------------------------------------------------------------------
-# `python sample.py --bench`: speed on CPU (numbers go into the README)
+# python sample.py --model=<checkpoint>: a few responses, each block laid out
 
+PROBLEMS = ("Which two of 4 9 5 make 9?", "Which two of 3 1 2 8 make 5?", "Which two of 4 6 8 3 5 make 8?")  # test
 
-class TagBias(torch.nn.Module):
-    """Adds a fixed bias to a model's logits: random weights rarely emit tags, so benchmarks and tests
-    use it to get many blocks. The training forward sees the same bias, so log-probs stay exact."""
+@dataclass
+class SampleConfig:
+    """python sample.py --model=runs/sft/checkpoint-400: sample a few responses and print their paths."""
+    model: str = "tiny"                    # a checkpoint folder, a hub name, or tiny (random weights)
+    prompt: str = ""                       # the prompt text as the model reads it; "" = three synthetic test problems
+    n: int = 3                             # responses per prompt
+    mode: Literal["unseen", "seen", "sequential"] | None = None   # None = the checkpoint's training mode
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    seed: int = 0
 
-    def __init__(self, inner, bias: torch.Tensor):
-        super().__init__()
-        self.inner = inner
-        self.register_buffer("bias", bias)
+def layout(rollout: Rollout, tokenizer) -> str:
+    """A response laid out: main-chain text as written, each block's paths indented one per line, its summary
+    (tags and EOS dropped; a newline inside a path or a summary shows as \\n)."""
+    ids = rollout.response_ids
+    text = lambda a, b: tokenizer.decode(ids[a:b], skip_special_tokens=True)  # noqa: E731
+    line = lambda a, b: text(a, b).replace("\n", "\\n")  # noqa: E731
+    out, i = [], 0
+    for b in rollout.structure.blocks:
+        out += [text(i, b.start).strip("\n"), "<Parallel>"] + [f"    <Path> {line(s, e)}" for s, e in b.paths]
+        out += [f"<Summary> {line(*b.summary)}"] if b.summary else []
+        i = b.summary[1] if b.summary else b.end + 1 if b.end is not None else max([b.start + 1] + [e for _, e in b.paths])
+    return "\n".join(x for x in out + [text(i, len(ids)).strip("\n")] if x)
 
-    def forward(self, **kw):
-        out = self.inner(**kw)
-        out.logits = out.logits + self.bias
-        return out
-
-    def get_output_embeddings(self):
-        return self.inner.get_output_embeddings()
-
-
-def bench(batch: int = 16, repeats: int = 2):
-    """Print one Markdown table: plain sampling (EOS masked) vs `transformers` generate() at the same
-    budget, and Unseen vs Seen with blocks forced by a logit bias (best of `repeats` runs each)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from model import TINY_CONFIG, load_model
-
-    torch.manual_seed(0)
-    tiny, tok = load_model("tiny", device="cpu")
-    cfg20 = Qwen3Config(**{**TINY_CONFIG, "hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6,
-                           "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 1152,
-                           "max_position_embeddings": 2048},
-                        vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    big = Qwen3ForCausalLM(cfg20).eval()
-    tags = TagIds.from_tokenizer(tok)
-    prompts = [tok.encode(f"Problem {i}: Ava has {i} boxes of 7 pens.", add_special_tokens=False) for i in range(batch)]
-    ids = torch.tensor([[tok.pad_token_id] * (max(map(len, prompts)) - len(p)) + p for p in prompts])
-    am = (ids != tok.pad_token_id).long()
-
-    def best(fn):
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            res = fn()
-            times.append(time.perf_counter() - t0)
-        return min(times), res
-
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {batch}, random weights; blocks: "
-          "<Parallel> likely, 2 paths that run to the path budget, up to 4 blocks")
-    print("| model | new tokens | path budget | ours seq. tok/s | generate() tok/s | ratio | unseen s | seen s "
-          "| unseen/seen | D/T |\n|---|---|---|---|---|---|---|---|---|---|")
-    for name, m, n, path_budget in (("tiny", tiny, 128, 24), ("20M", big, 128, 24), ("20M", big, 1024, 128)):
-        t_ours, _ = best(lambda: generate(m, tok, prompts, mode="sequential", allow_parallel=False,
-                                          max_new_tokens=n, min_new_tokens=n, seed=0))
-        t_hf, _ = best(lambda: m.generate(input_ids=ids, attention_mask=am, do_sample=True,
-                                          max_new_tokens=n, min_new_tokens=n, pad_token_id=tok.pad_token_id))
-        bias = torch.zeros(m.get_output_embeddings().weight.shape[0])
-        bias[tags.parallel], bias[tags.end_path], bias[tags.end_summary] = 2.0, -30.0, 3.0
-        kw = dict(max_new_tokens=n, min_new_tokens=n, max_path_tokens=path_budget, seed=0)
-        t_un, ru = best(lambda: generate(TagBias(m, bias), tok, prompts, mode="unseen", **kw))
-        t_se, _ = best(lambda: generate(TagBias(m, bias), tok, prompts, mode="seen", **kw))
-        dt = sum(r.critical_path for r in ru) / sum(r.num_tokens for r in ru)
-        ours, hf = batch * n / t_ours, batch * n / t_hf
-        print(f"| {name} | {n} | {path_budget} | {ours:,.0f} | {hf:,.0f} | {ours / hf:.2f}x | {t_un:.2f} | {t_se:.2f} "
-              f"| {t_un / t_se:.2f} | {dt:.2f} |", flush=True)
-
+def main(argv: list[str]) -> None:
+    import config                          # the command line only
+    from model import load_model, mode_from_config, read_checkpoint_config
+    cfg = config.parse(SampleConfig, argv)
+    mode = cfg.mode or mode_from_config(read_checkpoint_config(cfg.model)[0]) or "unseen"
+    model, tokenizer = load_model(cfg.model)
+    prompts = [cfg.prompt] if cfg.prompt else [p + "\n" for p in PROBLEMS]   # the tiny model's prompt: problem + newline
+    rollouts = generate(model, tokenizer, prompts, group_size=cfg.n, mode=mode, max_new_tokens=cfg.max_new_tokens,
+                        temperature=cfg.temperature, seed=cfg.seed)
+    for j, r in enumerate(rollouts):
+        if j % cfg.n == 0:
+            print(f"=== {prompts[r.prompt_index]!r} ({cfg.model}, mode {mode})")
+        print(f"--- sample {j % cfg.n + 1}: {r.finish_reason}, {r.num_tokens} tokens, critical path {r.critical_path}, "
+              f"{len(r.structure.blocks)} block(s){'' if r.structure.valid else ', malformed: ' + r.structure.reason}")
+        print(layout(r, tokenizer))
 
 if __name__ == "__main__":
     import sys
-
-    if sys.argv[1:] == ["--bench"]:
-        bench()
-    else:
-        sys.exit("usage: python sample.py --bench")
+    main(sys.argv[1:])

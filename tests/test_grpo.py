@@ -25,7 +25,8 @@ from attention import TagIds, structured_forward  # noqa: E402
 from grpo import (GRPOConfig, agg_loss, collate_rollouts, compute_advantages, kl_penalty,  # noqa: E402
                   micro_batch_loss, plan_micro_batches, policy_loss, ppo_update)
 from model import add_parallel_tags, build_char_tokenizer, save_checkpoint  # noqa: E402
-from sample import Rollout, TagBias, generate, token_logprobs  # noqa: E402
+from sample import Rollout, generate, token_logprobs  # noqa: E402
+from scripts.bench_sample import TagBias  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------------
 # Advantages

@@ -6,7 +6,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from attention import TagIds, parse_structure, structured_forward
 from model import add_parallel_tags, build_char_tokenizer
-from sample import TagBias, generate, token_logprobs
+from sample import generate, token_logprobs
+from scripts.bench_sample import TagBias
 
 PROMPTS = ["Ava has 3 boxes of 7 pens.", "Hi", "Bob has 12 pens and 5 cups; how many?"]
 
@@ -290,3 +291,24 @@ def test_samples_done_at_the_first_token(models, mode):
     bias[tok.eos_token_id] = 50.0
     assert all(r.response_ids == [tok.eos_token_id] and r.finish_reason == "eos"
                for r in generate(TagBias(model, bias), tok, PROMPTS, mode=mode, max_new_tokens=10, seed=0))
+
+
+def test_layout_puts_each_path_on_its_own_line():
+    from sample import Rollout, layout
+    _, tok = tiny()
+    text = "6+3=9\n<Parallel><Path>2+5=7\nno</Path><Path>5+3=8</Path></Parallel>\n<Summary>5, 3</Summary>\nFinal Answer: 5, 3"
+    ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+    st = parse_structure(ids, TagIds.from_tokenizer(tok))
+    r = Rollout(0, [], ids, [1] * len(ids), [0.0] * len(ids), st, len(ids), len(ids), "eos")
+    assert layout(r, tok) == "6+3=9\n<Parallel>\n    <Path> 2+5=7\\nno\n    <Path> 5+3=8\n<Summary> 5, 3\nFinal Answer: 5, 3"
+    cut = tok.encode("a<Parallel><Path>x</Path><Path>y", add_special_tokens=False)    # cut inside the block
+    r = Rollout(0, [], cut, [1] * len(cut), [0.0] * len(cut), parse_structure(cut, TagIds.from_tokenizer(tok)),
+                len(cut), len(cut), "budget")
+    assert layout(r, tok) == "a\n<Parallel>\n    <Path> x\n    <Path> y"
+
+
+def test_sample_cli_prints_the_responses(capsys):
+    import sample
+    sample.main(["--model=tiny", "--n=2", "--max_new_tokens=12", "--mode=unseen"])
+    out = capsys.readouterr().out
+    assert out.count("=== ") == 3 and out.count("--- sample ") == 6 and "mode unseen" in out
