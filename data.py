@@ -1,44 +1,19 @@
-"""Data: prompts, the embedded synthetic task, and loaders for the real math sets (NOTES.md §6, §9).
+"""Data: prompts, the embedded synthetic task (NOTES.md §9), and loaders for the real math sets (NOTES.md §6).
 
-Every loader returns the same records, one dict per problem:
+Every loader returns one dict per problem:
 
-    {"id": "synthetic:hard-0",
-     "problem": "Which two of 2 8 4 7 1 make 6?",
-     "answer": "2, 4",               # gold answer as a string, normalised (see `normalize_answer`)
-     "solution": "<Parallel>...Final Answer: 4, 2" or None,   # SFT target, tags as text, no EOS
-     "source": "synthetic:hard"}
+    {"id": "synthetic:hard-0", "problem": "Which two of 2 8 4 7 1 make 6?", "answer": "2, 4",
+     "solution": "<Parallel>...Final Answer: 4, 2" or None (the SFT target, tags as text, no EOS), "source": ...}
 
-Names accepted by `load_data` and by every script's data option (`KNOWN_DATASETS`):
+Names `load_data` takes: synthetic:easy / :medium / :hard (3, 4, 5 numbers; "...:test" for the held-out number
+patterns), gsm8k:train, gsm8k:test, dapo (DAPO-Math-17k, the authors' dedup), math500 (LaTeX answers), aime24,
+aime25, amc23, parallel_gsm8k (the cold-start traces, canonicalised and filtered), a comma list of names, or a
+.jsonl / .json / .parquet file with a problem and an answer per row. The real sets are read from a local
+folder laid out as `KNOWN_DATASETS` says (`data_dir`, else $PARALLEL_R1_DATA, else ../shared/data next to the
+repository), else fetched with `datasets.load_dataset`.
 
-    synthetic:easy        the embedded pair search, 3 numbers, train part
-    synthetic:medium      ... 4 numbers
-    synthetic:hard        ... 5 numbers
-    synthetic:easy:test   ... test part of each (held-out number patterns: disjoint from every train part)
-    gsm8k:train           GSM8K, 7473 problems (answers from "#### N", commas removed)
-    gsm8k:test            GSM8K, 1319 problems
-    dapo                  DAPO-Math-17k as deduplicated by the Parallel-R1 authors, 17917 rows
-    math500               MATH-500, LaTeX answers kept as LaTeX
-    aime24, aime25        AIME 2024 / 2025, 30 each ("025" -> "25")
-    amc23                 AMC 2023, 40 (27.0 -> "27")
-    parallel_gsm8k        Parallel-GSM8K cold-start traces (NOTES.md §6), canonicalised and filtered
-    a,b,...               a comma list: the records of each, concatenated
-    path/to/file.jsonl    any .jsonl / .json / .parquet file with a problem and an answer per row
-
-Where the real sets come from: a local folder laid out like the project's shared data folder
-(`gsm8k/test.jsonl`, `math500/test.jsonl`, `parallel_gsm8k/train.parquet`, ... see `KNOWN_DATASETS`),
-taken from the `data_dir` argument (`--data_dir=` on the command line), else the environment variable
-PARALLEL_R1_DATA, else `../shared/data` next to this repository when that folder exists. A set that has no
-local file is fetched with `datasets.load_dataset` from the hub names in `KNOWN_DATASETS`.
-
-Look at any of them:
-
-    python data.py --show synthetic:hard                    # a few problems with their traces, and sizes
-    python data.py --show synthetic:easy --style=sequential
-    python data.py --show parallel_gsm8k --n=1
+    python data.py --show=synthetic:hard --n=2 [--style=sequential]     # problems, traces, lengths
 """
-
-from __future__ import annotations
-
 import collections
 import hashlib
 import json
@@ -47,14 +22,15 @@ import random
 import re
 import sys
 from dataclasses import dataclass
+from typing import Literal
+
+import config
+from attention import TagIds, parse_structure
+from model import build_char_tokenizer, load_model
 
 # ----------------------------------------------------------------------------------------------------
-# Prompts (PAPER_NOTES §3.4)
-#
-# The paper's exact "v3" text is in PAPER_NOTES §3.4; to reproduce it word for word, save it to a file
-# (with `{problem}` or `{Problem}` where the problem goes) and pass `prompt_file=`. The templates below
-# ask for the same things in our own words. Tags in a prompt are ordinary prompt tokens: the prompt is
-# never parsed for structure (PAPER_NOTES §8.2.1).
+# Prompts. Our own words for what the paper's prompt asks (its exact text: save it to a file with {problem}
+# and pass prompt_file=). Tags in a prompt are ordinary prompt tokens, never parsed (NOTES.md §8).
 
 PARALLEL_TEMPLATE = """\
 Solve the problem below step by step.
@@ -67,44 +43,25 @@ Use as many blocks as the problem needs, wherever they help, without announcing 
 End with a line of the form "Final Answer: <answer>".
 
 Problem: {problem}"""
-
 SEQUENTIAL_TEMPLATE = """\
 {problem}
 Think step by step, then give the result on a last line of the form "Final Answer: <answer>"."""
-
-# The tiny character model reads one token per character and learns the format from SFT, not from an
-# instruction: it gets the bare problem, the same for every style, so nothing in the prompt asks for a
-# block and whether to open one is the model's own choice.
+# The tiny model learns the format from SFT, not from an instruction: it gets the bare problem in every style,
+# so whether to open a block is its own choice.
 SHORT_TEMPLATE = "{problem}\n"
-
-# A tokenizer with fewer entries than this is the tiny character tokenizer of `model.py` (105 entries);
-# every real subword tokenizer has tens of thousands.
-TINY_VOCAB_LIMIT = 1000
-
-STYLES = ("parallel", "sequential")   # the prompt (and, for the synthetic task, the trace) style
+TINY_VOCAB_LIMIT = 1000        # fewer entries: the tiny character tokenizer of model.py (105)
+STYLES = ("parallel", "sequential")
+Style = Literal["parallel", "sequential"]
 _PLACEHOLDER = re.compile(r"\{problem\}|\{Problem\}")
 
-
 def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: str | None = None) -> str:
-    """The prompt text for one problem, ready to tokenize (the response starts right after it).
+    """The prompt text of one problem: `prompt_file`'s template (with {problem} or {Problem}), else the bare
+    problem and a newline for the tiny tokenizer, else PARALLEL_ or SEQUENTIAL_TEMPLATE; wrapped in the chat
+    template (add_generation_prompt) when the tokenizer has one. Raises FileNotFoundError for a missing
+    prompt file, ValueError for one without the placeholder.
 
-    Template: `prompt_file` if given (any text with `{problem}` or `{Problem}` where the problem goes),
-    else the bare problem and a newline when the tokenizer is the tiny character one
-    (`len(tokenizer) < TINY_VOCAB_LIMIT`, whatever the style), else `PARALLEL_TEMPLATE` /
-    `SEQUENTIAL_TEMPLATE` by `style`. When the tokenizer has a chat template, the text is the user message
-    and the template is applied with `add_generation_prompt=True` (NOTES.md §6); otherwise the text is
-    returned as it is.
-
-    Example (tiny tokenizer): build_prompt(tok, "Which two of 6 2 5 3 make 8?") -> "Which two of 6 2 5 3 make 8?\\n"
-    Example (Qwen3 tokenizer): "<|im_start|>user\\nSolve the problem below step by step. ...
-        Problem: Which two of ...<|im_end|>\\n<|im_start|>assistant\\n"
-
-    Raises ValueError for an unknown style or a prompt file without a placeholder,
-    FileNotFoundError for a missing prompt file.
+        build_prompt(tiny_tok, "Which two of 6 2 5 3 make 8?") -> "Which two of 6 2 5 3 make 8?\\n"
     """
-    if style not in STYLES:
-        raise ValueError(f"unknown style {style!r}; use one of {STYLES}")
-    sequential = style == "sequential"
     if prompt_file is not None:
         if not os.path.isfile(prompt_file):
             raise FileNotFoundError(f"prompt file not found: {prompt_file}")
@@ -116,43 +73,33 @@ def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: 
     elif len(tokenizer) < TINY_VOCAB_LIMIT:
         template = SHORT_TEMPLATE
     else:
-        template = SEQUENTIAL_TEMPLATE if sequential else PARALLEL_TEMPLATE
+        template = SEQUENTIAL_TEMPLATE if style == "sequential" else PARALLEL_TEMPLATE
     text = _PLACEHOLDER.sub(lambda _: problem, template)   # a function: the problem is never re-parsed
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True)
     return text
 
-
 # ----------------------------------------------------------------------------------------------------
-# The embedded task (NOTES.md §9): pair search
-#
-#   "Which two of 6 2 5 3 make 8?"
-#
-# One attempt picks two numbers and checks their sum against the target in a few tokens ("6+3=9 vs 8: no",
-# "5+3=8 vs 8: ok"; the target is copied next to the sum, so the check compares neighbouring tokens). The tiny model cannot see the answer at a glance (test problems use number patterns that
-# training never shows), but it can check a guess, and a checked guess is certain: so N attempts beat one.
-# A round of the search is either one attempt written in the main chain, or a parallel block whose paths
-# are the attempts and whose summary keeps the pair that checked ("none" when no path did); rounds go on
-# until a pair checks. The target is at most 9, so every check compares two one-digit numbers.
+# The embedded task: pair search. "Which two of 6 2 5 3 make 8?" One attempt checks a pair against the target
+# in a few tokens, copying the target next to the sum so the check compares neighbouring tokens:
 #
 #   6+3=9 vs 8: no
 #   <Parallel><Path>2+5=7 vs 8: no</Path><Path>5+3=8 vs 8: ok</Path></Parallel>
 #   <Summary>5, 3</Summary>
 #   Final Answer: 5, 3
 #
-# The traces come from a teacher that guesses like a student with a fair eye for it: each attempt is the
-# right pair with probability `guess_accuracy`, else any other pair of the list, in either order;
-# attempts are independent draws (two paths may try the same pair, as two Unseen paths would). The last
-# allowed round always holds the right pair, so every trace ends with a checked answer. Each round is a
-# block with probability `parallel_fraction` (0 for the sequential style): the cold start mixes both, the
-# prompt does not ask for either, and the model's own parallel ratio is what RL moves (NOTES.md §7).
-# The answer names the two numbers ("5, 3"); `rewards.verify` compares such a list as a set.
+# The tiny model cannot see the answer at a glance (test problems use number patterns training never shows),
+# but a checked guess is certain, so N attempts beat one. A round of the search is one attempt in the main
+# chain or a block of attempts whose summary keeps the pair that checked ("none" if none did). The teacher
+# guesses right with probability guess_accuracy, else any other pair in either order (two paths may try the
+# same pair, as two Unseen paths would); the last allowed round always holds the right pair. A round is a block
+# with probability parallel_fraction: the cold start mixes both, and RL moves the model's own ratio.
 
 SYNTHETIC_SPLITS = {"easy": 3, "medium": 4, "hard": 5}   # difficulty -> numbers in the list
 SYNTHETIC_SIZES = {"train": 20_000, "test": 500}           # records per part when `limit` is not given
 SYNTHETIC_TEST_BUCKETS = 5                                 # 1 in 5 number patterns is held out for testing
-
+SYNTHETIC_NAMES = [f"synthetic:{s}{p}" for s in SYNTHETIC_SPLITS for p in ("", ":test")]
 
 @dataclass(frozen=True)
 class PairProblem:
@@ -168,10 +115,8 @@ class PairProblem:
     def answer(self) -> str:
         return f"{min(self.pair)}, {max(self.pair)}"
 
-
 def make_problem(rng: random.Random, size: int) -> PairProblem:
-    """Draw a problem with `size` distinct numbers from 1-9 whose target (<= 9) is the sum of exactly
-    one pair of them. Example: make_problem(rng, 4) -> PairProblem((6, 2, 5, 3), 8, (5, 3))."""
+    """`size` distinct numbers from 1-9 and a target (<= 9) that exactly one pair of them makes."""
     while True:
         numbers = tuple(rng.sample(range(1, 10), size))
         sums = collections.defaultdict(list)
@@ -183,22 +128,14 @@ def make_problem(rng: random.Random, size: int) -> PairProblem:
             target = rng.choice(unique)
             return PairProblem(numbers, target, sums[target][0])
 
-
 def is_test_problem(problem: PairProblem) -> bool:
-    """Whether a problem's number pattern (the list as a set, and the target) belongs to the test parts:
-    a fixed hash, so no train part of any split shares a pattern with any test part."""
+    """A fixed hash of the number pattern (the list as a set, the target): no train part shares one with a test part."""
     key = repr((sorted(problem.numbers), problem.target)).encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % SYNTHETIC_TEST_BUCKETS == 0
 
-
 def synthetic_problems(split: str, part: str = "train", n: int | None = None, seed: int = 0) -> list[PairProblem]:
-    """`n` problems of difficulty `split` ("easy", "medium", "hard"), part "train" or "test".
-
-    Deterministic: the same (split, part, n, seed) gives the same list on every machine (the generator is
-    seeded with a string, hashed with SHA-512), and a shorter list is a prefix of a longer one. Patterns
-    repeat (the space is small); train and test parts never share one (`is_test_problem`).
-    Raises ValueError for an unknown split or part.
-    """
+    """`n` problems of difficulty `split`, part "train" or "test": the same on every machine (a string seed), and a
+    shorter list is a prefix of a longer one. Raises ValueError for an unknown split or part."""
     if split not in SYNTHETIC_SPLITS or part not in SYNTHETIC_SIZES:
         raise ValueError(f"unknown synthetic set {split}:{part}; splits {sorted(SYNTHETIC_SPLITS)}, parts train/test")
     rng, out = random.Random(f"synthetic:{split}:{part}:{seed}"), []
@@ -208,16 +145,9 @@ def synthetic_problems(split: str, part: str = "train", n: int | None = None, se
             out.append(p)
     return out
 
-
 def render_trace(problem: PairProblem, rng: random.Random, parallel_fraction: float = 0.5,
                  guess_accuracy: float = 0.5, num_paths: int = 2, max_rounds: int = 3) -> str:
-    """A teacher's solution of `problem` (text with tags, no EOS): rounds of attempts until a pair checks.
-
-    Each round is a parallel block of `num_paths` attempts with probability `parallel_fraction`, else one
-    attempt in the main chain; each attempt is the right pair with probability `guess_accuracy`, else
-    another pair (either order); round `max_rounds` always holds the right pair. Example (rng-dependent):
-        "6+3=9 vs 8: no\n<Parallel><Path>2+5=7 vs 8: no</Path><Path>5+3=8 vs 8: ok</Path></Parallel>\n<Summary>5, 3</Summary>\n..."
-    """
+    """The teacher's solution (text with tags, no EOS): rounds of attempts until a pair checks (see above)."""
     p = problem
     wrong = [(a, b) for i, a in enumerate(p.numbers) for b in p.numbers[i + 1:] if {a, b} != set(p.pair)]
     lines, found = [], None
@@ -238,13 +168,10 @@ def render_trace(problem: PairProblem, rng: random.Random, parallel_fraction: fl
             break
     return "\n".join(lines) + f"\nFinal Answer: {found}"
 
-
-def synthetic_records(name: str, style: str, limit: int | None, seed: int, parallel_fraction: float) -> list[dict]:
-    """Records of "synthetic:<split>[:test]" with teacher traces (`render_trace`; style "sequential"
-    writes every round as one attempt). Trace randomness is per record, so the problems do not depend on
-    the style. Raises ValueError for an unknown split or a parallel_fraction outside [0, 1]."""
-    m = re.fullmatch(r"synthetic:(\w+)(?::(train|test))?", name)
-    split, part = (m.group(1), m.group(2) or "train") if m else ("", "")
+def synthetic_records(split: str, part: str, style: str, limit: int | None, seed: int,
+                      parallel_fraction: float) -> list[dict]:
+    """Records with teacher traces (style "sequential": every round one attempt); each record's trace has its own
+    seed, so the problems do not depend on the style. Raises ValueError for a parallel_fraction outside [0, 1]."""
     if not 0 <= parallel_fraction <= 1:
         raise ValueError(f"parallel_fraction must be in [0, 1], got {parallel_fraction}")
     fraction = 0.0 if style == "sequential" else parallel_fraction
@@ -254,19 +181,12 @@ def synthetic_records(name: str, style: str, limit: int | None, seed: int, paral
             for i, p in enumerate(synthetic_problems(split, part, limit, seed))]
 
 # ----------------------------------------------------------------------------------------------------
-# Answers and problem texts of the real sets
-
+# Answers, problems and traces of the real sets
 
 def normalize_answer(value, latex: bool = False) -> str:
-    """The gold answer as a plain string, with accidents of the source's format removed.
-
-    Numbers: 27.0 -> "27" (AMC stores floats), "025" -> "25" (AIME zero-pads), "1,450" -> "1450"
-    (GSM8K thousands separators), 70 -> "70". With `latex=True` (MATH-500) a string is only stripped of
-    surrounding spaces: "\\frac{\\pi}{2}", "1,-2" and "0.15" stay as they are. Other strings are kept.
-    """
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
+    """The gold answer as a string without the source's format accidents: 27.0 -> "27" (AMC floats), "025" -> "25"
+    (AIME), "1,450" -> "1450" (GSM8K). With `latex` (MATH-500) a string is only stripped."""
+    if isinstance(value, (bool, int)):
         return str(value)
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() else repr(value)
@@ -279,40 +199,23 @@ def normalize_answer(value, latex: bool = False) -> str:
         return str(int(s.split(".")[0]))
     return s
 
-
 def gsm8k_answer(text: str) -> str | None:
-    """The final answer of a GSM8K solution, from its "#### N" line: "...\\n#### 1,450" -> "1450"."""
+    """The answer of a GSM8K solution, from its "#### N" line: "...\\n#### 1,450" -> "1450"."""
     m = re.search(r"####\s*(.+?)\s*$", text)
     return normalize_answer(m.group(1)) if m else None
 
-
 def gsm8k_sequential_solution(text: str) -> str:
-    """A GSM8K worked solution as a sequential SFT target: calculator notes dropped, the "#### N" line
-    turned into "Final Answer: N".
-    "She makes 9 * 2 = $<<9*2=18>>18.\\n#### 18" -> "She makes 9 * 2 = $18.\\nFinal Answer: 18"
-    """
+    """A GSM8K worked solution as a sequential SFT target: <<calculator notes>> dropped, "#### N" -> "Final Answer: N"."""
     body = re.sub(r"<<[^>]*>>", "", text)
     return re.sub(r"####\s*(.+?)\s*$", lambda m: f"Final Answer: {normalize_answer(m.group(1))}", body)
 
-
 _BASELINE_SUFFIX = re.compile(r"\s*Let's think step by step and output the final answer after \"Final Answer: \"\.\s*$")
 
-
 def extract_problem(text: str) -> str:
-    """The bare problem inside an instruction prompt, or the text itself when there is no instruction.
-
-    Handles the prompts of the sources we read (PAPER_NOTES §3.3-3.4):
-      * Parallel-R1 v2/v3 instruction ... "Problem: <problem>"          -> the text after the last "Problem:"
-      * "<problem> Let's think step by step and output the final answer after "Final Answer: "."
-                                                                        -> the text before that sentence
-      * DAPO's original "Solve the following math problem ... Answer: $Answer ...\\n\\n<problem>\\n\\nRemember ..."
-                                                                        -> the paragraph between the first
-                                                                           two blank lines
-    Also repairs two JSON-escape accidents seen in AIME 2025: a form feed where "\\f" of "\\frac" was meant,
-    and a tab where "\\t" of "\\triangle" was meant.
-    """
-    text = text.replace("\x0c", "\\f")
-    text = re.sub(r"\t(?=riangle)", r"\\t", text)
+    """The bare problem inside a source's instruction prompt: after the last "Problem:" (Parallel-R1 v2/v3), before
+    the baseline's "Let's think step by step ..." sentence, or DAPO's paragraph between the first two blank lines.
+    Also repairs AIME 2025's JSON-escape accidents (a form feed for "\\f" of "\\frac", a tab for "\\t" of "\\triangle")."""
+    text = re.sub(r"\t(?=riangle)", r"\\t", text.replace("\x0c", "\\f"))
     if "Final Answer" in text and re.search(r"(^|\n)Problem:", text):
         return re.split(r"(?:^|\n)Problem:", text)[-1].strip()
     if _BASELINE_SUFFIX.search(text):
@@ -321,107 +224,54 @@ def extract_problem(text: str) -> str:
         return text.split("\n\n")[1].strip()
     return text.strip()
 
-
-# ----------------------------------------------------------------------------------------------------
-# Parallel traces from outside: canonical layout and validity (PAPER_NOTES §1.3, §3.1)
-
-# The places where the sampler, not the model, writes the text: nothing between <Parallel> and the first
-# <Path>, between paths, or after the last path; exactly one "\n" between </Parallel> and <Summary>.
-_JUNCTIONS = ((re.compile(r"<Parallel>\s*<Path>"), "<Parallel><Path>"),
-              (re.compile(r"</Path>\s*<Path>"), "</Path><Path>"),
+# The sampler writes the text at the junctions of the tags: nothing between <Parallel> and the first <Path>,
+# between paths or after the last one; exactly one "\n" between </Parallel> and <Summary> (NOTES.md §1).
+_JUNCTIONS = ((re.compile(r"<Parallel>\s*<Path>"), "<Parallel><Path>"), (re.compile(r"</Path>\s*<Path>"), "</Path><Path>"),
               (re.compile(r"</Path>\s*</Parallel>"), "</Path></Parallel>"),
               (re.compile(r"</Parallel>\s*<Summary>"), "</Parallel>\n<Summary>"))
 _TAG = re.compile(r"</?(?:Parallel|Path|Summary)>")
 
-
 def canonicalize_trace(text: str) -> str:
-    """Put the whitespace between structural tags in the sampler's layout; text inside paths, summaries
-    and the main chain is the model's own and is kept, as in the official SFT targets
-    (`extra_info.answer` of the Parallel-GSM8K parquet).
-
-    "<Parallel>\\n<Path>\\nx\\n</Path>\\n<Path>y</Path>\\n</Parallel>\\n\\n<Summary>s</Summary>"
-      -> "<Parallel><Path>\\nx\\n</Path><Path>y</Path></Parallel>\\n<Summary>s</Summary>"
-    """
+    """The whitespace between structural tags in the sampler's layout; the model's own text is kept."""
     for pattern, repl in _JUNCTIONS:
         text = pattern.sub(repl, text)
     return text.strip()
 
-
-_TINY_TOKENIZER = None
-
-
-def tiny_tokenizer():
-    """The tokenizer of `load_model("tiny")` (characters plus the six tags): the default for checking
-    traces. Built once (it builds the ~1M-parameter model too, about a second)."""
-    global _TINY_TOKENIZER
-    if _TINY_TOKENIZER is None:
-        from model import load_model
-        _TINY_TOKENIZER = load_model("tiny", device="cpu")[1]
-    return _TINY_TOKENIZER
-
-
-def check_trace(solution: str, tokenizer, tags) -> str:
-    """"" when `solution` is a usable parallel SFT target, else why not: it must parse as a valid
-    structure under `tokenizer` (`attention.parse_structure`, the one definition of the format) and end
-    with a "Final Answer:" line. `tags`: `attention.TagIds` of the tokenizer. Token indices and tag ids
-    in the reason are replaced by N, so that reasons group: "unclosed <Summary> at token N"."""
-    from attention import parse_structure
+def check_trace(solution: str, tokenizer, tags: TagIds) -> str:
+    """"" for a usable parallel SFT target (parses as valid, ends with a Final Answer line), else why not, with
+    numbers replaced by N so that reasons group: "unclosed <Summary> at token N"."""
     structure = parse_structure(tokenizer.encode(solution, add_special_tokens=False), tags)
     if not structure.valid:
         return re.sub(r"\d+", "N", structure.reason)
-    if not re.search(r"Final Answer\s*:\s*\S", solution):
-        return "no 'Final Answer:' line"
-    return ""
-
+    return "" if re.search(r"Final Answer\s*:\s*\S", solution) else "no 'Final Answer:' line"
 
 # ----------------------------------------------------------------------------------------------------
-# Known datasets: local file (relative to the data folder) and hub fallbacks (path, config, split)
+# Known datasets: the file inside the data folder, and the hub candidates (path, config, split) tried in order
 
-
-@dataclass(frozen=True)
-class Source:
-    local: str | None                              # path inside the data folder (None: generated here)
-    hub: tuple[tuple[str, str | None, str], ...]   # `datasets.load_dataset` candidates, tried in order
-    latex_answers: bool = False                   # keep answers as LaTeX (no number clean-up)
-    description: str = ""
-
-
-KNOWN_DATASETS: dict[str, Source] = {
-    "synthetic:easy": Source(None, (), description="embedded word problems, easy split, train part (cold-start SFT)"),
-    "synthetic:hard": Source(None, (), description="embedded word problems, hard split, train part (RL)"),
-    "synthetic:easy:test": Source(None, (), description="embedded word problems, easy split, test part"),
-    "synthetic:hard:test": Source(None, (), description="embedded word problems, hard split, test part"),
-    "gsm8k:train": Source("gsm8k/train.jsonl", (("openai/gsm8k", "main", "train"),), description="GSM8K train, 7473"),
-    "gsm8k:test": Source("gsm8k/test.jsonl", (("openai/gsm8k", "main", "test"),), description="GSM8K test, 1319"),
-    "dapo": Source("dapo_math_17k/train.parquet", (("Leo-Dai/dapo-math-17k_dedup", None, "train"),
-                                                   ("BytedTsinghua-SIA/DAPO-Math-17k", None, "train")),
-                   description="DAPO-Math-17k (Parallel-R1 dedup), 17917"),
-    "math500": Source("math500/test.jsonl", (("HuggingFaceH4/MATH-500", None, "test"),), latex_answers=True,
-                      description="MATH-500, 500, LaTeX answers"),
-    "aime24": Source("aime24/test.jsonl", (("HuggingFaceH4/aime_2024", None, "train"),), description="AIME 2024, 30"),
-    "aime25": Source("aime25/test.jsonl", (("math-ai/aime25", None, "test"),), description="AIME 2025, 30"),
-    "amc23": Source("amc23/test.jsonl", (("math-ai/amc23", None, "test"),), description="AMC 2023, 40"),
-    "parallel_gsm8k": Source("parallel_gsm8k/train.parquet", (("Parallel-R1/Parallel-GSM8K", None, "train"),),
-                             description="Parallel-GSM8K cold-start traces"),
+KNOWN_DATASETS = {
+    "gsm8k:train": ("gsm8k/train.jsonl", [("openai/gsm8k", "main", "train")]),
+    "gsm8k:test": ("gsm8k/test.jsonl", [("openai/gsm8k", "main", "test")]),
+    "dapo": ("dapo_math_17k/train.parquet", [("Leo-Dai/dapo-math-17k_dedup", None, "train"),
+                                             ("BytedTsinghua-SIA/DAPO-Math-17k", None, "train")]),
+    "math500": ("math500/test.jsonl", [("HuggingFaceH4/MATH-500", None, "test")]),   # LaTeX answers, kept as LaTeX
+    "aime24": ("aime24/test.jsonl", [("HuggingFaceH4/aime_2024", None, "train")]),
+    "aime25": ("aime25/test.jsonl", [("math-ai/aime25", None, "test")]),
+    "amc23": ("amc23/test.jsonl", [("math-ai/amc23", None, "test")]),
+    "parallel_gsm8k": ("parallel_gsm8k/train.parquet", [("Parallel-R1/Parallel-GSM8K", None, "train")]),
 }
 DATA_ENV = "PARALLEL_R1_DATA"
 
-
 def default_data_dir() -> str | None:
     """$PARALLEL_R1_DATA if set, else ../shared/data next to this repository if it exists, else None."""
-    env = os.environ.get(DATA_ENV)
-    if env:
-        return env
     here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shared", "data")
-    return here if os.path.isdir(here) else None
-
+    return os.environ.get(DATA_ENV) or (here if os.path.isdir(here) else None)
 
 def _read_rows(path: str) -> list[dict]:
-    """Rows of a .jsonl, .json (a list of objects, or JSON lines) or .parquet file."""
+    """Rows of a .jsonl, .json (a list, or JSON lines) or .parquet file."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data file not found: {path}")
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq           # only for parquet files
         return pq.read_table(path).to_pylist()
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -429,27 +279,23 @@ def _read_rows(path: str) -> list[dict]:
         return json.loads(text)
     rows = []
     for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {n}: not valid JSON ({e})") from None
+        try:
+            rows += [json.loads(line)] if line.strip() else []
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}, line {n}: not valid JSON ({e})") from None
     return rows
 
-
-def _load_hub(name: str, source: Source, local_path: str | None) -> list[dict]:
-    import datasets
+def _load_hub(name: str, local: str | None) -> list[dict]:
+    import datasets                            # slow to import, and only needed without a local file
     errors = []
-    for path, config, split in source.hub:
+    for path, config, split in KNOWN_DATASETS[name][1]:
         try:
             return [dict(r) for r in datasets.load_dataset(path, config, split=split)]
-        except Exception as e:  # offline, missing, renamed: try the next candidate, then explain
+        except Exception as e:                 # offline, missing, renamed: try the next one, then explain
             errors.append(f"{path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    where = f"no local file {local_path}" if local_path else "no local data folder"
-    raise FileNotFoundError(
-        f"dataset {name!r}: {where}, and the hub could not give it ({'; '.join(errors)}). "
-        f"Point --data_dir or ${DATA_ENV} at a folder holding {source.local}, or go online.")
-
+    raise FileNotFoundError(f"dataset {name!r}: {f'no local file {local}' if local else 'no local data folder'}, and the "
+                            f"hub could not give it ({'; '.join(errors)}). Point --data_dir or ${DATA_ENV} at a folder "
+                            f"holding {KNOWN_DATASETS[name][0]}, or go online.")
 
 def _first(row: dict, *keys):
     """The first non-empty value among `keys` ("a.b" reads row["a"]["b"])."""
@@ -461,19 +307,17 @@ def _first(row: dict, *keys):
             return v
     return None
 
-
 def _row_record(row: dict, latex: bool, style: str) -> tuple[str | None, str | None, str | None]:
-    """(problem, answer, solution) of one row, whatever the source's field names. A GSM8K worked
-    solution becomes the solution only for the sequential style (it has no parallel blocks)."""
+    """(problem, answer, solution) of one row, whatever the source's field names; a GSM8K worked solution is the
+    solution of the sequential style only (it has no blocks)."""
     prompt = _first(row, "problem", "question", "extra_info.question", "prompt")
-    if isinstance(prompt, (list, tuple)):                 # chat messages: the last user turn
+    if isinstance(prompt, (list, tuple)):                  # chat messages: the last user turn
         users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
         prompt = users[-1] if users else None
     problem = extract_problem(prompt) if isinstance(prompt, str) else None
     trace = _first(row, "extra_info.answer", "solution", "text")
     solution = trace if isinstance(trace, str) and re.search(r"Final Answer\s*:", trace) else None
-    raw = _first(row, "reward_model.ground_truth", "ground_truth", "final_answer", "answer")
-    answer = None
+    raw, answer = _first(row, "reward_model.ground_truth", "ground_truth", "final_answer", "answer"), None
     if isinstance(raw, str) and re.search(r"Final Answer\s*:", raw):   # the "answer" field is a whole trace
         solution, raw = solution or raw, None
     if isinstance(raw, str) and "####" in raw:              # GSM8K: worked solution + "#### N"
@@ -487,49 +331,36 @@ def _row_record(row: dict, latex: bool, style: str) -> tuple[str | None, str | N
         answer = normalize_answer(found[-1]) if found else None
     return problem, answer or None, solution
 
-
-def _row_id(row: dict, label: str, i: int) -> str:
-    """The row's own id prefixed with the dataset label ("aime24-60"), or the row number ("gsm8k:test-0")."""
-    rid = _first(row, "unique_id", "id", "extra_info.index", "index")
-    if rid is None:
-        return f"{label}-{i}"
-    return str(rid) if str(rid).startswith(label) else f"{label}-{rid}"
-
-
-def _records_from_rows(rows, name: str, style: str, strict: bool, latex: bool, where: str, tokenizer) -> list[dict]:
-    """Records of one dataset's rows: skip (or, strict, reject) incomplete rows, check parallel traces."""
+def _records_from_rows(rows, name: str, style: str, strict: bool, where: str, tokenizer) -> list[dict]:
+    """Records of one file's rows: incomplete rows skipped (or, strict, refused); parallel traces canonicalised and
+    checked (`check_trace` under `tokenizer`, default the tiny one), with the counts printed."""
     label = name if name in KNOWN_DATASETS else os.path.splitext(os.path.basename(name))[0]
     records, skipped = [], 0
     for i, row in enumerate(rows):
-        problem, answer, solution = _row_record(row, latex, style)
+        problem, answer, solution = _row_record(row, name == "math500", style)
         if not problem or not answer:
             if strict:
-                raise ValueError(f"{where}, row {i}: no {'problem' if not problem else 'answer'} "
-                                 f"(fields: {sorted(row)})")
+                raise ValueError(f"{where}, row {i}: no {'problem' if not problem else 'answer'} (fields: {sorted(row)})")
             skipped += 1
             continue
-        records.append({"id": _row_id(row, label, i), "problem": problem, "answer": answer,
-                        "solution": solution, "source": name})
+        rid = _first(row, "unique_id", "id", "extra_info.index", "index")
+        rid = f"{label}-{i}" if rid is None else str(rid) if str(rid).startswith(label) else f"{label}-{rid}"
+        records.append({"id": rid, "problem": problem, "answer": answer, "solution": solution, "source": name})
     if skipped:
         print(f"[data] {where}: skipped {skipped} of {len(rows)} rows without a problem or an answer", file=sys.stderr)
-    tagged = any(r["solution"] and _TAG.search(r["solution"]) for r in records)
-    if tagged and style == "sequential":
+    if not any(r["solution"] and _TAG.search(r["solution"]) for r in records):
+        return records
+    if style == "sequential":
         raise ValueError(f"{where} holds parallel traces, not sequential ones; for a sequential SFT set use "
                          "e.g. gsm8k:train with style='sequential'")
-    return _filter_parallel(records, where, tokenizer) if tagged else records
-
-
-def _filter_parallel(records: list[dict], where: str, tokenizer) -> list[dict]:
-    """Canonicalise every parallel trace, drop the ones `check_trace` rejects, print the counts."""
-    from attention import TagIds
-    tok = tokenizer if tokenizer is not None else tiny_tokenizer()
-    tags = TagIds.from_tokenizer(tok)
-    kept, reasons, traces, blockless = [], collections.Counter(), 0, 0
+    if tokenizer is None:
+        tokenizer = load_model("tiny", device="cpu")[1]
+    tags, kept, reasons, traces, blockless = TagIds.from_tokenizer(tokenizer), [], collections.Counter(), 0, 0
     for r in records:
         if r["solution"] and _TAG.search(r["solution"]):
             traces += 1
             r = dict(r, solution=canonicalize_trace(r["solution"]))
-            why = check_trace(r["solution"], tok, tags)
+            why = check_trace(r["solution"], tokenizer, tags)
             if why:
                 reasons[why] += 1
                 continue
@@ -541,124 +372,74 @@ def _filter_parallel(records: list[dict], where: str, tokenizer) -> list[dict]:
           f"check, {blockless} more traces have no parallel block; dropped: {dropped}", file=sys.stderr)
     return kept
 
-
-def _load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
-              data_dir: str | None, tokenizer, parallel_fraction: float) -> list[dict]:
-    name = name.strip()
+def _load_one(name: str, style: str, strict: bool, limit: int | None, seed: int, data_dir: str | None, tokenizer,
+              parallel_fraction: float) -> list[dict]:
     m = re.fullmatch(r"synthetic:(\w+)(?::(train|test))?", name)
-    if m:
-        if m.group(1) not in SYNTHETIC_SPLITS:
-            raise ValueError(f"unknown dataset {name!r}; known: {', '.join(KNOWN_DATASETS)}")
-        return synthetic_records(name, style, limit, seed, parallel_fraction)
+    if m and m.group(1) in SYNTHETIC_SPLITS:
+        return synthetic_records(m.group(1), m.group(2) or "train", style, limit, seed, parallel_fraction)
     if name in KNOWN_DATASETS:
-        source = KNOWN_DATASETS[name]
         folder = data_dir or default_data_dir()
-        if folder and not os.path.isdir(folder):      # only a folder named by the user can be missing
+        if folder and not os.path.isdir(folder):           # only a folder named by the user can be missing
             raise FileNotFoundError(f"data folder not found: {folder} (from --data_dir or ${DATA_ENV})")
-        local = os.path.join(folder, source.local) if folder else None
-        if local and os.path.isfile(local):
-            rows, where = _read_rows(local), local
-        else:
-            rows, where = _load_hub(name, source, local), f"{name} (hub)"
-        latex = source.latex_answers
-    elif name.endswith((".jsonl", ".json", ".parquet")) or os.sep in name or os.path.exists(name):
-        rows, where, latex = _read_rows(name), name, False
+        local = os.path.join(folder, KNOWN_DATASETS[name][0]) if folder else None
+        rows, where = (_read_rows(local), local) if local and os.path.isfile(local) else \
+            (_load_hub(name, local), f"{name} (hub)")
+    elif not m and (name.endswith((".jsonl", ".json", ".parquet")) or os.sep in name or os.path.exists(name)):
+        rows, where = _read_rows(name), name
     else:
-        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(KNOWN_DATASETS)}, or a path to a "
-                         ".jsonl/.json/.parquet file")
-    records = _records_from_rows(rows, name, style, strict, latex, where, tokenizer)
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(SYNTHETIC_NAMES + list(KNOWN_DATASETS))}, "
+                         "or a path to a .jsonl/.json/.parquet file")
+    records = _records_from_rows(rows, name, style, strict, where, tokenizer)
     return records[:limit] if limit is not None else records
 
-
-def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: int | None = None,
-              seed: int = 0, data_dir: str | None = None, tokenizer=None, parallel_fraction: float = 0.5) -> list[dict]:
-    """Load the records named by `spec` (see the module docstring for the names).
-
-    Args:
-        spec: a known name, a comma list of names, or a path to a .jsonl/.json/.parquet file.
-        style: trace style of `solution` (`STYLES`). Synthetic sets render every style; real sets give a
-            solution only where they have one in that style (GSM8K: "sequential", from its worked
-            solutions; Parallel-GSM8K: "parallel"), else `solution` is None.
-        strict: raise on a row without a problem or an answer instead of skipping (and counting) it.
-        limit: at most this many records from each part of a comma list (the first ones, in file order;
-            synthetic: that many generated).
-        seed: synthetic sets only: the generator seed.
-        parallel_fraction: synthetic sets, parallel style: the chance that a round of a teacher trace is a
-            parallel block rather than one attempt (`render_trace`).
-        data_dir: folder of local files (else $PARALLEL_R1_DATA, else ../shared/data next to the repo).
-        tokenizer: for the format check of parallel traces from files (default: the tiny tokenizer).
-    Returns:
-        list of {"id", "problem", "answer", "solution", "source"} dicts.
-    Raises:
-        ValueError: unknown name (the message lists the known ones), unknown style, empty result, a
-            sequential style asked of a parallel-trace set, or (strict) a bad row.
-        FileNotFoundError: a file or data folder that does not exist (named), or a known set with neither a
-            local file nor hub access.
-    """
+def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: int | None = None, seed: int = 0,
+              data_dir: str | None = None, tokenizer=None, parallel_fraction: float = 0.5) -> list[dict]:
+    """The records of `spec` (a name, a comma list, or a file). `style`: of the solutions (synthetic sets render
+    both; a real set gives one only where it has one in that style, else None). `strict`: refuse a row without a
+    problem or an answer instead of skipping it. `limit`: the first this-many of each part. `seed`,
+    `parallel_fraction`: of the synthetic sets. `tokenizer`: for the format check of traces from files.
+    Raises ValueError (an unknown name, with the known ones; an unknown style; nothing loaded) and
+    FileNotFoundError (a missing file or folder, or a set with neither a local file nor the hub)."""
     if style not in STYLES:
         raise ValueError(f"unknown style {style!r}; use one of {STYLES}")
     records = []
-    for name in spec.split(","):
-        if name.strip():
-            records += _load_one(name, style, strict, limit, seed, data_dir, tokenizer, parallel_fraction)
+    for name in filter(None, (n.strip() for n in spec.split(","))):
+        records += _load_one(name, style, strict, limit, seed, data_dir, tokenizer, parallel_fraction)
     if not records:
         raise ValueError(f"{spec!r} gave no records")
     return records
 
-
 def format_response(record: dict) -> str:
-    """The SFT target of a record (its `solution`). SFT appends EOS itself.
-    Raises ValueError when the record has none (e.g. an evaluation set)."""
+    """The SFT target of a record (SFT appends EOS). Raises ValueError for a record without one."""
     if not record.get("solution"):
         raise ValueError(f"record {record.get('id')!r} has no solution to train on; SFT needs "
                          "synthetic:*, parallel_gsm8k, or gsm8k:train with style='sequential'")
     return record["solution"]
 
-
-# ----------------------------------------------------------------------------------------------------
-# Command line: python data.py --show synthetic:hard [--style=sequential] [--n=3] [--seed=0] [--data_dir=...]
-
-
 @dataclass
 class ShowConfig:
-    """python data.py --show=synthetic:hard --n=2: print problems, prompts and traces of a data spec."""
-    show: str = "synthetic:easy"
-    style: str = "parallel"
-    n: int = 3                 # records printed
+    """python data.py --show=synthetic:hard --n=2: problems, prompts and traces of a data spec, and their lengths."""
+    show: str = "synthetic:easy"       # a load_data spec
+    style: Style = "parallel"
+    n: int = 3                         # records printed
     seed: int = 0
-    limit: int = 0             # records loaded for the size statistics (0: all; synthetic: 2000)
+    limit: int = 0                     # records loaded for the length statistics (0: all; synthetic: 2000)
     data_dir: str = ""
 
-
-def tiny_token_count(text: str) -> int:
-    """Tokens of `text` under the tiny tokenizer: one per character, one per tag."""
-    return len(_TAG.sub("#", text))
-
-
 def main(argv: list[str]) -> None:
-    from sft import parse_config
-    cfg = parse_config(ShowConfig, argv)
-    if cfg.n < 0 or cfg.limit < 0:
-        raise ValueError("--n and --limit must be >= 0")
-    from model import build_char_tokenizer
-    char_tok = build_char_tokenizer()
+    cfg, tok = config.parse(ShowConfig, argv), build_char_tokenizer()
     synthetic = all(n.strip().startswith("synthetic:") for n in cfg.show.split(","))
-    limit = cfg.limit or (2000 if synthetic else None)
-    records = load_data(cfg.show, style=cfg.style, limit=limit, seed=cfg.seed, data_dir=cfg.data_dir or None)
+    records = load_data(cfg.show, style=cfg.style, limit=cfg.limit or (2000 if synthetic else None), seed=cfg.seed,
+                        data_dir=cfg.data_dir or None)
     for r in records[:cfg.n]:
-        print(f"--- {r['id']}  (answer {r['answer']})")
-        print(build_prompt(char_tok, r["problem"], cfg.style), end="")
-        print(r["solution"] if r["solution"] else "(no solution)")
-    with_sol = [r for r in records if r["solution"]]
-    full = [tiny_token_count(build_prompt(char_tok, r["problem"], cfg.style) + r["solution"]) for r in with_sol]
-    resp = [tiny_token_count(r["solution"]) for r in with_sol]
-    print(f"--- {len(records)} records", end="")
-    if with_sol:
-        print(f"; tiny-tokenizer tokens per response mean {sum(resp) / len(resp):.1f} max {max(resp)}, "
-              f"prompt+response mean {sum(full) / len(full):.1f} max {max(full)}")
-    else:
-        print()
-
+        print(f"--- {r['id']}  (answer {r['answer']})\n{build_prompt(tok, r['problem'], cfg.style)}"
+              + (r["solution"] or "(no solution)"))
+    tokens = lambda text: len(_TAG.sub("#", text))    # noqa: E731  (tiny tokenizer: one per character or tag)
+    resp = [tokens(r["solution"]) for r in records if r["solution"]]
+    full = [tokens(build_prompt(tok, r["problem"], cfg.style) + r["solution"]) for r in records if r["solution"]]
+    print(f"--- {len(records)} records" + (f"; tiny-tokenizer tokens per response mean {sum(resp) / len(resp):.1f} max "
+                                            f"{max(resp)}, prompt+response mean {sum(full) / len(full):.1f} max "
+                                            f"{max(full)}" if resp else ""))
 
 if __name__ == "__main__":
     try:

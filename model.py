@@ -15,11 +15,16 @@ import shutil
 import socket
 import string
 import tempfile
+from typing import Literal, get_args
 
 import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 TAGS = ("<Parallel>", "</Parallel>", "<Path>", "</Path>", "<Summary>", "</Summary>")
-MODES = ("unseen", "seen", "sequential")    # the Seen/Unseen masks (NOTES.md §2), and plain sampling
+Mode = Literal["unseen", "seen", "sequential"]   # the Seen/Unseen masks (NOTES.md §2), and plain sampling
+MODES = get_args(Mode)
 
 # The embedded default: a Qwen3 of ~1.0M parameters (997k with the 105-token character vocabulary). It trains at
 # ~5-7k tokens/s on 2 CPU cores, so the curriculum fits in minutes; its traces are < 200 tokens.
@@ -32,8 +37,6 @@ PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 def build_char_tokenizer():
     """A character-level tokenizer: ids 0-2 are <pad>, <eos>, <unk>, then one id per character of ALPHABET;
     any other character is <unk>. The tags are added by `add_parallel_tags`, as for any tokenizer."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
     vocab = {PAD: 0, EOS: 1, UNK: 2} | {ch: 3 + i for i, ch in enumerate(ALPHABET)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character alone
@@ -99,7 +102,6 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None,
     `dtype` (default bf16 on CUDA, fp32 on CPU). `name_or_path`: "tiny", a local folder or a hub name;
     `tokenizer` (tiny only): build the tiny model on that tokenizer. `seed`: tiny init and tag noise. Raises
     OSError saying what to do when a hub name is not cached and the hub cannot be reached."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if name_or_path == "tiny":

@@ -1,44 +1,25 @@
-"""Rewards: find the answer, check it, check the parallel format, and turn both into the paper's rewards.
+"""Rewards: find the answer, check it, check the parallel format, and turn both into the paper's rewards (NOTES.md §4).
 
-One response flows through this file as
+    text (with the tags) --extract_answer--> pred --verify(pred, gold)--> correct --+
+    Structure (attention.parse_structure) --> has_parallel, format_ok -------------+--> reward (RewardSchedule)
 
-    text (with the six tags) ──extract_answer──▶ pred ──verify(pred, gold)──▶ correct ─┐
-    Structure (attention.parse_structure) ──▶ has_parallel, format_ok, num_blocks ───────┴─▶ reward
+`score_batch` does that for the responses of one GRPO step.
 
-and `score_batch` does that for the thousands of responses of one GRPO step:
-
-    >>> from rewards import extract_answer, verify, RewardSchedule
     >>> extract_answer("<Parallel><Path>6*7</Path><Path>7*6</Path></Parallel>\\n<Summary>42</Summary>Final Answer: 42")
     '42'
     >>> verify("\\\\dfrac12", "0.5"), verify("41", "42")
     (True, False)
-    >>> RewardSchedule("alternating").kind_at(9)                  # S2: steps 9-10 of every 10 are tiered
-    'tiered'
 
-Answer checking (PAPER_NOTES §4.1) has three stages, cheapest first:
+Answer checking, cheapest first: (1) exact match after normalisation; (2) numeric equality from a small parser of
+our own (integers, decimals, a/b, \\frac{a}{b}, scientific notation); (3) symbolic equality with math-verify's
+LaTeX parser in worker processes, each check under a wall-clock deadline (a worker that misses it is killed and
+the item counts as wrong). Model text is untrusted: nothing here calls eval, exec or sympify on it; math-verify's
+plain-expression extractor evaluates Python through parse_expr and is never used; its own timeout (signal.alarm)
+fails outside the main thread and cannot stop a big power computed in C, so the deadline is a kill.
 
-1. exact match after normalisation (spaces, $, \\boxed, \\text units, degrees, percent, thousands
-   separators, "x =", \\dfrac, \\frac12 shorthand, ...);
-2. numeric equality with a relative tolerance, from a small parser of our own (integers, decimals,
-   scientific notation, a/b, \\frac{a}{b}): no sympy, no eval;
-3. symbolic equality with math-verify (LaTeX parser only) in a pool of worker processes, each check
-   under a wall-clock deadline: a worker that misses it is killed and replaced and the item counts as
-   wrong. math-verify's own timeout uses signal.alarm, which fails outside the main thread
-   (ENV_NOTES §1), so it is switched off and the deadline is ours; it also cannot stop a big-integer
-   power computed in C, which a kill can.
-
-Model text is untrusted: nothing here calls eval, exec or sympify on it. math-verify's plain-expression
-extractor (`ExprExtractionConfig`) runs sympy's `parse_expr`, which evaluates Python code, so it is
-never used; its LaTeX extractor is an ANTLR parser that builds sympy objects without evaluating text.
-
-Deviations from the official code, on purpose:
-* The official reward reads only the last 300 characters of a response, so a `Final Answer:` line
-  followed by a long tail is never seen (a false negative). `extract_answer` reads the whole response.
-* The official reward compares normalised strings only, so "0.5" vs "\\frac{1}{2}" or "27.0" vs "27"
-  are wrong there. `verifier="default"` accepts them; `verifier="paper"` keeps the official comparison
-  for exact reproduction.
-
-Run `python rewards.py --bench` for the throughput of `score_batch` on a mixed batch of 2,048 items.
+On purpose unlike the official reward: it reads the whole response, not the last 300 characters, and accepts
+"0.5" for "\\frac{1}{2}" and "27.0" for "27"; `verifier="paper"` keeps the official string comparison.
+attention and model (torch) are imported inside functions: the verifier workers run this file and must not load torch.
 """
 
 from __future__ import annotations
@@ -59,7 +40,7 @@ from functools import lru_cache
 from typing import Sequence
 
 # ----------------------------------------------------------------------------------------------------
-# 1. Extraction
+# Extraction
 
 MAX_ANSWER_CHARS = 1000    # a longer extracted answer counts as wrong without being looked at
 _FINAL_ANSWER_RE = re.compile(r"final\s*answer\s*\**\s*:", re.IGNORECASE)   # "Final Answer:", "**Final Answer:**"
@@ -67,20 +48,15 @@ _GSM8K_RE = re.compile(r"####")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _SPECIAL_MARKER_RE = re.compile(r"<\|[^|<>\n]{1,40}\|>")   # <|im_end|>, <|endoftext|>, ... (Qwen-style)
 
-
 @lru_cache(maxsize=1)
 def _markers() -> tuple[str, ...]:
-    """The strings `extract_answer` deletes: the six tags and the tiny tokenizer's <eos>/<pad>.
-    Imported lazily so that the verifier workers never import torch."""
+    """The strings `extract_answer` deletes: the six tags and the tiny tokenizer's <eos>/<pad>."""
     from model import EOS, PAD, TAGS
     return tuple(TAGS) + (EOS, PAD)
 
-
 def _last_boxed(text: str) -> str | None:
-    r"""Content of the last `\boxed{...}` (or `\fbox{...}`) whose braces balance, else None.
-
-    One left-to-right pass over the braces, so 10,000 unclosed `\boxed{` cost O(n), not O(n^2).
-    `\{` and `\}` (LaTeX set braces) count as braces; they come in pairs in well-formed LaTeX.
+    r"""Content of the last `\boxed{...}` (or `\fbox{...}`) whose braces balance, else None. One pass over
+    the braces, so 10,000 unclosed `\boxed{` cost O(n); `\{` and `\}` count as braces (they come in pairs).
     """
     opens = [m.end() - 1 for m in _BOX_RE.finditer(text)]    # index of each box's "{"
     if not opens:
@@ -99,11 +75,10 @@ def _last_boxed(text: str) -> str | None:
             return text[j + 1:close[j]]
     return None
 
-
 def _last_line_after(pattern: re.Pattern, text: str) -> str | None:
-    """The rest of the line after the last match of `pattern` that is followed by some text, else None.
-    Walks the matches backwards and stops at the first hit, so a 1 MB line repeating the pattern is
-    read about once, not once per match."""
+    """The rest of the line after the last match of `pattern` followed by some text, else None (walks the
+    matches backwards and stops at the first hit: a 1 MB line repeating the pattern is read about once).
+    """
     for m in reversed(list(pattern.finditer(text))):
         end = text.find("\n", m.end())
         line = text[m.end():end if end >= 0 else len(text)].strip().strip("*#").strip()
@@ -111,23 +86,13 @@ def _last_line_after(pattern: re.Pattern, text: str) -> str | None:
             return line
     return None
 
-
 def extract_answer(text: str) -> str | None:
-    r"""The final answer of a response, or None when it gives none.
+    r"""The final answer of a response, or None. On the text without the tags and <eos>/<pad>/<|...|>
+    markers: the last non-empty `Final Answer:` line (case-insensitive, bold allowed; a `\boxed{}` in it: its
+    content), else the last balanced `\boxed{...}`, else the last GSM8K `#### N` line.
 
-    Rules, on the text with the structural tags (and <eos>/<pad>/<|...|> markers) removed:
-      1. the last non-empty `Final Answer:` line (the paper's format, PAPER_NOTES §1.3; case-insensitive,
-         markdown bold allowed); if that line holds a `\boxed{...}`, its content;
-      2. else the last `\boxed{...}` whose braces balance (nested braces allowed);
-      3. else the last GSM8K-style `#### N` line.
-    The whole response is read: no last-300-characters window (see the module docstring).
-
-        >>> extract_answer("so 2+2=4.\nFinal Answer: $4$")
-        '$4$'
-        >>> extract_answer(r"\boxed{1} then \boxed{\frac{1}{2}}")
-        '\\frac{1}{2}'
-        >>> extract_answer("#### 1,234"), extract_answer("no answer here")
-        ('1,234', None)
+        >>> extract_answer(r"\boxed{1} then \boxed{\frac{1}{2}}"), extract_answer("#### 1,234"), extract_answer("none")
+        ('\\frac{1}{2}', '1,234', None)
     """
     if not isinstance(text, str):
         raise TypeError(f"extract_answer takes the response text (str), got {type(text).__name__}")
@@ -143,9 +108,8 @@ def extract_answer(text: str) -> str | None:
         return boxed.strip()
     return _last_line_after(_GSM8K_RE, text)
 
-
 # ----------------------------------------------------------------------------------------------------
-# 2a. Normalisation and the fast checks (exact, numeric)
+# Normalisation and the fast checks (exact, numeric)
 
 REL_TOL = 1e-6             # numeric equality: |a - b| <= REL_TOL * max(|a|, |b|)
 
@@ -165,11 +129,10 @@ _FRAC_SHORT_RE = re.compile(r"\\frac(\d)(\d)|\\frac(\d)(?=\{)|\\frac(\{[^{}]*\})
 _SQRT_SHORT_RE = re.compile(r"\\sqrt(\d)")
 _THOUSANDS_RE = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 
-
 def _strip_unit_words(s: str) -> str:
-    """"5 apples" / "12 square feet" / "3cm" / "4 m^2" -> the number. A word counts as a unit when it has
-    2+ letters and is separated by a space, or is a common short unit (then it may touch the number),
-    so "2 x" and "2ab" stay expressions. Splits on spaces, no backtracking regex."""
+    """"5 apples" / "12 square feet" / "3cm" -> the number. A unit word has 2+ letters after a space, or is a
+    common short unit (which may touch the number), so "2 x" and "2ab" stay expressions. No backtracking regex.
+    """
     m = _LEADING_NUMBER_RE.match(s)
     if not m or m.end() == len(s):
         return s
@@ -183,20 +146,13 @@ def _strip_unit_words(s: str) -> str:
             return s
     return m.group(0)
 
-
 def normalize_answer(answer: str) -> str:
-    r"""The canonical string of an answer, for the exact-match stage (and the input of the other two).
+    r"""The canonical string of an answer: drops $ and \( \) \[ \], an outer \boxed, \left/\right and
+    spacing, units after a number, degree and percent signs, a trailing period, a lone "x =", thousands separators;
+    \dfrac/\tfrac -> \frac, \frac12 -> \frac{1}{2}, \sqrt2 -> \sqrt{2}; spaces only between two letters.
 
-        >>> normalize_answer(r"$\boxed{\dfrac12}$.")
-        '\\frac{1}{2}'
-        >>> normalize_answer(r"x = 1{,}000 \text{ dollars}"), normalize_answer(r"30^\circ"), normalize_answer("50\\%")
-        ('1000', '30', '50')
-
-    Drops: $ and \( \) \[ \] delimiters, an outer \boxed, \left/\right and spacing commands, units in
-    \text{} after a number and unit words after a number ("5 apples", "3cm"), degree marks, percent
-    signs (the numeric stage then also accepts x% = x/100), a trailing period, a lone-variable
-    left-hand side ("x = 3" -> "3"), thousands separators. Rewrites \dfrac/\tfrac to \frac and the
-    shorthands \frac12 / \sqrt2. Whitespace is removed except one space between two letters.
+        >>> normalize_answer(r"$\boxed{\dfrac12}$."), normalize_answer(r"x = 1{,}000 \text{ dollars}"), normalize_answer("50\\%")
+        ('\\frac{1}{2}', '1000', '50')
     """
     s = answer.strip()
     for old, new in _UNICODE:
@@ -221,19 +177,15 @@ def normalize_answer(answer: str) -> str:
         s = s.replace(",", "")
     return s
 
-
 _DEC = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
 _FLOAT_RE = re.compile(_DEC + r"(?:[eE][-+]?\d{1,4})?")
 _SCI_RE = re.compile(r"(?:(" + _DEC + r")(?:\\times|\\cdot|\*)|([-+]?))10\^\{?([-+]?\d{1,4})\}?")
 _FRAC_RE = re.compile(r"([-+]?)\\frac\{(" + _DEC + r")\}\{(" + _DEC + r")\}")
 _SLASH_RE = re.compile(r"(" + _DEC + r")/(" + _DEC + r")")
 
-
 def parse_number(s: str) -> Fraction | None:
-    r"""The exact value of a normalised numeric answer, or None if it is not a plain number.
-
-    Accepts 42, -3, 033, 27.0, .5, 1.5e3, 1.5\times10^{3}, 10^{5}, 3/4, \frac{3}{4}, -\frac{1}{2}.
-    Exponents have at most 4 digits, so nothing big is ever computed. No eval: regexes and Fraction.
+    r"""The exact value of a normalised plain number (42, 27.0, .5, 1.5e3, 1.5\times10^{3}, 3/4, \frac{3}{4}),
+    else None. Exponents have at most 4 digits, so nothing big is computed. No eval: regexes and Fraction.
 
         >>> parse_number(r"-\frac{1}{2}"), parse_number("1.5e3"), parse_number("x+1")
         (Fraction(-1, 2), Fraction(1500, 1), None)
@@ -253,15 +205,12 @@ def parse_number(s: str) -> Fraction | None:
         return (-1 if m.re is _FRAC_RE and m[1] == "-" else 1) * num / den
     return None
 
-
 def parse_number_list(s: str) -> tuple[str, list[Fraction]] | None:
-    r"""A normalised tuple, interval, set or bare list of plain numbers, as (kind, values), else None.
+    r"""(kind, values) of a tuple, interval, set or bare list of plain numbers, else None; kind "set" (\{...\}
+    or a bare comma list: unordered, sorted) or the two brackets ("()", "[)", ...).
 
-    kind is "set" for \{...\} and for a bare comma list (both unordered), else the two brackets,
-    e.g. "()" for a tuple or open interval, "[)" for a half-open interval.
-
-        >>> parse_number_list(r"\{3,1,2\}"), parse_number_list("[1,2)"), parse_number_list("(x,1)")
-        (('set', [Fraction(1, 1), Fraction(2, 1), Fraction(3, 1)]), ('[)', [Fraction(1, 1), Fraction(2, 1)]), None)
+        >>> parse_number_list(r"\{3,1,2\}"), parse_number_list("(x,1)")
+        (('set', [Fraction(1, 1), Fraction(2, 1), Fraction(3, 1)]), None)
     """
     if s.startswith("\\{") and s.endswith("\\}"):
         kind, body = "set", s[2:-2]
@@ -276,15 +225,12 @@ def parse_number_list(s: str) -> tuple[str, list[Fraction]] | None:
         return None
     return kind, sorted(values) if kind == "set" else values
 
-
 def _close(a: Fraction, b: Fraction) -> bool:
     return a == b or abs(a - b) <= REL_TOL * max(abs(a), abs(b))
-
 
 def _numbers_equal(a: Fraction, b: Fraction, percent: bool) -> bool:
     """Equal within REL_TOL; when either side had a percent sign, x% also equals x/100."""
     return _close(a, b) or (percent and (_close(a * 100, b) or _close(a, b * 100)))
-
 
 _SAFE_CHARS_RE = re.compile(r"[A-Za-z0-9\s\\{}\[\]()^_+\-*/=<>,.!|:;&']*")
 _POWER_RE = re.compile(r"\^")
@@ -293,9 +239,8 @@ _COMMAND_RE = re.compile(r"\\[a-zA-Z]+")
 MAX_SYMBOLIC_CHARS = 256   # the symbolic stage never sees a longer normalised answer
 MAX_BRACE_DEPTH = 12
 
-
 def _exponent(s: str, i: int) -> str:
-    """The exponent that follows the "^" at index i: a brace group's content, or the next atom."""
+    """The exponent after the "^" at index i: a brace group's content, or the next atom."""
     j = i + 1
     while j < len(s) and s[j] == " ":
         j += 1
@@ -309,15 +254,10 @@ def _exponent(s: str, i: int) -> str:
     m = _ATOM_RE.match(s, j)
     return m.group(0) if m else ""
 
-
 def symbolic_safe(s: str) -> bool:
-    r"""Whether a normalised answer may go to the symbolic stage (a screen for speed, not for safety).
-
-    Refused: longer than MAX_SYMBOLIC_CHARS; characters outside plain math (", `, $, #, @, ...);
-    "__" or "**"; unbalanced braces or nesting deeper than MAX_BRACE_DEPTH; a power whose exponent
-    holds another power (10^{10^{10}}) or an integer of 5+ digits; a factorial of a 5+ digit number.
-    The deadline of the worker pool holds without this screen (tests check both); the screen keeps
-    hopeless inputs from costing a worker a full timeout.
+    r"""Whether a normalised answer may go to the symbolic stage (a screen for speed: the deadline holds without
+    it). Refused: too long, characters outside plain math, "__" or "**", unbalanced or too deep braces, a power
+    whose exponent holds a power or a 5+ digit integer, a factorial of a 5+ digit number.
     """
     if len(s) > MAX_SYMBOLIC_CHARS or not _SAFE_CHARS_RE.fullmatch(s) or "__" in s or "**" in s:
         return False
@@ -334,16 +274,12 @@ def symbolic_safe(s: str) -> bool:
             return False
     return not re.search(r"\d{5,}\s*!", s)
 
-
 def _has_free_letters(s: str) -> bool:
-    """A letter outside LaTeX command names, other than the constants e and i: a variable, as in "2x"
-    or "a+b", but not in "\\sqrt{2}" or "e^2"."""
+    """A letter outside LaTeX command names other than e and i: a variable ("2x", not "\\sqrt{2}")."""
     return bool(re.search(r"[a-df-hj-zA-Z]", _COMMAND_RE.sub("", s)))
 
-
 def _fast_check(pred: str | None, gold: str) -> tuple[bool | None, str, str]:
-    """Stages 1-2 of `verify` plus the screen: (decision, normalised pred, normalised gold), where the
-    decision is True/False, or None when only the symbolic stage can tell."""
+    """Stages 1-2 and the screen: (True/False, or None when only the symbolic stage can tell, normalised pred, gold)."""
     gold = str(gold)
     if pred is None or len(pred) > MAX_ANSWER_CHARS:
         return False, "", ""
@@ -364,17 +300,13 @@ def _fast_check(pred: str | None, gold: str) -> tuple[bool | None, str, str]:
         return False, p, g
     return None, p, g
 
-
 @lru_cache(maxsize=65536)
 def _normalize_gold(gold: str) -> str:
     return normalize_answer(gold)             # golds repeat group_size times per step
 
-
 # ----------------------------------------------------------------------------------------------------
-# 2b. The official comparison (verifier="paper")
-
-# PAPER_NOTES §4.1: the official reward normalises both strings Minerva-style and compares them.
-# The replacement pairs and the removed words below are the official ones (facts), applied in order.
+# The official comparison (verifier="paper"): both strings normalised Minerva-style, with the official
+# replacement pairs and removed words, in order (NOTES.md §4)
 _PAPER_REPLACE = (("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
                   (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"))
 _PAPER_REMOVE = ("square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
@@ -383,10 +315,8 @@ _PAPER_REMOVE = ("square", "ways", "integers", "dollars", "mph", "inches", "hour
                  "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;",
                  ",\\!", "{,}", '"', "\\dots")
 
-
 def _paper_line(line: str) -> str:
-    """Per line: keep the first $...$ span (dollars included), unwrap \\text{}, \\textbf{}, \\overline{}
-    (up to the first "}"), then \\boxed{ ... up to the line's last "}"."""
+    """Per line: the first $...$ span, \\text{}/\\textbf{}/\\overline{} unwrapped, then \\boxed{ ... up to the last "}"."""
     i = line.find("$")
     j = line.find("$", i + 1) if i >= 0 else -1
     if j >= 0:
@@ -398,14 +328,9 @@ def _paper_line(line: str) -> str:
         line = line[:i] + line[i + len("\\boxed{"):j] + line[j + 1:]
     return line
 
-
 def normalize_paper(answer: str) -> str:
-    r"""The official (Minerva-style) normaliser, for `verify(..., verifier="paper")`.
-
-    In order: keep the text after the last "="; apply the replacement pairs (which also delete every
-    space and the words "a"/"an"); delete the unit words and LaTeX leftovers; on each line keep the
-    first $...$ span and unwrap \text{}, \textbf{}, \overline{} and \boxed{}; expand \fracab to
-    \frac{a}{b} and \sqrta to \sqrt{a}; drop "$"; drop the commas of a comma-grouped integer.
+    r"""The official Minerva-style normaliser (verifier="paper"): the text after the last "=", the official
+    replacements and removed words, per-line `_paper_line`, \fracab and \sqrta expanded, "$" and integer commas dropped.
 
         >>> normalize_paper(r"x = \frac12"), normalize_paper(r"\$1,000"), normalize_paper(r"$\boxed{42}$.")
         ('\\frac{1}{2}', '1000', '42')
@@ -423,13 +348,11 @@ def normalize_paper(answer: str) -> str:
         s = s.replace(",", "")
     return s.strip()
 
-
 # ----------------------------------------------------------------------------------------------------
-# 2c. The symbolic stage: math-verify in worker processes, each check under a deadline
+# The symbolic stage: math-verify in worker processes, each check under a deadline
 
 STARTUP_TIMEOUT = 120.0    # seconds a fresh worker may take to import sympy/math-verify before we give up
 WORKER_MEMORY_LIMIT = 4 << 30   # bytes of address space per worker (Linux): a runaway check gets MemoryError
-
 
 def _symbolic_equal(pred: str, gold: str) -> bool:
     """math-verify on two normalised answers, LaTeX extraction only, its own timeouts off (ours is the kill)."""
@@ -441,16 +364,12 @@ def _symbolic_equal(pred: str, gold: str) -> bool:
     p = parse(f"${pred}$", extraction_config=config, parsing_timeout=None)
     return bool(g) and bool(p) and bool(mv_verify(g, p, timeout_seconds=None))
 
-
 _WARMUP = (("\\frac{1}{2}", "0.5"), ("x(x+1)", "x^2+x"), ("\\sqrt{8}", "2\\sqrt{2}"), ("\\{1,2\\}", "\\{2,1\\}"),
            ("[1,2)", "(1,2]"))
 
-
 def _worker_main() -> None:
-    """`python rewards.py --worker`: read JSON [pred, gold] lines on stdin, answer "1"/"0" lines.
-
-    The protocol uses a private copy of stdout; anything a library prints goes to stderr instead.
-    Exits at end of input (also when the parent dies, since its end of the pipe closes).
+    """`python rewards.py --worker`: JSON [pred, gold] lines on stdin, "1"/"0" lines on a private copy of
+    stdout (what libraries print goes to stderr); exits at end of input, also when the parent dies.
     """
     import json
     import signal
@@ -476,18 +395,16 @@ def _worker_main() -> None:
             ok = False
         out.write(b"1\n" if ok else b"0\n")
 
-
 def default_workers() -> int:
-    """Symbolic workers to use: the CPUs this process may run on, at most 8."""
+    """The CPUs this process may run on, at most 8."""
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:
         n = os.cpu_count() or 1
     return max(1, min(8, n))
 
-
 class _Worker:
-    """One `python rewards.py --worker` process (a fresh interpreter: no state, threads or torch of the caller)."""
+    """One `python rewards.py --worker` process: a fresh interpreter, without the caller's state, threads or torch."""
 
     def __init__(self):
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"],
@@ -509,18 +426,12 @@ class _Worker:
             except OSError:
                 pass
 
-
 class SymbolicPool:
-    """Worker processes that each answer one symbolic check at a time, under a per-check deadline.
+    """Worker processes that answer one symbolic check at a time, each under a deadline.
 
-    `run(jobs, timeout)` hands jobs to idle workers and waits on all of them at once; a worker that
-    has not answered `timeout` seconds after it got its job is killed (SIGKILL) and replaced, and its
-    job counts as not equal. So one hung check costs one worker `timeout` seconds while the others
-    keep going. Safe to call from any thread (calls are serialised by a lock) and from any process:
-    workers are plain subprocesses (`python rewards.py --worker`), so neither the caller's main
-    module nor its threads matter and a daemonic process may use it too. Workers start lazily (about
-    a second: a Python interpreter plus math-verify) and are reused across calls; `close()` stops them
-    (registered with atexit for the module pool).
+    `run(jobs, timeout)` hands jobs to idle workers and waits on all at once; a worker that has not answered
+    `timeout` s after its job is killed and replaced, and the job counts as not equal, so one hung check costs one
+    worker its timeout. Thread-safe (a lock); workers start lazily and are reused; `close()` stops them.
     """
 
     def __init__(self, workers: int):
@@ -595,10 +506,8 @@ class SymbolicPool:
                 w.kill()
             self.workers = []
 
-
 _POOL: SymbolicPool | None = None
 _POOL_LOCK = threading.Lock()
-
 
 def _pool(workers: int | None) -> SymbolicPool:
     global _POOL
@@ -609,50 +518,31 @@ def _pool(workers: int | None) -> SymbolicPool:
             _POOL.size = workers
         return _POOL
 
-
 def close_pool() -> None:
-    """Stop the module's symbolic workers (the next check starts new ones)."""
+    """Stop the module's workers (the next check starts new ones)."""
     global _POOL
     with _POOL_LOCK:
         pool, _POOL = _POOL, None
     if pool is not None:
         pool.close()
 
-
 atexit.register(close_pool)
 
-
 def pool_stats() -> dict:
-    """{"workers": live workers, "started": workers started so far, "killed": workers killed at a deadline}."""
+    """{workers: live, started: so far, killed: at a deadline}."""
     p = _POOL
     return {"workers": len(p.workers), "started": p.started, "killed": p.killed} if p else \
         {"workers": 0, "started": 0, "killed": 0}
 
-
 def symbolic_equal_many(pairs: Sequence[tuple[str, str]], timeout: float = 1.0,
                         workers: int | None = None) -> list[bool]:
-    """math-verify equality of each (pred, gold) pair in the module's worker pool, each under `timeout` s.
-
-    No screening here (`verify` screens with `symbolic_safe` first): the bound holds for any input,
-    and a check past its deadline is False.
-    """
+    """math-verify equality of each (pred, gold) in the module's pool, each under `timeout` s (no screen here)."""
     return _pool(workers).run([(str(p), str(g)) for p, g in pairs], timeout)
 
-
-# ----------------------------------------------------------------------------------------------------
-# 2d. verify
-
 def verify(pred: str | None, gold: str, verifier: str = "default", timeout: float = 1.0) -> bool:
-    r"""Whether the predicted answer `pred` (from `extract_answer`) equals the reference `gold`.
-
-    verifier="default": exact match after `normalize_answer`; else numeric equality within REL_TOL
-        (`parse_number`; x% also equals x/100); else symbolic equality (math-verify) in a worker
-        process under a deadline of `timeout` seconds (a check past it is False; the first call of a
-        process also waits for the pool to start, ~1-3 s once).
-    verifier="paper": the official comparison, `normalize_paper(pred) == normalize_paper(gold)`.
-
-    None, empty or over-long (> MAX_ANSWER_CHARS) predictions are simply wrong. Never raises on
-    model output; raises ValueError for an unknown verifier or a timeout <= 0.
+    r"""Whether `pred` (from `extract_answer`) equals `gold`. "default": exact after `normalize_answer`, else numeric
+    within REL_TOL, else symbolic in a worker under `timeout` s (past it: False); "paper": the official string
+    comparison. None, empty or over-long predictions are wrong; raises ValueError for a bad verifier or timeout.
 
         >>> [verify(p, g) for p, g in [("\\dfrac12", "0.5"), ("27", "27.0"), ("x = 3", "3"), ("1/2", "1/3")]]
         [True, True, True, False]
@@ -671,115 +561,76 @@ def verify(pred: str | None, gold: str, verifier: str = "default", timeout: floa
         return decided
     return symbolic_equal_many([(p, g)], timeout)[0]
 
-
 # ----------------------------------------------------------------------------------------------------
-# 3. Format check and structure metrics (Figure 3)
+# Format check and structure metrics
 
-def _tag_ids(tags, tokenizer):
-    if tags is not None:
-        return tags
-    if tokenizer is None:
+def _structures(responses, tokenizer=None, tags=None) -> list:
+    """parse_structure of each response, given as text (needs tokenizer) or as ids (needs tags or tokenizer)."""
+    from attention import TagIds, parse_structure     # not at the top: the workers run this file without torch
+    if tags is None and tokenizer is None:
         raise ValueError("pass tags= (attention.TagIds) or tokenizer= so the tag ids are known")
-    from attention import TagIds
-    return TagIds.from_tokenizer(tokenizer)
-
-
-def _structure(response, tokenizer=None, tags=None):
-    from attention import parse_structure
-
-    if isinstance(response, str):
+    if any(isinstance(r, str) for r in responses):
         if tokenizer is None:
-            raise ValueError("a response given as text needs tokenizer= to find its tags; "
-                             "or pass the response token ids")
-        response = tokenizer.encode(response, add_special_tokens=False)
-    return parse_structure(response, _tag_ids(tags, tokenizer))
-
+            raise ValueError("a response given as text needs tokenizer= to find its tags; or pass the response token ids")
+        responses = tokenizer(list(responses), add_special_tokens=False)["input_ids"]
+    tags = tags or TagIds.from_tokenizer(tokenizer)
+    return [parse_structure(r, tags) for r in responses]
 
 def check_format(response, tokenizer=None, tags=None) -> tuple[bool, str]:
-    """(ok, reason) of one response's parallel structure (PAPER_NOTES §4.3, made strict).
-
-    `response` is the response text (then `tokenizer` is required: text -> ids by
-    `tokenizer.encode(text, add_special_tokens=False)`) or its token ids (list or 1-D tensor; then
-    `tags` or `tokenizer`). The rules are `attention.parse_structure`'s, not repeated here: every block
-    closed, >= 2 paths per block, a <Summary>...</Summary> right after each </Parallel>, no structural
-    tag inside a path or summary, nothing left open. A response without any block is well-formed.
-    `reason` is "" when ok, else the parser's first problem, e.g. "unclosed <Path> at token 12".
+    """(ok, reason) of a response's parallel structure: `attention.parse_structure`'s rules (NOTES.md §4). The
+    response as text (needs `tokenizer`) or ids (needs `tags` or `tokenizer`); reason "" when ok.
     """
-    s = _structure(response, tokenizer, tags)
+    s = _structures([response], tokenizer, tags)[0]
     return s.valid, s.reason
 
-
 def has_parallel(structure) -> bool:
-    """At least one <Parallel> block (well-formed or not): the paper's "# Parallel" ratio counts these."""
+    """At least one block, well-formed or not (the paper's "# Parallel")."""
     return len(structure.blocks) > 0
 
-
 def num_blocks(structure) -> int:
-    """Number of <Parallel> blocks opened in the response."""
+    """Blocks opened in the response."""
     return len(structure.blocks)
 
-
 def parallel_positions(structure) -> list[float]:
-    """Relative position of each block: token index of its <Parallel> / response length, in [0, 1).
-
-    The quantity of the paper's Figure 3 (PAPER_NOTES §7.5), which rises over RL as blocks move from
-    early exploration to late verification. Empty when there is no block.
-        e.g. a 200-token response with <Parallel> at tokens 30 and 150 -> [0.15, 0.75]
+    """Each block's <Parallel> index / response length (the paper's Figure 3: blocks move later over RL),
+    e.g. a 200-token response with blocks at tokens 30 and 150 -> [0.15, 0.75].
     """
     n = structure.length
     return [b.start / n for b in structure.blocks] if n else []
 
-
 # ----------------------------------------------------------------------------------------------------
-# 4. Rewards (PAPER_NOTES §4) and the schedule that picks one per training step
+# Rewards (NOTES.md §4) and the schedule that picks one per training step
 
 def accuracy_reward(correct: bool, has_parallel: bool | None = None, format_ok: bool | None = None) -> float:
-    """+1 if the answer is correct, -1 otherwise (PAPER_NOTES §4.1; S1, eval, accuracy steps of S2)."""
+    """+1 if correct, else -1 (S1, evaluation, the accuracy steps of S2)."""
     return 1.0 if correct else -1.0
 
-
 def parallel_gated_reward(correct: bool, has_parallel: bool, format_ok: bool) -> float:
-    """+1 iff correct AND at least one block AND the format is valid, else -1 (PAPER_NOTES §4.2:
-    the Seen model's RL stage on GSM8K, R = R_parallel AND R_acc; the code's {0, 1} form gives the
-    same GRPO advantages)."""
+    """+1 iff correct and at least one block and a valid format, else -1 (Seen's easy-RL stage)."""
     return 1.0 if correct and has_parallel and format_ok else -1.0
 
-
 def tiered_reward(correct: bool, has_parallel: bool, format_ok: bool) -> float:
-    """+1.2 correct with a valid parallel block, +1.0 correct without a block, -1 otherwise (PAPER_NOTES
-    §4.4). A correct answer with a malformed block gets -1, as in the official code (§8.1.7)."""
+    """+1.2 correct with a valid block, +1.0 correct without a block, else -1 (a malformed block: -1)."""
     if not correct:
         return -1.0
     if not has_parallel:
         return 1.0
     return 1.2 if format_ok else -1.0
 
-
 REWARDS = {"accuracy": accuracy_reward, "parallel_gated": parallel_gated_reward, "tiered": tiered_reward}
 SCHEDULES = ("accuracy", "parallel_gated", "tiered", "alternating", "scaffold")
 
-
 @dataclass(frozen=True)
 class RewardSchedule:
-    """Which reward a (1-based) training step uses. The trainer holds one and asks `kind_at(step)`.
+    """Which reward a (1-based) training step uses: "accuracy", "parallel_gated" or "tiered" at every step;
+    "alternating" (Unseen S2): in each window of `window` steps the first `accuracy_steps` accuracy, the rest tiered;
+    "scaffold": alternating up to and including `switch_step`, accuracy after.
 
-    name:
-      "accuracy"       every step accuracy (Seen and Unseen S1 on DAPO)
-      "parallel_gated" every step parallel AND correct (Seen's GSM8K RL stage)
-      "tiered"         every step tiered (the "Parallel" row of Table 4)
-      "alternating"    Unseen S2 (PAPER_NOTES §4.4): in each window of `window` steps, the first
-                       `accuracy_steps` use accuracy, the rest tiered. Default 10 / 8: steps 1-8
-                       accuracy, 9-10 tiered, 11-18 accuracy, 19-20 tiered, ...
-      "scaffold"       the mid-training scaffold (§6.2): "alternating" up to and including step
-                       `switch_step` (default 200), accuracy after.
-
-        >>> s = RewardSchedule("scaffold", switch_step=20)
-        >>> [s.kind_at(t) for t in (8, 9, 20, 21, 29)]
-        ['accuracy', 'tiered', 'tiered', 'accuracy', 'accuracy']
-        >>> s.reward(9, correct=True, has_parallel=True, format_ok=True)
+        >>> [RewardSchedule("scaffold", switch_step=20).kind_at(t) for t in (8, 9, 20, 21)]
+        ['accuracy', 'tiered', 'tiered', 'accuracy']
+        >>> RewardSchedule("alternating").reward(9, correct=True, has_parallel=True, format_ok=True)
         1.2
     """
-
     name: str = "accuracy"
     window: int = 10
     accuracy_steps: int = 8
@@ -791,8 +642,6 @@ class RewardSchedule:
         if self.window < 1 or not 0 <= self.accuracy_steps <= self.window:
             raise ValueError(f"need window >= 1 and 0 <= accuracy_steps <= window, got window={self.window}, "
                              f"accuracy_steps={self.accuracy_steps}")
-        if self.switch_step < 0:
-            raise ValueError(f"switch_step must be >= 0, got {self.switch_step}")
 
     def kind_at(self, step: int) -> str:
         """"accuracy", "parallel_gated" or "tiered" at training step `step` (1-based, as verl's global_steps)."""
@@ -804,10 +653,6 @@ class RewardSchedule:
             return "accuracy"
         return "accuracy" if (step - 1) % self.window < self.accuracy_steps else "tiered"
 
-    def needs_structure(self) -> bool:
-        """Whether some step of this schedule needs has_parallel/format_ok."""
-        return self.name != "accuracy"
-
     def reward(self, step: int, correct: bool, has_parallel: bool | None = None,
                format_ok: bool | None = None) -> float:
         kind = self.kind_at(step)
@@ -815,33 +660,16 @@ class RewardSchedule:
             raise ValueError(f"the {kind!r} reward (step {step}) needs has_parallel and format_ok")
         return REWARDS[kind](correct, has_parallel, format_ok)
 
-
-# ----------------------------------------------------------------------------------------------------
-# 5. Scoring a batch
-
 def score_batch(responses: Sequence[str], golds: Sequence[str], *, structures=None, response_ids=None,
                 tags=None, tokenizer=None, reward: str | RewardSchedule = "accuracy", step: int = 1,
                 verifier: str = "default", timeout: float = 1.0, workers: int | None = None) -> list[dict]:
-    """Score one GRPO step's responses. Returns one dict per response:
+    """Score one step's responses (texts with the tags) against their golds: one dict per response,
+    {"reward", "correct", "pred", "kind", "has_parallel", "format_ok", "num_blocks"}.
 
-        {"reward": float, "correct": bool, "pred": str | None, "kind": "accuracy" | "parallel_gated" | "tiered",
-         "has_parallel": bool | None, "format_ok": bool | None, "num_blocks": int | None}
-
-    Args:
-        responses: response texts WITH the structural tags (B strings); the answer is read from them.
-        golds: reference answers (B strings).
-        structures: the sampler's `attention.Structure` per response (preferred: nothing is re-parsed);
-            or response_ids (B id sequences) with tags (`attention.TagIds`) or tokenizer;
-            or only tokenizer (the texts are encoded). With none of these the structure fields are
-            None, which only the "accuracy" schedule accepts.
-        reward: a schedule name (see `RewardSchedule`) or a `RewardSchedule`; step: the 1-based
-            training step it is evaluated at.
-        verifier, timeout: as in `verify`; workers: symbolic worker processes (default `default_workers()`).
-
-    Fast checks run first in this process; only undecided items go to the worker pool, once per
-    distinct (pred, gold) pair (a GRPO group often repeats its answer), each under `timeout` seconds.
-    A hung check costs one worker its timeout, never the batch: the worker is killed and replaced and
-    the item counts as wrong. Raises ValueError on mismatched lengths or a missing structure source.
+    The structure comes from `structures` (the sampler's), else `response_ids` with `tags` or `tokenizer`, else the
+    texts encoded by `tokenizer`; without any the structure fields are None (only "accuracy" allows that). Fast checks
+    run here; each distinct undecided (pred, gold) goes once to the worker pool, under `timeout` s. Raises ValueError
+    for mismatched lengths or a missing structure.
     """
     n = len(responses)
     if len(golds) != n:
@@ -851,15 +679,8 @@ def score_batch(responses: Sequence[str], golds: Sequence[str], *, structures=No
     if verifier not in ("default", "paper"):
         raise ValueError(f"verifier must be 'default' or 'paper', got {verifier!r}")
 
-    if structures is None and response_ids is not None:
-        tag_ids = _tag_ids(tags, tokenizer)
-        from attention import parse_structure
-        structures = [parse_structure(ids, tag_ids) for ids in response_ids]
-    elif structures is None and tokenizer is not None:
-        from attention import parse_structure
-        tag_ids = _tag_ids(tags, tokenizer)
-        structures = [parse_structure(ids, tag_ids)
-                      for ids in tokenizer(list(responses), add_special_tokens=False)["input_ids"]]
+    if structures is None and (response_ids is not None or tokenizer is not None):
+        structures = _structures(response_ids if response_ids is not None else list(responses), tokenizer, tags)
     if structures is not None and len(structures) != n:
         raise ValueError(f"score_batch got {n} responses but {len(structures)} structures/response_ids")
     if structures is None and kind != "accuracy":
@@ -892,95 +713,10 @@ def score_batch(responses: Sequence[str], golds: Sequence[str], *, structures=No
                     "kind": kind, "has_parallel": par, "format_ok": fmt, "num_blocks": nb})
     return out
 
-
-# ----------------------------------------------------------------------------------------------------
-# `python rewards.py --bench`: throughput on a realistic mixed batch
-
-
-@dataclass
-class BenchConfig:
-    n: int = 2048              # items in the batch (GRPO: prompts x group_size)
-    group_size: int = 8        # responses per prompt (they share a gold)
-    workers: int = 0           # symbolic workers; 0 = default_workers()
-    timeout: float = 1.0       # per symbolic check, seconds
-    reward: str = "tiered"
-    seed: int = 0
-
-
-def _bench_batch(cfg: BenchConfig):
-    """Responses in the canonical layout with golds of mixed kinds, ~10% adversarial."""
-    import random
-
-    rng = random.Random(cfg.seed)
-    kinds = [  # (gold, correct forms that need numbers/LaTeX/symbolic, wrong forms)
-        lambda k: (str(k), [str(k), f"{k}.0", f"\\boxed{{{k}}}", f"{k} apples"], [str(k + 1), str(k * 2)]),
-        lambda k: (f"\\frac{{{k}}}{{{k + 1}}}", [f"\\dfrac{{{k}}}{{{k + 1}}}", f"{k}/{k + 1}"],
-                   [f"\\frac{{{k + 1}}}{{{k}}}"]),
-        lambda k: (f"{k}\\sqrt{{2}}", [f"\\sqrt{{{2 * k * k}}}", f"{k}\\sqrt2"], [f"{k}\\sqrt{{3}}", f"\\sqrt{{{k}}}"]),
-        lambda k: (f"\\{{1,{k},{k + 2}\\}}", [f"\\{{{k + 2},1,{k}\\}}"], [f"\\{{1,{k}\\}}"]),
-        lambda k: (f"[{k}, {k + 3})", [f"[{k},{k + 3})", f"\\left[{k}, {k + 3}\\right)"], [f"({k},{k + 3})"]),
-        lambda k: (f"{k}x^2+{2 * k}x", [f"{k}x(x+2)", f"{k}x^2+{2 * k}x"], [f"{k}x^2+{k}x"]),
-        lambda k: (f"{k * 10}\\%", [f"{k * 10}", f"{k * 10}\\%"], [f"{k}"]),
-    ]
-    weights = [10, 2, 1, 1, 1, 1, 1]
-    adversarial = ["__import__('os').system('echo pwned')", "().__class__.__bases__[0].__subclasses__()",
-                   "9**9**9**9**9", "10^{10^{10^{10}}}", "{" * 10000, "\\frac{1}{" * 400 + "2" + "}" * 400,
-                   "1" * 5000, "2^{999999}"]
-    responses, gold_list = [], []
-    while len(responses) < cfg.n:
-        gold, right, wrong = rng.choices(kinds, weights)[0](rng.randint(2, 99))
-        for _ in range(cfg.group_size):
-            u = rng.random()
-            ans = (rng.choice(adversarial) if u < 0.1 else rng.choice(right) if u < 0.6 else
-                   rng.choice(wrong) if u < 0.9 else None)
-            body = "Let me think." + (" step" * rng.randint(20, 120))
-            if rng.random() < 0.6:
-                body += ("<Parallel><Path> one way </Path><Path> another way </Path></Parallel>\n"
-                         "<Summary> both agree </Summary>")
-            responses.append(body + (f"\nFinal Answer: {ans}" if ans is not None else " I am not sure."))
-            gold_list.append(gold)
-    return responses[:cfg.n], gold_list[:cfg.n]
-
-
-def bench(cfg: BenchConfig) -> None:
-    from attention import TagIds
-    from model import load_model
-
-    _, tok = load_model("tiny")
-    tags = TagIds.from_tokenizer(tok)
-    responses, golds = _bench_batch(cfg)
-    ids = tok(responses, add_special_tokens=False)["input_ids"]
-    workers = cfg.workers or default_workers()
-    print(f"batch: {len(responses)} responses, {len(set(golds))} distinct golds, {workers} symbolic workers, "
-          f"timeout {cfg.timeout} s, {os.cpu_count()} CPUs")
-    for label in ("cold (starts the pool)", "warm (a new batch)"):
-        if label.startswith("warm"):                  # fresh answers: no cache of the first run helps
-            responses, golds = _bench_batch(BenchConfig(**{**vars(cfg), "seed": cfg.seed + 1}))
-            ids = tok(responses, add_special_tokens=False)["input_ids"]
-        t0 = time.perf_counter()
-        scores = score_batch(responses, golds, response_ids=ids, tags=tags, reward=cfg.reward, step=9,
-                             timeout=cfg.timeout, workers=workers)
-        dt = time.perf_counter() - t0
-        acc = sum(s["correct"] for s in scores) / len(scores)
-        print(f"{label:>24}: {dt:6.2f} s  {len(scores) / dt:8.0f} items/s   accuracy {acc:.3f}  "
-              f"mean reward {sum(s['reward'] for s in scores) / len(scores):+.3f}  pool {pool_stats()}")
-
-
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    if args == ["--worker"]:
+    if sys.argv[1:] == ["--worker"]:
         _worker_main()
-    elif "--bench" in args:
-        from sft import parse_config
-        try:
-            cfg = parse_config(BenchConfig, [a for a in args if a != "--bench"])
-            if cfg.n < 1 or cfg.workers < 0:
-                raise ValueError("--n must be >= 1 and --workers >= 0")
-        except ValueError as e:
-            sys.exit(f"rewards.py: error: {e}")
-        bench(cfg)
-    elif len(args) == 2:
-        print(verify(extract_answer(args[0]) or args[0], args[1]))
+    elif len(sys.argv) == 3:                     # python rewards.py RESPONSE_OR_ANSWER GOLD: do they match?
+        print(verify(extract_answer(sys.argv[1]) or sys.argv[1], sys.argv[2]))
     else:
-        sys.exit("usage: python rewards.py --bench [--n=2048 --workers=0 --timeout=1.0 ...]\n"
-                 "       python rewards.py RESPONSE_OR_ANSWER GOLD      # prints whether they match")
+        sys.exit("usage: python rewards.py RESPONSE_OR_ANSWER GOLD      # prints whether they match")

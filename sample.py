@@ -29,13 +29,14 @@ rows are dropped (one index_select) once half the batch is done. Speed: `python 
 
 import os
 from dataclasses import dataclass, field
-from typing import Literal
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads sleep (see sft.py)
 
 import torch
 
+import config
 from attention import Structure, TagIds, build_mask_and_positions, parse_structure
+from model import Mode, load_model, mode_from_config, read_checkpoint_config
 
 HIDDEN, SHARED = 0, 1   # slot owners: seen by no query / by every query of its row; path j's slots: 2 + j
 
@@ -417,7 +418,7 @@ class SampleConfig:
     model: str = "tiny"                    # a checkpoint folder, a hub name, or tiny (random weights)
     prompt: str = ""                       # the prompt text as the model reads it; "" = three synthetic test problems
     n: int = 3                             # responses per prompt
-    mode: Literal["unseen", "seen", "sequential"] | None = None   # None = the checkpoint's training mode
+    mode: Mode | None = None               # None = the checkpoint's training mode, else unseen
     max_new_tokens: int = 128
     temperature: float = 1.0
     seed: int = 0
@@ -436,8 +437,6 @@ def layout(rollout: Rollout, tokenizer) -> str:
     return "\n".join(x for x in out + [text(i, len(ids)).strip("\n")] if x)
 
 def main(argv: list[str]) -> None:
-    import config                          # the command line only
-    from model import load_model, mode_from_config, read_checkpoint_config
     cfg = config.parse(SampleConfig, argv)
     mode = cfg.mode or mode_from_config(read_checkpoint_config(cfg.model)[0]) or "unseen"
     model, tokenizer = load_model(cfg.model)

@@ -19,11 +19,11 @@ GRPO_CKPT=$(ls -d $OUT/grpo/checkpoint-* | sort -V | tail -1)
 echo "== 3/3 eval: the SFT and the GRPO checkpoints, same problems, same seeds"
 $PY eval.py --model=$SFT_CKPT --name="Parallel-SFT-Unseen (tiny)" --out_dir=$OUT/eval_sft
 $PY eval.py --model=$GRPO_CKPT --name="Parallel-R1-Unseen S1 (tiny)" --out_dir=$OUT/eval_grpo
-$PY eval.py --plot=$OUT/grpo || echo "(no plot: pip install -r requirements-plot.txt)"
+$PY scripts/plot.py $OUT/grpo || echo "(no plot: pip install -r requirements-plot.txt)"
 
 echo
 echo "== Before / after (temperature 1.0, Mean@k and unbiased Pass@k on held-out problems)"
-$PY eval.py --table=$OUT/eval_sft,$OUT/eval_grpo --out_dir=$OUT
+$PY scripts/table.py $OUT/eval_sft $OUT/eval_grpo --out_dir=$OUT
 echo
 echo "checkpoints: $SFT_CKPT  $GRPO_CKPT"
 echo "logs:        $OUT/sft/log.jsonl  $OUT/grpo/log.jsonl   samples: $OUT/eval_*/samples.jsonl"

@@ -28,7 +28,7 @@ grpo_and_eval() {  # $1 = recipe, $2 = its SFT run
   run $PY grpo.py --recipe=$1 --model="$(latest $OUT/$2)" --out_dir=$OUT/grpo_$1 --seed=0 \
       --max_steps=$GRPO_STEPS --max_time=0
   run $PY eval.py --model="$(latest $OUT/grpo_$1)" --name="GRPO $1" --out_dir=$OUT/eval_$1
-  if $PY eval.py --plot=$OUT/grpo_$1; then cp $OUT/grpo_$1/curves.png results/curves_$1.png
+  if $PY scripts/plot.py $OUT/grpo_$1; then cp $OUT/grpo_$1/curves.png results/curves_$1.png
   else echo "(no plot for $1: pip install -r requirements-plot.txt)"; fi
 }
 lane_a() {
@@ -52,5 +52,5 @@ grep -h "^\[" $OUT/lane_a.log $OUT/lane_b.log | sort
 
 dirs=$OUT/eval_sft_sequential,$OUT/eval_baseline,$OUT/eval_sft_seen,$OUT/eval_seen,$OUT/eval_sft_unseen
 dirs=$dirs,$OUT/eval_unseen-s1,$OUT/eval_unseen-s2,$OUT/eval_scaffold
-$PY eval.py --table=$dirs --out_dir=results
+$PY scripts/table.py $dirs --out_dir=results
 echo "results/results.md written; reproduce took $(( $(date +%s) - start )) s"

@@ -274,34 +274,3 @@ def test_unknown_benchmark_is_a_clear_error_before_sampling(tmp_path):
         ev.run(ev.EvalConfig(model="tiny", data="synthetic:easy:test", k_overrides="math500=1", out_dir=str(out)))
     with pytest.raises(ValueError, match="benchmark=k"):
         ev.parse_k_overrides("math500:1")
-
-
-# ----------------------------------------------------------------------------------------------------
-# Plots
-
-
-def _write_log(run_dir):
-    rows = [{"step": s, "reward_mean": -1 + s / 5, "accuracy": s / 10, "parallel_ratio": 1 - s / 10,
-             "parallel_position": None if s == 2 else s / 12} for s in range(1, 7)]
-    rows.append({"step": 6, "eval/synthetic:hard:test/mean_at_k": 0.4, "eval/synthetic:hard:test/parallel_ratio": 0.5})
-    with open(os.path.join(run_dir, "log.jsonl"), "w") as f:
-        f.write("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
-
-
-def test_plot_writes_a_png_from_a_partial_log(tmp_path):
-    pytest.importorskip("matplotlib", reason="optional: pip install -r requirements-plot.txt")
-    _write_log(tmp_path)
-    ev.main(["--plot", str(tmp_path)])             # the `--key value` form of the command line
-    with open(tmp_path / "curves.png", "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    (tmp_path / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")   # no plotted key at all
-    assert ev.plot_curves(str(tmp_path), out=str(tmp_path / "empty.png")).endswith("empty.png")
-
-
-def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
-    _write_log(tmp_path)
-    monkeypatch.setitem(sys.modules, "matplotlib", None)           # import matplotlib -> ImportError
-    with pytest.raises(SystemExit, match="pip install matplotlib"):
-        ev.plot_curves(str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="no log.jsonl"):
-        ev.plot_curves(str(tmp_path / "missing"))

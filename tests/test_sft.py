@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
+from config import parse  # noqa: E402
 import sft  # noqa: E402
 from attention import TagIds  # noqa: E402
 from model import add_parallel_tags, build_char_tokenizer, load_model, save_checkpoint  # noqa: E402
@@ -119,7 +120,7 @@ def test_shards_are_disjoint_and_cover_the_batch():
 
 def test_schedule_warmup_then_cosine():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = sft.build_scheduler(opt, total_steps=10, warmup_ratio=0.2)   # 2 warm-up steps, 8 cosine steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, sft.sft_schedule(10, 0.2))   # 2 warm-up steps, 8 cosine steps
     lrs = []
     for _ in range(10):
         lrs.append(opt.param_groups[0]["lr"])
@@ -138,16 +139,21 @@ def test_stream_position_resumes_the_same_order():
     assert b.take(6) == a.take(6)
 
 
-def test_parse_config():
-    cfg = sft.parse_config(sft.SFTConfig, ["--lr=3e-4", "--fsdp=True", "--betas=0.9,0.99", "--max_steps=None",
-                                           "--mode=seen", "--batch_size=64"])
+def test_parse_config(capsys):
+    cfg = parse(sft.SFTConfig, ["--lr=3e-4", "--fsdp=True", "--betas=0.9,0.99", "--max_steps=None",
+                                       "--mode", "seen", "--batch_size=64"])      # --key=value and --key value
     assert (cfg.lr, cfg.fsdp, cfg.betas, cfg.max_steps, cfg.mode, cfg.batch_size) == \
         (3e-4, True, (0.9, 0.99), None, "seen", 64)
-    assert sft.parse_config(sft.SFTConfig, ["--lr=1"], base={"lr": 5.0, "seed": 7}).seed == 7
-    for bad, msg in [(["--lr"], "--key=value"), (["--learning_rate=1"], "unknown config key"),
-                     (["--fsdp=maybe"], "True or False"), (["--batch_size=1.5"], "int")]:
-        with pytest.raises(ValueError, match=msg):
-            sft.parse_config(sft.SFTConfig, bad)
+    assert parse(sft.SFTConfig, ["--lr=1"], base={"lr": 5.0, "seed": 7}).seed == 7
+    for bad, msg in [(["--lr"], "expected one argument"), (["--learning_rate=1"], "unrecognized arguments"),
+                     (["--fsdp=maybe"], "invalid true_or_false value"), (["--batch_size=1.5"], "invalid int or None"),
+                     (["--mode=causal"], "invalid choice: 'causal'"), (["--betas=0.9"], "invalid 2-tuple value")]:
+        with pytest.raises(SystemExit):
+            parse(sft.SFTConfig, bad)
+        assert msg in capsys.readouterr().err
+    with pytest.raises(SystemExit):                   # --help lists every field with its comment
+        parse(sft.SFTConfig, ["--help"])
+    assert "the Unseen mask and positions, or causal" in capsys.readouterr().out
 
 
 def test_tiny_and_real_defaults():
@@ -350,16 +356,14 @@ def test_bad_input_is_dropped_or_refused(model_dir, tmp_path):
         sft.train(config(str(tmp_path / "no_model"), tmp_path), records=records)
     with pytest.raises(ValueError, match="launch with torchrun"):
         sft.train(config(model_dir, tmp_path, fsdp=True), records=records)
-    with pytest.raises(ValueError, match="--max_steps must be >= 1"):
-        sft.resolve_defaults(sft.SFTConfig(max_steps=0))
-    with pytest.raises(ValueError, match="--batch_size and --micro_batch_size must be >= 1"):
-        sft.resolve_defaults(sft.SFTConfig(batch_size=0))
+    with pytest.raises(ValueError, match="does not split evenly over 3 ranks"):
+        sft.resolve_defaults(sft.SFTConfig(batch_size=8), world_size=3)
     # --resume of a grpo.py checkpoint: a clear error that says to pass it as --model
     grpo_ckpt = tmp_path / "grpo_run" / "checkpoint-3"
     grpo_ckpt.mkdir(parents=True)
     torch.save({"config": {"recipe": "unseen-s1", "lr": 5e-5}}, grpo_ckpt / "trainer_state.pt")
     with pytest.raises(ValueError, match="was written by grpo.py.*pass --model="):
-        sft.parse_config_with_resume(sft.SFTConfig, [f"--resume={grpo_ckpt}"])
+        sft.parse_args(sft.SFTConfig, [f"--resume={grpo_ckpt}"])
 
 
 def test_quick_eval_skips_problems_longer_than_the_context():

@@ -1,0 +1,43 @@
+"""One Table-2 style table of several evaluations: python scripts/table.py runs/eval_a runs/eval_b [--out_dir=results]
+
+Each folder holds the summary.json of an `eval.py` run; the table (eval.format_table) is printed and, with
+--out_dir, written to <out_dir>/results.md.
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
+
+from eval import format_table  # noqa: E402
+
+
+def combine_tables(eval_dirs: list[str], out_dir: str | None = None) -> str:
+    """One table with a row per evaluation folder; also written to out_dir/results.md when given.
+    Raises FileNotFoundError naming a missing summary."""
+    rows = {}
+    for d in eval_dirs:
+        path = os.path.join(d, "summary.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no {path}: run `python eval.py --model=... --out_dir={d}` first")
+        with open(path, encoding="utf-8") as fh:
+            s = json.load(fh)
+        rows[s["name"]] = s["benchmarks"]
+    table = format_table(rows)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as fh:
+            fh.write(table + "\n")
+    return table
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("eval_dirs", nargs="+", help="eval.py output folders (a comma list works too)")
+    p.add_argument("--out_dir", default=None, help="write <out_dir>/results.md")
+    args = p.parse_args()
+    try:
+        print(combine_tables([d for a in args.eval_dirs for d in a.split(",") if d], args.out_dir))
+    except (OSError, ValueError) as e:
+        sys.exit(f"table.py: error: {e}")

@@ -1,0 +1,82 @@
+"""The tools in scripts/: training curves, the table of several evaluations, the reward benchmark's batch."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from scripts import bench_rewards, plot, table
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_script(name, *args):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *args], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training curves
+
+
+def _write_log(run_dir):
+    rows = [{"step": s, "reward_mean": -1 + s / 5, "accuracy": s / 10, "parallel_ratio": 1 - s / 10,
+             "parallel_position": None if s == 2 else s / 12} for s in range(1, 7)]
+    rows.append({"step": 6, "eval/synthetic:hard:test/mean_at_k": 0.4, "eval/synthetic:hard:test/parallel_ratio": 0.5})
+    with open(os.path.join(run_dir, "log.jsonl"), "w") as f:
+        f.write("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+
+
+def test_plot_writes_a_png_from_a_partial_log(tmp_path):
+    pytest.importorskip("matplotlib", reason="optional: pip install -r requirements-plot.txt")
+    _write_log(tmp_path)
+    run_script("plot.py", str(tmp_path))
+    with open(tmp_path / "curves.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")   # no plotted key at all
+    assert plot.plot_curves(str(tmp_path), out=str(tmp_path / "empty.png")).endswith("empty.png")
+
+
+def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
+    _write_log(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)           # import matplotlib -> ImportError
+    with pytest.raises(SystemExit, match="pip install matplotlib"):
+        plot.plot_curves(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no log.jsonl"):
+        plot.plot_curves(str(tmp_path / "missing"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The table of several evaluations
+
+
+def _summary(folder, name, mean):
+    os.makedirs(folder)
+    bench = {"k": 2, "mean_at_k": mean, "pass_at_k": 0.5, "parallel_ratio": 0.25, "num_responses": 8}
+    with open(os.path.join(folder, "summary.json"), "w") as f:
+        json.dump({"name": name, "benchmarks": {"synthetic:hard:test": bench}}, f)
+
+
+def test_table_has_a_row_per_evaluation(tmp_path):
+    _summary(tmp_path / "a", "SFT", 0.25)
+    _summary(tmp_path / "b", "GRPO", 0.5)
+    out = run_script("table.py", f"{tmp_path / 'a'},{tmp_path / 'b'}", f"--out_dir={tmp_path / 'res'}")
+    lines = out.strip().splitlines()
+    assert lines[0] == "| Method | Parallel % | synthetic:hard:test Mean@2 | synthetic:hard:test Pass@2 | Avg |"
+    assert lines[2:] == ["| SFT | 25.0 | 25.0 | 50.0 | 25.0 |", "| GRPO | 25.0 | 50.0 | 50.0 | 50.0 |"]
+    assert (tmp_path / "res" / "results.md").read_text().strip() == out.strip()
+    with pytest.raises(FileNotFoundError, match="run `python eval.py"):
+        table.combine_tables([str(tmp_path / "missing")])
+
+
+# ----------------------------------------------------------------------------------------------------
+# The reward benchmark's batch
+
+
+def test_bench_rewards_batch_is_mixed_and_sized():
+    responses, golds = bench_rewards._bench_batch(bench_rewards.BenchConfig(n=200, seed=1))
+    assert len(responses) == len(golds) == 200
+    assert sum("<Parallel>" in r for r in responses) > 50 and sum("__import__" in r for r in responses) > 0
+    assert len(set(golds)) > 10 and all(g == golds[i - i % 8] for i, g in enumerate(golds))   # groups of 8 share a gold
