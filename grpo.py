@@ -9,23 +9,22 @@
 One step (`train`): draw batch_size prompts (each rank its share) -> `sample_rollouts` (group_size responses each,
 with the log-prob of every sampled token) -> `score_batch` (the recipe's reward at this step) ->
 `compute_advantages` ((r - mean) / (std + 1e-6) per group; equal rewards: 0) -> `ppo_update` (ppo_mini_batches
-optimizer steps of the token-level loss below) -> log, evaluate, save. Per response token t of response i:
+optimizer steps of the token-level loss) -> log, evaluate, save. Per response token t of response i:
 
     ratio = exp(clamp(logp - logp_old, -20, 20))
     l     = max(-A ratio, -A clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)),  then min(l, -A clip_ratio_c) if A < 0
     loss  = sum_{i,t} w_{i,t} l_{i,t} / D   (+ kl_coef times the same mean of a KL estimate, against the initial weights)
 
 with the weights w and denominator D of `loss_agg_mode` over the whole mini-batch (all micro-batches, all ranks).
-Simplified or changed from the official code, on purpose (NOTES.md §8): logp_old is the sampler's own log-prob
-(it computes the training forward's quantity, so the ratio is 1 on-policy and a forward over every rollout is
-saved; --recompute_logprobs=True checks it); the tokens the runtime injected are not in the loss
-(--train_injected=True trains them, as the official code); the loss is normalised globally, not per micro-batch.
+Unlike the official code, on purpose (NOTES.md §8): logp_old is the sampler's own log-prob (it computes the
+training forward's quantity, so the ratio is 1 on-policy and a forward over every rollout is saved;
+--recompute_logprobs=True checks it); the tokens the runtime injected are not in the loss (--train_injected=True
+trains them); the loss is normalised over the whole mini-batch, not per micro-batch.
 Recipes (NOTES.md §6): seen (parallel_gated on easy problems for easy_steps, then accuracy), unseen-s1 (accuracy),
 unseen-s2 (alternating accuracy/tiered, clip-higher 0.28), scaffold (S2 up to scaffold_steps, then S1), baseline
-(sequential prompt, <Parallel> masked). Each starts from the SFT checkpoint of its mode (`DEFAULT_INIT`).
+(sequential prompt, <Parallel> masked); each starts from the SFT checkpoint of its mode (`DEFAULT_INIT`).
 Ranks agree on the number of micro-batches of each mini-batch (a rank with fewer adds empty ones), so collectives
-never hang; under FSDP the sampler runs on a plain copy of the weights that each update refreshes with one
-all-gather, so ranks generate independently.
+never hang; under FSDP the sampler runs on a plain copy of the weights that each update refreshes.
 """
 import copy
 import dataclasses
@@ -56,8 +55,7 @@ RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "sc
 DEFAULT_INIT = {   # where each mode's SFT checkpoint is, and the command that writes it
     "unseen": ("runs/sft", "python sft.py"),
     "seen": ("runs/sft_seen", "python sft.py --mode=seen --out_dir=runs/sft_seen"),
-    "sequential": ("runs/sft_sequential", "python sft.py --style=sequential --mode=seen --out_dir=runs/sft_sequential"),
-}
+    "sequential": ("runs/sft_sequential", "python sft.py --style=sequential --mode=seen --out_dir=runs/sft_sequential")}
 
 @dataclass
 class GRPOConfig:
@@ -115,8 +113,8 @@ class GRPOConfig:
     save_every: int = 50                 # checkpoint every N steps (0 = only at the end)
     keep_last: int = 2                   # checkpoints kept in out_dir (0 = all)
 
-# The tiny preset (45 steps: Mean@8 on the hard test problems 25.5 -> 38.5 in the README's runs; lr 3e-4 with a
-# cosine to 0 and 10 warm-up optimizer steps; the k3 KL anchor keeps the format in place). The paper's: NOTES.md §5.
+# The tiny preset: 45 steps lift Mean@8 on the hard test problems from 25.5 to 38.5 (the README's runs); lr 3e-4 with
+# a cosine to 0 after 10 warm-up optimizer steps; the k3 KL anchor keeps the format in place. The paper's: NOTES.md §5.
 SYNTHETIC = "synthetic:easy,synthetic:medium,synthetic:hard"
 TINY = dict(data=SYNTHETIC, eval_data=SYNTHETIC.replace(",", ":test,") + ":test", easy_data="synthetic:easy",
             batch_size=16, group_size=8, max_new_tokens=128, lr=3e-4, warmup_steps=10, lr_schedule="cosine",
@@ -127,24 +125,19 @@ PAPER = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_siz
              max_steps=300, max_time=0.0, eval_every=10, eval_samples=0, eval_k=16, easy_steps=35, scaffold_steps=200)
 
 def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOConfig:
-    """The preset in the None fields, and the recipe's mode."""
     cfg = config.fill(cfg, TINY if tiny else PAPER)
-    cfg = dataclasses.replace(cfg, mode=cfg.mode or RECIPE_MODE[cfg.recipe])
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} prompts do not split evenly over {world_size} ranks")
-    return cfg
+    return dataclasses.replace(cfg, mode=cfg.mode or RECIPE_MODE[cfg.recipe])
 
 def default_init(mode: str, model: str = "") -> str:
     """`model`, else the latest SFT checkpoint of the mode. Raises FileNotFoundError with the command that writes it."""
-    if model:
-        return model
-    folder, command = DEFAULT_INIT[mode]
     try:
-        return sft.find_latest_checkpoint(folder)
+        return model or sft.find_latest_checkpoint(DEFAULT_INIT[mode][0])
     except FileNotFoundError:
         raise FileNotFoundError(
-            f"GRPO starts from an SFT checkpoint and there is none in {folder!r} (for mode {mode!r}). "
-            f"Write it first with\n    {command}\n(about 4 minutes on 2 CPU cores for the tiny model), "
+            f"GRPO starts from an SFT checkpoint and there is none in {DEFAULT_INIT[mode][0]!r} (for mode {mode!r}). "
+            f"Write it first with\n    {DEFAULT_INIT[mode][1]}\n(about 4 minutes on 2 CPU cores for the tiny model), "
             "or pass --model=<a checkpoint folder or hub name>.") from None
 
 @dataclass(frozen=True)
@@ -154,31 +147,25 @@ class Stage:
     clip_ratio_high: float
 
 def stage_at(cfg: GRPOConfig, step: int) -> Stage:
-    """The recipe's reward, data and upper clip ratio at 1-based step `step`; --reward and --clip_ratio_high win.
-    E.g. seen with easy_steps=10: parallel_gated on "easy" up to step 10, then accuracy on "train"."""
-    r, data, high = cfg.recipe, "train", 0.2
-    if r == "seen":
-        easy = step <= (cfg.easy_steps or 0)
-        schedule, data = RewardSchedule("parallel_gated" if easy else "accuracy"), "easy" if easy else "train"
-    elif r == "unseen-s2":
+    """The recipe's reward, data and upper clip ratio at 1-based step `step`; --reward and --clip_ratio_high win."""
+    schedule, data, high, K = RewardSchedule("accuracy"), "train", 0.2, cfg.scaffold_steps or 0   # unseen-s1, baseline
+    if cfg.recipe == "seen" and step <= (cfg.easy_steps or 0):
+        schedule, data = RewardSchedule("parallel_gated"), "easy"
+    elif cfg.recipe == "unseen-s2":
         schedule, high = RewardSchedule("alternating"), 0.28
-    elif r == "scaffold":   # the exploitation phase is a new S1 run in the official scripts: clip 0.2/0.2
-        K = cfg.scaffold_steps or 0
-        schedule, high = RewardSchedule("scaffold", switch_step=K), (0.28 if step <= K else 0.2)
-    else:                                                  # unseen-s1, baseline
-        schedule = RewardSchedule("accuracy")
+    elif cfg.recipe == "scaffold":        # then a new S1 run in the official scripts: accuracy, clip 0.2/0.2
+        schedule, high = RewardSchedule("scaffold", switch_step=K), 0.28 if step <= K else 0.2
     if cfg.reward:
-        schedule = RewardSchedule(cfg.reward, switch_step=cfg.scaffold_steps or 0)
+        schedule = RewardSchedule(cfg.reward, switch_step=K)
     return Stage(schedule, data, cfg.clip_ratio_high if cfg.clip_ratio_high is not None else high)
 
 # ----------------------------------------------------------------------------------------------------
 # Advantages and the loss, token by token
 
-def compute_advantages(rewards, group_size: int, norm_adv_by_std: bool = True,
-                       eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """Group-relative advantages (NOTES.md §5) of prompt-major rewards (n,): (r - mean) / (std + eps) with the
-    unbiased std (as the official code), or r - mean (Dr. GRPO). Returns (advantages (n,) float32, has_variance
-    (n // G,) bool); a group of equal rewards gets exactly 0, never NaN (also for G = 1).
+def compute_advantages(rewards, group_size: int, norm_adv_by_std: bool = True, eps: float = 1e-6):
+    """Group-relative advantages of prompt-major rewards (n,): (r - mean) / (std + eps) with the unbiased std (as
+    the official code), or r - mean (Dr. GRPO). Returns (advantages (n,) float32, has_variance (n // G,) bool);
+    a group of equal rewards gets exactly 0, never NaN (also for G = 1).
 
         >>> compute_advantages([1., -1., -1., -1.], 4)[0]     # mean -0.5, unbiased std 1
         tensor([ 1.5000, -0.5000, -0.5000, -0.5000])
@@ -193,31 +180,29 @@ def compute_advantages(rewards, group_size: int, norm_adv_by_std: bool = True,
         adv = adv / (g.std(dim=1, keepdim=True) + eps)
     return torch.where(has_variance[:, None], adv, torch.zeros_like(adv)).flatten(), has_variance
 
-def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0):
-    """The PPO-clip loss per token (B, T) with clip-higher and dual clip (advantages (B, T) or (B, 1)); also
-    `clipped` (the clipped term was the larger: gradient 0) and `dual` (the bound -A c applied, A < 0).
-    With clip 0.2 / 0.28, c = 3: A = +1, ratio 1.5 -> -1.28; A = -1, ratio 0.5 -> 0.8; ratio 2 -> 2; ratio 5 -> 3."""
+def policy_loss(logprobs, old_logprobs, advantages, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                clip_ratio_c: float = 3.0):
+    """The PPO-clip loss per token (B, T) with clip-higher and dual clip (advantages (B, T) or (B, 1)), and whether
+    the clipped term was the larger (gradient 0) and the dual bound -A c applied (A < 0). Clip 0.2 / 0.28, c = 3:
+    A = +1, ratio 1.5 -> -1.28; A = -1: ratio 0.5 -> 0.8, ratio 2 -> 2, ratio 5 -> 3."""
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))   # clamped: a stale token cannot overflow
     advantages = advantages.expand_as(ratio)
     pg1, pg2 = -advantages * ratio, -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     clipped_loss, pg3, negative = torch.maximum(pg1, pg2), -advantages * clip_ratio_c, advantages < 0
-    loss = torch.where(negative, torch.minimum(clipped_loss, pg3), clipped_loss)
-    return loss, pg2 > pg1, negative & (clipped_loss > pg3)
+    return torch.where(negative, torch.minimum(clipped_loss, pg3), clipped_loss), pg2 > pg1, negative & (clipped_loss > pg3)
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token KL(pi || pi_ref) from samples of pi: k1 = logp - logp_ref (unbiased, can be < 0); k3 =
-    exp(d) - d - 1 with d = logp_ref - logp (unbiased, >= 0; d clamped to ±20 and the value to ±10, as verl)."""
+def kl_penalty(logprobs, ref_logprobs, estimator: str = "k3") -> torch.Tensor:
+    """KL(pi || pi_ref) per token from samples of pi: k1 = logp - logp_ref (unbiased, may be < 0), or k3 = e^d - d - 1
+    with d = logp_ref - logp (unbiased, >= 0; d clamped to ±20 and the value to ±10, as verl's low_var_kl)."""
     if estimator == "k1":
         return logprobs - ref_logprobs
     d = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
     return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
 
 def loss_weights(loss_mask: torch.Tensor, loss_agg_mode: str, max_new_tokens: int | None = None):
-    """Weights w (B, T) and denominator D with loss = sum(w * l) / D; summing both over micro-batches and ranks
-    gives the loss of the whole batch. n_i: the loss tokens of response i, N: responses with n_i > 0.
-    token-mean: w = 1, D = sum n_i; seq-mean-token-mean: w = 1/n_i, D = N; seq-mean-token-sum-norm (Dr. GRPO):
-    w = 1, D = N * max_new_tokens. Raises ValueError for an unknown mode."""
+    """Weights w (B, T) and denominator D, loss = sum(w * l) / D (summed over micro-batches and ranks: the whole
+    batch's). n_i = loss tokens of response i, N = responses with n_i > 0. token-mean: w = 1, D = sum n_i;
+    seq-mean-token-mean: w = 1/n_i, D = N; seq-mean-token-sum-norm (Dr. GRPO): w = 1, D = N max_new_tokens."""
     n = loss_mask.sum(dim=-1, keepdim=True)
     if loss_agg_mode == "token-mean":
         return loss_mask, float(n.sum())
@@ -227,10 +212,8 @@ def loss_weights(loss_mask: torch.Tensor, loss_agg_mode: str, max_new_tokens: in
         return loss_mask, float((n > 0).sum()) * max_new_tokens
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}")
 
-def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str = "token-mean",
-             max_new_tokens: int | None = None) -> torch.Tensor:
-    """sum(w * loss_mat) / D of one table (`loss_weights`): [[1, 2, 3], [4, 0, 0]] with mask [[1, 1, 1], [1, 0, 0]]
-    gives 10 / 4 (token-mean), (2 + 4) / 2 (seq-mean-token-mean), 10 / (2 * 5) (sum-norm, max_new_tokens 5)."""
+def agg_loss(loss_mat, loss_mask, loss_agg_mode: str = "token-mean", max_new_tokens: int | None = None):
+    """sum(w * loss_mat) / D of one table (`loss_weights`); 0 when nothing is in the loss."""
     w, d = loss_weights(loss_mask, loss_agg_mode, max_new_tokens)
     return (w * loss_mat).sum() / max(d, 1e-12)
 
@@ -239,8 +222,7 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
 
 @dataclass
 class RolloutBatch:
-    """Right-padded rollouts. The (B, L-1) tables are target-aligned: column t belongs to input_ids[:, t + 1],
-    the token logits[:, t] predicts."""
+    """Right-padded rollouts; the (B, L-1) tables are target-aligned: column t is about input_ids[:, t + 1]."""
     input_ids: torch.Tensor        # (B, L) long: prompt + response, right padding
     attention_mask: torch.Tensor   # (B, L) long: 1 on real tokens
     prompt_lengths: list[int]      # (B,)
@@ -251,66 +233,53 @@ class RolloutBatch:
     advantages: torch.Tensor       # (B, 1) float32
     ref_logprobs: torch.Tensor | None = None   # (B, L-1) float32 when kl_coef > 0
 
-    def to(self, device) -> "RolloutBatch":
-        return RolloutBatch(**{f.name: getattr(self, f.name).to(device) if torch.is_tensor(getattr(self, f.name))
-                               else getattr(self, f.name) for f in dataclasses.fields(self)})
-
 def collate_rollouts(rollouts: list[Rollout], advantages, pad_id: int, train_injected: bool = False) -> RolloutBatch:
-    """Pad rollouts into a RolloutBatch: prompt [5, 6] + response [7, 8, 1], sampled_mask [1, 0, 1] -> input_ids
-    [5, 6, 7, 8, 1], response_mask [0, 1, 1, 1], sampled_mask [0, 1, 0, 1]; loss_mask = sampled_mask (or
-    response_mask with train_injected). One advantage per rollout."""
+    """prompt [5, 6] + response [7, 8, 1], sampled [1, 0, 1] -> input_ids [5, 6, 7, 8, 1], response_mask [0, 1, 1, 1],
+    sampled_mask [0, 1, 0, 1]; loss_mask = sampled_mask, or response_mask with train_injected."""
     if len(advantages) != len(rollouts):
         raise ValueError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
     B, L = len(rollouts), max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
-    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros(B, L, dtype=torch.long)
+    input_ids, attention_mask = torch.full((B, L), pad_id, dtype=torch.long), torch.zeros(B, L, dtype=torch.long)
     response_mask, sampled_mask, old_logprobs = torch.zeros(B, L - 1), torch.zeros(B, L - 1), torch.zeros(B, L - 1)
     for b, r in enumerate(rollouts):
         p, n = len(r.prompt_ids), len(r.prompt_ids) + len(r.response_ids)
-        input_ids[b, :n] = torch.tensor(r.prompt_ids + r.response_ids)
-        attention_mask[b, :n] = 1
-        response_mask[b, p - 1:n - 1] = 1
+        input_ids[b, :n], attention_mask[b, :n], response_mask[b, p - 1:n - 1] = torch.tensor(r.prompt_ids + r.response_ids), 1, 1
         sampled_mask[b, p - 1:n - 1] = torch.tensor(r.sampled_mask, dtype=torch.float32)
         old_logprobs[b, p - 1:n - 1] = torch.tensor(r.logprobs, dtype=torch.float32)
-    loss_mask = (response_mask if train_injected else sampled_mask).clone()
     return RolloutBatch(input_ids, attention_mask, [len(r.prompt_ids) for r in rollouts], response_mask, sampled_mask,
-                        loss_mask, old_logprobs, torch.as_tensor(advantages, dtype=torch.float32).view(B, 1))
+                        (response_mask if train_injected else sampled_mask).clone(), old_logprobs,
+                        torch.as_tensor(advantages, dtype=torch.float32).view(B, 1))
 
-def plan_micro_batches(lengths: list[int], ppo_mini_batches: int, micro_batch_size: int,
-                       micro_batch_tokens: int = 0) -> list[list[list[int]]]:
-    """Rollout indices cut into ppo_mini_batches contiguous near-equal mini-batches (whole groups when the sizes
-    divide), each filled greedily into micro-batches of <= micro_batch_size rollouts and, with micro_batch_tokens,
-    <= that many padded tokens (rows x longest): plan_micro_batches([4, 4, 9, 9], 1, 4, 16) -> [[[0, 1], [2], [3]]]."""
-    bounds = [round(i * len(lengths) / ppo_mini_batches) for i in range(ppo_mini_batches + 1)]
-    plan = []
+def plan_micro_batches(lengths: list[int], ppo_mini_batches: int, micro_batch_size: int, micro_batch_tokens: int = 0):
+    """Rollout indices in ppo_mini_batches contiguous near-equal mini-batches (whole groups when the sizes divide),
+    each filled greedily into micro-batches of <= micro_batch_size rollouts and, with micro_batch_tokens, <= that
+    many padded tokens (rows x longest): plan_micro_batches([4, 4, 9, 9], 1, 4, 16) -> [[[0, 1], [2], [3]]]."""
+    bounds, plan = [round(i * len(lengths) / ppo_mini_batches) for i in range(ppo_mini_batches + 1)], []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         micro, cur, longest = [], [], 0
         for i in range(lo, hi):
             L = max(longest, lengths[i])
             if cur and (len(cur) == micro_batch_size or (micro_batch_tokens and (len(cur) + 1) * L > micro_batch_tokens)):
-                micro.append(cur)
-                cur, L = [], lengths[i]
-            cur.append(i)
-            longest = L
+                micro, cur, L = micro + [cur], [], lengths[i]
+            cur, longest = cur + [i], L
         plan.append(micro + [cur] if cur else micro)
     return plan
 
 def policy_logits(model, mb: RolloutBatch, tags: TagIds, mode: str) -> torch.Tensor:
-    """The training forward (B, L, V): the Seen or Unseen mask and positions of every row's own structure."""
-    device = mb.input_ids.device
-    with sft.autocast(device):
+    """The training forward (B, L, V) under each row's own Seen or Unseen mask and positions."""
+    with sft.autocast(mb.input_ids.device):
         return structured_forward(model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, tags, mode,
-                                  dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+                                  dtype=torch.bfloat16 if mb.input_ids.device.type == "cuda" else torch.float32)
 
-def micro_batch_loss(logits: torch.Tensor, mb: RolloutBatch, cfg: GRPOConfig, clip_ratio_high: float,
-                     denominator: float, world_size: int = 1) -> tuple[torch.Tensor, dict]:
-    """This micro-batch's part of the mini-batch loss, sum(w * l) * world_size / D (D summed over every micro-batch
-    of every rank; DDP and FSDP average gradients over ranks), and sums to all-reduce: loss (without world_size),
-    pg_loss, kl, tokens, clipped, dual, entropy, ratio. Only the N loss tokens are scored (an (N, V) slice of the
-    logits): prompt, padding and, unless train_injected, the injected tokens get no gradient."""
-    sel = mb.loss_mask.bool()                                        # (B, L-1)
+def micro_batch_loss(logits, mb: RolloutBatch, cfg: GRPOConfig, clip_ratio_high: float, denominator: float,
+                     world_size: int = 1) -> tuple[torch.Tensor, dict]:
+    """This micro-batch's part of the mini-batch loss, sum(w * l) * world_size / D (D over every micro-batch of every
+    rank; DDP and FSDP average gradients over ranks), and sums to all-reduce (loss without world_size, pg_loss,
+    kl, tokens, clipped, dual, entropy, ratio). Only the N loss tokens are scored, an (N, V) slice of the logits:
+    prompt, padding and (unless train_injected) the injected tokens get no gradient."""
+    sel = mb.loss_mask.bool()                                                       # (B, L-1)
     w = loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[0][sel]   # (N,)
-    logits = logits[:, :-1][sel]                                     # (N, V)
+    logits = logits[:, :-1][sel]                                                    # (N, V)
     logprobs = token_logprobs(logits, mb.input_ids[:, 1:][sel], cfg.temperature)
     old, adv = mb.old_logprobs[sel], mb.advantages.expand_as(mb.loss_mask)[sel]
     pg, clipped, dual = policy_loss(logprobs, old, adv, cfg.clip_ratio_low, clip_ratio_high, cfg.clip_ratio_c)
@@ -322,35 +291,34 @@ def micro_batch_loss(logits: torch.Tensor, mb: RolloutBatch, cfg: GRPOConfig, cl
     part = (w * loss_tok).sum() / d
     with torch.no_grad():
         z = (logits / (cfg.temperature if cfg.temperature > 0 else 1.0)).float()
-        entropy = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
-        stats = {"loss": part.item(), "pg_loss": ((w * pg).sum() / d).item(),
-                 "kl": 0.0 if kl is None else kl.sum().item(), "tokens": float(sel.sum()),
-                 "clipped": clipped.sum().item(), "dual": dual.sum().item(), "entropy": entropy.sum().item(),
+        stats = {"loss": part.item(), "pg_loss": ((w * pg).sum() / d).item(), "kl": 0.0 if kl is None else kl.sum().item(),
+                 "tokens": float(sel.sum()), "clipped": clipped.sum().item(), "dual": dual.sum().item(),
+                 "entropy": (torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)).sum().item(),
                  "ratio": torch.exp((logprobs - old).clamp(-20, 20)).sum().item()}
     return part * world_size, stats
 
 # ----------------------------------------------------------------------------------------------------
 # One policy update on a given list of rollouts
 
-def mini_batches(rollouts: list[Rollout], advantages: torch.Tensor, cfg: GRPOConfig, pad_id: int, device) -> list:
-    """This rank's mini-batches of micro-batches; each mini-batch has as many micro-batches as the rank with the
-    most (the others add one-row micro-batches with nothing in the loss), so every rank runs the same backwards."""
+def mini_batches(rollouts: list[Rollout], advantages, cfg: GRPOConfig, pad_id: int, device) -> list[list[RolloutBatch]]:
+    """This rank's mini-batches of micro-batches, each as long as the longest rank's (the others add one-row
+    micro-batches with nothing in the loss), so every rank runs the same forwards and backwards."""
     plan = plan_micro_batches([len(r.prompt_ids) + len(r.response_ids) for r in rollouts], cfg.ppo_mini_batches,
                               cfg.micro_batch_size or max(len(rollouts), 1), cfg.micro_batch_tokens)
-    z = torch.zeros(1, 1)
+    z, minis = torch.zeros(1, 1), []
     empty = RolloutBatch(torch.full((1, 2), pad_id, dtype=torch.long), torch.ones(1, 2, dtype=torch.long), [1],
                          z, z.clone(), z.clone(), z.clone(), torch.zeros(1, 1))
-    minis = []
     for micro, count in zip(plan, sft.all_reduce([len(m) for m in plan], device, op="max")):
         batches = [collate_rollouts([rollouts[i] for i in idx], advantages[idx], pad_id, cfg.train_injected)
-                   for idx in micro]
-        minis.append([b.to(device) for b in batches + [empty] * (int(count) - len(micro))])
+                   for idx in micro] + [empty] * (int(count) - len(micro))
+        minis.append([RolloutBatch(*(v.to(device) if torch.is_tensor(v) else v for v in vars(b).values()))
+                      for b in batches])
     return minis
 
 @torch.no_grad()
-def recompute_logprobs(minis: list, model, ref_model, cfg: GRPOConfig, tags: TagIds, mode: str, device) -> float | None:
-    """Before the first optimizer step: logp_old of the injected tokens (train_injected) from a forward, the largest
-    difference to the sampler's (recompute_logprobs), and the reference model's log-probs (kl_coef > 0)."""
+def recompute_logprobs(minis, model, ref_model, cfg: GRPOConfig, tags: TagIds, mode: str, device) -> float | None:
+    """Before the first optimizer step: the injected tokens' logp_old from a forward (train_injected), the largest
+    difference to the sampler's (recompute_logprobs), the reference model's log-probs (kl_coef > 0)."""
     want_ref = ref_model is not None and (cfg.kl_coef or 0) > 0
     if not (cfg.train_injected or cfg.recompute_logprobs or want_ref):
         return None
@@ -370,12 +338,12 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
                device=None) -> dict:
     """cfg.ppo_mini_batches optimizer steps of the PPO-clip loss on this rank's rollouts (any number, also 0).
 
-    model: plain, DDP- or FSDP-wrapped; the scheduler (optional) steps with the optimizer; ref_model: the frozen
+    model: plain, DDP- or FSDP-wrapped; scheduler (optional) steps with the optimizer; ref_model: the frozen
     reference of the KL term; clip_ratio_high: this step's (default cfg's, else 0.2). Returns global statistics:
     loss, pg_loss (means over mini-batches), kl, clip_frac, dual_clip_frac, entropy, ratio_mean (token means),
-    grad_norm (mean, before clipping), loss_tokens, optimizer_steps, micro_batches (this rank's, with padding),
-    and logprob_max_diff when logp_old was recomputed. The one-process run on the union of the ranks' rollouts
-    (mini-batch k = every rank's k-th slice) gives the same weights (tests/test_grpo.py).
+    grad_norm (mean, before clipping), loss_tokens, optimizer_steps, micro_batches (this rank's) and
+    logprob_max_diff when logp_old was recomputed. One process on the union of the ranks' rollouts (mini-batch k
+    = every rank's k-th slice) gives the same weights (tests/test_grpo.py).
     """
     device = device or next(model.parameters()).device
     mode = cfg.mode or RECIPE_MODE[cfg.recipe]            # also for a config that skipped resolve_defaults
@@ -386,8 +354,7 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
     minis = mini_batches(rollouts, advantages, cfg, pad_id, device)
     max_diff = recompute_logprobs(minis, model, ref_model, cfg, tags, mode, device)
     model.train()
-    sums = dict.fromkeys(("loss", "pg_loss", "kl", "tokens", "clipped", "dual", "entropy", "ratio"), 0.0)
-    grad_norms = []
+    sums, grad_norms = dict.fromkeys(("loss", "pg_loss", "kl", "tokens", "clipped", "dual", "entropy", "ratio"), 0.0), []
     for mini in minis:
         denominator = sft.all_reduce([sum(loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[1]
                                           for mb in mini)], device)[0]
@@ -397,28 +364,25 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
             with sft.grad_sync(model, enabled=j == len(mini) - 1):
                 loss, st = micro_batch_loss(policy_logits(model, mb, tags, mode), mb, cfg, high, denominator, world_size)
                 loss.backward()
-            for k in sums:
-                sums[k] += st[k]
+            sums = {k: v + st[k] for k, v in sums.items()}
         grad_norms.append(sft.optimizer_step(model, optimizer, scheduler, cfg.grad_clip))
     g = dict(zip(sums, sft.all_reduce(list(sums.values()), device)))
     tokens, steps = max(g["tokens"], 1.0), len(grad_norms)
-    return {"loss": g["loss"] / max(steps, 1), "pg_loss": g["pg_loss"] / max(steps, 1),
-            "kl": g["kl"] / tokens, "clip_frac": g["clipped"] / tokens, "dual_clip_frac": g["dual"] / tokens,
-            "entropy": g["entropy"] / tokens, "ratio_mean": g["ratio"] / tokens,
-            "grad_norm": sum(grad_norms) / steps if steps else 0.0, "loss_tokens": int(g["tokens"]),
-            "optimizer_steps": steps, "micro_batches": sum(len(m) for m in minis),
+    return {"loss": g["loss"] / max(steps, 1), "pg_loss": g["pg_loss"] / max(steps, 1), "kl": g["kl"] / tokens,
+            "clip_frac": g["clipped"] / tokens, "dual_clip_frac": g["dual"] / tokens, "entropy": g["entropy"] / tokens,
+            "ratio_mean": g["ratio"] / tokens, "grad_norm": sum(grad_norms) / steps if steps else 0.0,
+            "loss_tokens": int(g["tokens"]), "optimizer_steps": steps, "micro_batches": sum(len(m) for m in minis),
             **({"logprob_max_diff": max_diff} if max_diff is not None else {})}
 
 # ----------------------------------------------------------------------------------------------------
 # Sampling, statistics, evaluation
 
 def sync_rollout_model(rollout_model, train_model):
-    """FSDP: the full (all-gathered) weights of the sharded model into the sampler's plain copy (every rank calls)."""
+    """FSDP: the full (all-gathered) weights into the sampler's plain copy; every rank calls it."""
     rollout_model.load_state_dict(get_model_state_dict(train_model, options=StateDictOptions(full_state_dict=True)))
 
 def sample_rollouts(model, tokenizer, prompts: list[list[int]], cfg: GRPOConfig, seed: int) -> list[Rollout]:
-    """cfg.group_size rollouts per prompt in the model's mode, prompt-major, in chunks of generate_batch_size
-    prompts (chunk c sampled with seed + c)."""
+    """group_size rollouts per prompt, prompt-major, in chunks of generate_batch_size prompts (chunk c: seed + c)."""
     chunk, out, was_training = cfg.generate_batch_size or len(prompts), [], model.training
     model.eval()
     for c, start in enumerate(range(0, len(prompts), chunk)):
@@ -434,19 +398,17 @@ def sample_rollouts(model, tokenizer, prompts: list[list[int]], cfg: GRPOConfig,
     return out
 
 def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: torch.Tensor, device) -> dict:
-    """Means over every rank's rollouts: reward, accuracy, format, parallel behaviour, lengths, truncations, and the
-    share of groups whose rewards differ (the only ones with a gradient)."""
-    positions = [p for r in rollouts for p in parallel_positions(r.structure)]
-    local = {"n": len(rollouts), "reward": sum(s["reward"] for s in scores),
-             "reward_sq": sum(s["reward"] ** 2 for s in scores), "correct": sum(bool(s["correct"]) for s in scores),
-             "valid": sum(r.structure.valid for r in rollouts), "parallel": sum(bool(r.structure.blocks) for r in rollouts),
-             "blocks": sum(len(r.structure.blocks) for r in rollouts), "T": sum(r.num_tokens for r in rollouts),
-             "D": sum(r.critical_path for r in rollouts), "truncated": sum(r.finish_reason == "budget" for r in rollouts),
-             "varied_groups": int(has_variance.sum()), "groups": len(has_variance),
-             "position": sum(positions), "blocks_seen": len(positions)}
+    """Means over every rank's rollouts: reward, accuracy, format, blocks, lengths, truncations, and the share of
+    groups whose rewards differ (the only ones with a gradient)."""
+    positions, st = [p for r in rollouts for p in parallel_positions(r.structure)], [r.structure for r in rollouts]
+    local = {"n": len(rollouts), "reward": sum(s["reward"] for s in scores), "reward_sq": sum(s["reward"] ** 2 for s in scores),
+             "correct": sum(bool(s["correct"]) for s in scores), "valid": sum(s.valid for s in st),
+             "parallel": sum(bool(s.blocks) for s in st), "blocks": sum(len(s.blocks) for s in st),
+             "T": sum(r.num_tokens for r in rollouts), "D": sum(r.critical_path for r in rollouts),
+             "truncated": sum(r.finish_reason == "budget" for r in rollouts), "varied_groups": int(has_variance.sum()),
+             "groups": len(has_variance), "position": sum(positions), "blocks_seen": len(positions)}
     g = dict(zip(local, sft.all_reduce(list(local.values()), device)))
-    n = max(g["n"], 1.0)
-    mean = g["reward"] / n
+    n, mean = max(g["n"], 1.0), g["reward"] / max(g["n"], 1.0)
     return {"reward_mean": mean, "reward_std": math.sqrt(max(g["reward_sq"] / n - mean ** 2, 0.0)),
             "accuracy": g["correct"] / n, "format_valid": g["valid"] / n, "parallel_ratio": g["parallel"] / n,
             "num_blocks": g["blocks"] / n, "response_T": g["T"] / n, "response_D": g["D"] / n,
@@ -457,17 +419,16 @@ EVAL_KEYS = ("mean_at_k", "pass_at_k", "format_valid", "parallel_ratio", "mean_b
              "mean_T", "mean_D")
 
 def evaluate_now(run, tag: str) -> dict:
-    """Every rank samples its shard of the held-out problems (k = eval_k at eval_temperature, seed fixed; FSDP: on
-    the rollout copy), and every rank gets the metrics of each benchmark (data source) and their Avg; logged."""
-    cfg, d, t0 = run.cfg, run.dist, time.time()
-    samples = []
-    if run.eval_records[d.rank::d.world_size]:
+    """Every rank samples its shard of the held-out problems (eval_k at eval_temperature, a fixed seed; FSDP: on the
+    rollout copy); every rank gets the metrics of each benchmark (data source) and their Avg, logged."""
+    cfg, d, t0, samples, mine = run.cfg, run.dist, time.time(), [], run.eval_records[run.dist.rank::run.dist.world_size]
+    if mine:
         with sft.autocast(d.device):
-            samples = evaluate(run.rollout_model, run.tokenizer, run.eval_records[d.rank::d.world_size], cfg.mode,
-                               k=cfg.eval_k, max_new_tokens=cfg.max_new_tokens, temperature=cfg.eval_temperature,
-                               top_p=cfg.top_p, seed=cfg.seed, batch_size=max(1, 128 // cfg.eval_k),
+            samples = evaluate(run.rollout_model, run.tokenizer, mine, cfg.mode, k=cfg.eval_k, max_new_tokens=cfg.max_new_tokens,
+                               temperature=cfg.eval_temperature, top_p=cfg.top_p, seed=cfg.seed,
+                               batch_size=max(1, 128 // cfg.eval_k), prompt_file=cfg.prompt_file or None,
                                prompt_style="sequential" if cfg.mode == "sequential" else "parallel",
-                               prompt_file=cfg.prompt_file or None, num_paths=cfg.num_paths, max_blocks=cfg.max_blocks)[1]
+                               num_paths=cfg.num_paths, max_blocks=cfg.max_blocks)[1]
     if dist.is_initialized():
         shards = [None] * d.world_size
         dist.all_gather_object(shards, samples)
@@ -477,16 +438,14 @@ def evaluate_now(run, tag: str) -> dict:
         by_bench.setdefault(s["benchmark"] or "held_out", []).append(s)
     metrics = {b: {k: m[k] for k in EVAL_KEYS} for b, ss in by_bench.items() for m in [summarize(ss, cfg.eval_k)]}
     avg = sum(m["mean_at_k"] for m in metrics.values()) / len(metrics)
+    pct, num = (lambda x: "n/a" if x is None else f"{100 * x:.1f}%"), (lambda x: "n/a" if x is None else f"{x:.2f}")
     for b, m in metrics.items():
-        pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"   # noqa: E731
-        num = lambda x: "n/a" if x is None else f"{x:.2f}"          # noqa: E731
         run.log(f"[eval {tag}] {b}: Mean@{cfg.eval_k} {pct(m['mean_at_k'])}  Pass@{cfg.eval_k} {pct(m['pass_at_k'])}  "
                 f"format valid {pct(m['format_valid'])}  parallel {pct(m['parallel_ratio'])}  blocks "
                 f"{num(m['mean_blocks'])}  <Parallel> at {num(m['mean_parallel_position'])}  T {num(m['mean_T'])}  "
                 f"D {num(m['mean_D'])}")
     run.log(f"[eval {tag}] Avg Mean@{cfg.eval_k} {100 * avg:.1f}% ({time.time() - t0:.0f}s)")
-    run.write({"step": run.step, "eval/avg_mean_at_k": avg,
-               **{f"eval/{b}/{k}": v for b, m in metrics.items() for k, v in m.items()}})
+    run.write({"step": run.step, "eval/avg_mean_at_k": avg, **{f"eval/{b}/{k}": v for b, m in metrics.items() for k, v in m.items()}})
     return {"avg_mean_at_k": avg, "benchmarks": metrics}
 
 # ----------------------------------------------------------------------------------------------------
@@ -494,18 +453,19 @@ def evaluate_now(run, tag: str) -> dict:
 
 @dataclass
 class GRPORun(sft.Run):
-    init: str = ""                                      # the checkpoint the run started from
     rollout_model: torch.nn.Module = None               # what the sampler and the evaluation run on
     ref_model: torch.nn.Module | None = None            # the frozen initial weights of the KL term
     sources: dict = field(default_factory=dict)         # "train" (and "easy" for recipe seen): problems ...
-    prompts: dict = field(default_factory=dict)         # ... and their prompt ids
+    prompts: dict = field(default_factory=dict)         # ... their prompt ids ...
     streams: dict = field(default_factory=dict)         # ... and the shuffled order they are drawn in
     eval_records: list = field(default_factory=list)
 
-def fit_context(run, name: str, records: list[dict], prompts: list[list[int]], required: bool):
-    """Drop (and count) the problems whose prompt + max_new_tokens exceed the model's context: they would be sampled
-    past its last trained position. None fitting a training source is an error."""
+def fit_context(run, name: str, records: list[dict], required: bool) -> tuple[list, list]:
+    """(records, prompt ids) without the problems whose prompt + max_new_tokens exceed the model's context (they would
+    be sampled past its last trained position), counted; none fitting a training source is an error."""
     cfg, context = run.cfg, getattr(run.model.config, "max_position_embeddings", None)
+    style = "sequential" if cfg.mode == "sequential" else "parallel"
+    prompts = [sft.encode_prompt(run.tokenizer, r["problem"], style, cfg.prompt_file or None) for r in records]
     fit, long = split_by_context([len(p) for p in prompts], cfg.max_new_tokens, context)
     if long:
         run.log(f"{name} data: dropped {len(long)} of {len(records)} problems whose prompt + --max_new_tokens="
@@ -516,41 +476,35 @@ def fit_context(run, name: str, records: list[dict], prompts: list[list[int]], r
     return [records[i] for i in fit], [prompts[i] for i in fit]
 
 def setup(cfg: GRPOConfig, d, records, eval_records) -> GRPORun:
-    """The model (from the SFT checkpoint, or the one --resume continues), its config, the prompt streams of the
-    recipe, the held-out problems, the reference and rollout copies, the optimizer and the schedule."""
+    """The model (the SFT checkpoint, or the one --resume continues), the resolved config, the recipe's prompt
+    streams, the held-out problems, the reference and rollout copies, the optimizer and the schedule."""
     init = default_init(cfg.mode or RECIPE_MODE[cfg.recipe], cfg.model)
     run = sft.load(cfg, d, init, cls=GRPORun)
-    run.cfg = cfg = resolve_defaults(dataclasses.replace(cfg, model=init), len(run.tokenizer) < TINY_VOCAB_LIMIT,
-                                     d.world_size)
-    run.init, style = init, "sequential" if cfg.mode == "sequential" else "parallel"
-    init_mode = mode_from_config(read_checkpoint_config(init)[0])
+    tiny = len(run.tokenizer) < TINY_VOCAB_LIMIT
+    run.cfg = cfg = resolve_defaults(dataclasses.replace(cfg, model=init), tiny, d.world_size)
+    style, init_mode = "sequential" if cfg.mode == "sequential" else "parallel", mode_from_config(read_checkpoint_config(init)[0])
     if init_mode and init_mode != cfg.mode:
         run.log(f"warning: {init} was trained in mode {init_mode!r}, this run samples and trains in {cfg.mode!r}")
-    run.sources = {"train": records if records is not None else load_data(cfg.data, style=style, seed=cfg.seed)}
+    sources = {"train": records if records is not None else load_data(cfg.data, style=style, seed=cfg.seed)}
     if cfg.recipe == "seen" and (cfg.easy_steps or 0) > 0:
-        run.sources["easy"] = load_data(cfg.easy_data, style=style, seed=cfg.seed)
+        sources["easy"] = load_data(cfg.easy_data, style=style, seed=cfg.seed)
+    for k, recs in sources.items():
+        run.sources[k], run.prompts[k] = fit_context(run, k, recs, required=True)
     if eval_records is None and cfg.eval_data:
         eval_records = load_data(cfg.eval_data, style=style, limit=cfg.eval_samples or None, seed=cfg.seed + 1)
-    encode = lambda recs: [sft.encode_prompt(run.tokenizer, r["problem"], style, cfg.prompt_file or None) for r in recs]  # noqa
-    for k, recs in run.sources.items():
-        run.sources[k], run.prompts[k] = fit_context(run, k, recs, encode(recs), required=True)
-    run.eval_records = fit_context(run, "eval", eval_records or [], encode(eval_records or []), required=False)[0]
+    run.eval_records = fit_context(run, "eval", eval_records or [], required=False)[0]
     if cfg.kl_coef > 0:
         run.ref_model = (load_model(init, dtype=torch.float32, device=d.device)[0] if run.resume
                          else copy.deepcopy(run.model)).eval().requires_grad_(False)
-    run.rollout_model = run.model
-    if cfg.fsdp:                                         # a plain copy, refreshed after each update
-        run.rollout_model = copy.deepcopy(run.model).eval()
-        if d.device.type == "cuda":
-            run.rollout_model.to(torch.bfloat16)
+    run.rollout_model = copy.deepcopy(run.model).eval() if cfg.fsdp else run.model   # FSDP: a plain copy
+    if cfg.fsdp and d.device.type == "cuda":
+        run.rollout_model.to(torch.bfloat16)
     total = cfg.max_steps * cfg.ppo_mini_batches           # optimizer steps of the whole run
     sft.prepare(run, lambda s: sft.lr_factor(s, cfg.warmup_steps, total, cfg.lr_schedule))
-    saved_max = run.state.get("config", {}).get("max_steps", cfg.max_steps)
-    if cfg.lr_schedule == "cosine" and saved_max != cfg.max_steps:
-        run.log(f"note: the cosine lr schedule now ends at step {cfg.max_steps}, not {saved_max}: the lr "
-                f"jumps from the old curve to the new one (use --lr_schedule=constant to train further flat)")
-    positions = run.state.get("data_position", {})
-    run.streams = {k: sft.ShuffledStream(len(v), cfg.seed + i, **positions.get(k, {}))
+    if cfg.lr_schedule == "cosine" and run.state.get("config", {}).get("max_steps", cfg.max_steps) != cfg.max_steps:
+        run.log(f"note: the cosine lr schedule now ends at step {cfg.max_steps}, not {run.state['config']['max_steps']}: "
+                "the lr jumps from the old curve to the new one (use --lr_schedule=constant to train further flat)")
+    run.streams = {k: sft.ShuffledStream(len(v), cfg.seed + i, **run.state.get("data_position", {}).get(k, {}))
                    for i, (k, v) in enumerate(run.sources.items())}
     run.log(f"GRPO recipe {cfg.recipe} (mode {cfg.mode}) from {init}: {len(run.sources['train'])} problems of "
             f"{cfg.data if records is None else 'the given records'}, {cfg.batch_size} prompts x {cfg.group_size} per "
@@ -559,17 +513,14 @@ def setup(cfg: GRPOConfig, d, records, eval_records) -> GRPORun:
     return run
 
 def first_evaluation(run) -> dict | None:
-    """The "before" evaluation: the resumed run's first one if its settings are today's, else a fresh one."""
+    """The "before" evaluation: a resumed run's first one if its settings are today's, else a fresh one."""
     cfg, before = run.cfg, run.state.get("eval_before")
     settings = [cfg.eval_data, cfg.eval_samples, cfg.eval_k, cfg.eval_temperature, cfg.max_new_tokens]
     if before and before.get("settings", settings) != settings:
-        run.log(f"note: the run's first evaluation used other settings {before['settings']} (eval_data, "
-                f"eval_samples, eval_k, eval_temperature, max_new_tokens) than now {settings}: the end "
-                "summary shows no before/after table")
+        run.log(f"note: the run's first evaluation used other settings {before['settings']} (eval_data, eval_samples, "
+                f"eval_k, eval_temperature, max_new_tokens) than now {settings}: the end summary shows no before/after table")
         return {}                                    # falsy: neither re-evaluated nor compared
-    if before is None and run.eval_records:
-        return {**evaluate_now(run, "before"), "settings": settings}
-    return before
+    return {**evaluate_now(run, "before"), "settings": settings} if before is None and run.eval_records else before
 
 def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list[dict] | None = None) -> dict:
     """Run GRPO (one process, or one rank under torchrun); `records` / `eval_records` replace cfg.data / eval_data.
@@ -586,16 +537,15 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
             run.step += 1
             step, stage, t0 = run.step, stage_at(cfg, run.step), time.time()
             idx = run.streams[stage.data].take(cfg.batch_size)[d.rank * per_rank:(d.rank + 1) * per_rank]  # my prompts
-            problems = [run.sources[stage.data][i] for i in idx]
             if cfg.fsdp:
                 sync_rollout_model(run.rollout_model, run.train_model)
             rollouts = sample_rollouts(run.rollout_model, run.tokenizer, [run.prompts[stage.data][i] for i in idx], cfg,
                                        seed=(cfg.seed * 1_000_003 + step) * 4096 + d.rank)
             t1 = time.time()
-            scores = score_batch([r.text for r in rollouts], [problems[r.prompt_index]["answer"] for r in rollouts],
+            scores = score_batch([r.text for r in rollouts], [run.sources[stage.data][idx[r.prompt_index]]["answer"]
+                                                              for r in rollouts],
                                  structures=[r.structure for r in rollouts], reward=stage.reward, step=step)
-            advantages, has_variance = compute_advantages([s["reward"] for s in scores], cfg.group_size,
-                                                          cfg.norm_adv_by_std)
+            advantages, has_variance = compute_advantages([s["reward"] for s in scores], cfg.group_size, cfg.norm_adv_by_std)
             t2 = time.time()
             trained, trained_adv = rollouts, advantages
             if cfg.filter_groups:                      # only the groups whose rewards differ
@@ -610,8 +560,7 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
                    **rollout_stats(rollouts, scores, has_variance, d.device),
                    "adv_abs_mean": adv_abs[0] / max(adv_abs[1], 1.0), "rollouts_trained": int(adv_abs[2]), **update,
                    "lr": run.optimizer.param_groups[0]["lr"], "clip_ratio_high": stage.clip_ratio_high,
-                   "time_sample": t1 - t0, "time_reward": t2 - t1, "time_update": t3 - t2,
-                   "elapsed": time.time() - t_start}
+                   "time_sample": t1 - t0, "time_reward": t2 - t1, "time_update": t3 - t2, "elapsed": time.time() - t_start}
             log_step(run, row, bar)
             last = step == cfg.max_steps or run.out_of_time(t_start)
             if run.eval_records and cfg.eval_every and step % cfg.eval_every == 0 and not last:
@@ -626,22 +575,22 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
         bar.close()
         if run.eval_records and cfg.fsdp:
             sync_rollout_model(run.rollout_model, run.train_model)
-        eval_after = evaluate_now(run, "after") if run.eval_records else None
-        summary = {"checkpoint": ckpt, "steps": run.step, "seconds": time.time() - t_start, "eval_before": eval_before,
-                   "eval_after": eval_after, "last_step": row, "log": os.path.join(cfg.out_dir, "log.jsonl")}
+        summary = {"checkpoint": ckpt, "steps": run.step, "eval_before": eval_before,
+                   "eval_after": evaluate_now(run, "after") if run.eval_records else None, "last_step": row,
+                   "log": os.path.join(cfg.out_dir, "log.jsonl")}
+        summary["seconds"] = time.time() - t_start
         if d.is_main:
             run.log_file.close()
             print_summary(summary, cfg)
         return summary
 
 def log_step(run, row: dict, bar):
-    """A step's row into log.jsonl, the progress bar, and every log_every steps a line."""
+    """A step's row into log.jsonl and the progress bar, and a line every log_every steps."""
     run.write(row)
-    if not run.dist.is_main:
-        return
-    bar.update(1)
-    bar.set_postfix(reward=f"{row['reward_mean']:+.2f}", acc=f"{row['accuracy']:.2f}", var=f"{row['groups_with_variance']:.2f}")
-    if run.cfg.log_every and row["step"] % run.cfg.log_every == 0:
+    if run.dist.is_main:
+        bar.update(1)
+        bar.set_postfix(reward=f"{row['reward_mean']:+.2f}", acc=f"{row['accuracy']:.2f}", var=f"{row['groups_with_variance']:.2f}")
+    if run.dist.is_main and run.cfg.log_every and row["step"] % run.cfg.log_every == 0:
         bar.write(f"step {row['step']}: reward {row['reward_mean']:+.3f} acc {row['accuracy']:.3f} format "
                   f"{row['format_valid']:.2f} parallel {row['parallel_ratio']:.2f} groups w/ variance "
                   f"{row['groups_with_variance']:.2f} loss {row['loss']:+.4f} clip {row['clip_frac']:.3f} entropy "
@@ -653,8 +602,7 @@ def print_summary(summary: dict, cfg: GRPOConfig):
     s, b, a, k = summary, summary.get("eval_before"), summary.get("eval_after"), cfg.eval_k
     stop = (f"stopped by --max_time={cfg.max_time:.0f}s before --max_steps={cfg.max_steps}"
             if cfg.max_time and s["steps"] < cfg.max_steps else f"--max_steps={cfg.max_steps}")
-    print("\n" + "=" * 78 + f"\nGRPO done: {s['steps']} steps in {s['seconds']:.0f}s, {stop} (recipe {cfg.recipe}, "
-          f"mode {cfg.mode})")
+    print("\n" + "=" * 78 + f"\nGRPO done: {s['steps']} steps in {s['seconds']:.0f}s, {stop} (recipe {cfg.recipe}, mode {cfg.mode})")
     if b and a:
         f = lambda v: "n/a" if v is None else f"{100 * v:.1f}"   # noqa: E731
         print(f"held-out {cfg.eval_data}, {cfg.eval_samples or 'all'} problems each x {k} samples at "
@@ -667,11 +615,8 @@ def print_summary(summary: dict, cfg: GRPOConfig):
     print(f"checkpoint: {s['checkpoint']}    (eval: python eval.py --model={s['checkpoint']})")
     print(f"log: {s['log']}    (curves: python scripts/plot.py {cfg.out_dir})\n" + "=" * 78)
 
-def main(argv: list[str]) -> dict:
-    return train(sft.parse_args(GRPOConfig, argv))
-
 if __name__ == "__main__":
     try:
-        main(sys.argv[1:])
+        train(sft.parse_args(GRPOConfig, sys.argv[1:]))
     except (OSError, ValueError) as e:                # bad input: the message says what to do
         sys.exit(f"grpo.py: error: {e}")

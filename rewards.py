@@ -10,21 +10,18 @@
     >>> verify("\\\\dfrac12", "0.5"), verify("41", "42")
     (True, False)
 
-Answer checking, cheapest first: (1) exact match after normalisation; (2) numeric equality from a small parser of
-our own (integers, decimals, a/b, \\frac{a}{b}, scientific notation); (3) symbolic equality with math-verify's
-LaTeX parser in worker processes, each check under a wall-clock deadline (a worker that misses it is killed and
-the item counts as wrong). Model text is untrusted: nothing here calls eval, exec or sympify on it; math-verify's
-plain-expression extractor evaluates Python through parse_expr and is never used; its own timeout (signal.alarm)
-fails outside the main thread and cannot stop a big power computed in C, so the deadline is a kill.
-
-On purpose unlike the official reward: it reads the whole response, not the last 300 characters, and accepts
-"0.5" for "\\frac{1}{2}" and "27.0" for "27"; `verifier="paper"` keeps the official string comparison.
-attention and model (torch) are imported inside functions: the verifier workers run this file and must not load torch.
+Answer checking, cheapest first: exact match after normalisation; numeric equality from a small parser of our own
+(integers, decimals, a/b, \\frac{a}{b}, scientific notation); symbolic equality with math-verify's LaTeX parser in
+worker processes, each check under a wall-clock deadline (a worker that misses it is killed, the item is wrong).
+Model text is untrusted: nothing here calls eval, exec or sympify on it (math-verify's plain-expression extractor
+runs parse_expr, which evaluates Python, and is never used). math-verify's own timeout uses signal.alarm, which
+fails outside the main thread and cannot stop a big power computed in C: the deadline is a kill instead.
+On purpose unlike the official reward: the whole response is read, not its last 300 characters, and "0.5" equals
+"\\frac{1}{2}", "27.0" equals "27"; `verifier="paper"` keeps the official string comparison.
+attention and model are imported inside functions: the verifier workers run this file and must not load torch.
 """
-
-from __future__ import annotations
-
 import atexit
+import json
 import logging
 import multiprocessing.connection
 import os
@@ -37,12 +34,8 @@ from collections import deque
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from typing import Sequence
 
-# ----------------------------------------------------------------------------------------------------
-# Extraction
-
-MAX_ANSWER_CHARS = 1000    # a longer extracted answer counts as wrong without being looked at
+MAX_ANSWER_CHARS = 1000    # a longer extracted answer is wrong without being looked at
 _FINAL_ANSWER_RE = re.compile(r"final\s*answer\s*\**\s*:", re.IGNORECASE)   # "Final Answer:", "**Final Answer:**"
 _GSM8K_RE = re.compile(r"####")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -50,14 +43,12 @@ _SPECIAL_MARKER_RE = re.compile(r"<\|[^|<>\n]{1,40}\|>")   # <|im_end|>, <|endof
 
 @lru_cache(maxsize=1)
 def _markers() -> tuple[str, ...]:
-    """The strings `extract_answer` deletes: the six tags and the tiny tokenizer's <eos>/<pad>."""
-    from model import EOS, PAD, TAGS
+    from model import EOS, PAD, TAGS                       # not at the top: the workers must not load torch
     return tuple(TAGS) + (EOS, PAD)
 
 def _last_boxed(text: str) -> str | None:
-    r"""Content of the last `\boxed{...}` (or `\fbox{...}`) whose braces balance, else None. One pass over
-    the braces, so 10,000 unclosed `\boxed{` cost O(n); `\{` and `\}` count as braces (they come in pairs).
-    """
+    r"""Content of the last `\boxed{...}` (or `\fbox{...}`) whose braces balance, else None. One pass over the braces,
+    so 10,000 unclosed `\boxed{` cost O(n); `\{` and `\}` count as braces (they come in pairs)."""
     opens = [m.end() - 1 for m in _BOX_RE.finditer(text)]    # index of each box's "{"
     if not opens:
         return None
@@ -66,19 +57,13 @@ def _last_boxed(text: str) -> str | None:
         i = opens[0] + m.start()
         if text[i] == "{":
             stack.append(i)
-        elif stack:
-            j = stack.pop()
-            if j in wanted:
-                close[j] = i
-    for j in reversed(opens):
-        if j in close:
-            return text[j + 1:close[j]]
-    return None
+        elif stack and (j := stack.pop()) in wanted:
+            close[j] = i
+    return next((text[j + 1:close[j]] for j in reversed(opens) if j in close), None)
 
 def _last_line_after(pattern: re.Pattern, text: str) -> str | None:
-    """The rest of the line after the last match of `pattern` followed by some text, else None (walks the
-    matches backwards and stops at the first hit: a 1 MB line repeating the pattern is read about once).
-    """
+    """The rest of the line after the last match of `pattern` that some text follows (matches walked backwards:
+    a 1 MB line repeating the pattern is read about once)."""
     for m in reversed(list(pattern.finditer(text))):
         end = text.find("\n", m.end())
         line = text[m.end():end if end >= 0 else len(text)].strip().strip("*#").strip()
@@ -87,11 +72,11 @@ def _last_line_after(pattern: re.Pattern, text: str) -> str | None:
     return None
 
 def extract_answer(text: str) -> str | None:
-    r"""The final answer of a response, or None. On the text without the tags and <eos>/<pad>/<|...|>
-    markers: the last non-empty `Final Answer:` line (case-insensitive, bold allowed; a `\boxed{}` in it: its
-    content), else the last balanced `\boxed{...}`, else the last GSM8K `#### N` line.
+    r"""The final answer of a response, or None. On the text without the tags and <eos>/<pad>/<|...|> markers: the
+    last non-empty `Final Answer:` line (case-insensitive, bold allowed; a `\boxed{}` in it: its content), else
+    the last balanced `\boxed{...}`, else the last GSM8K `#### N` line.
 
-        >>> extract_answer(r"\boxed{1} then \boxed{\frac{1}{2}}"), extract_answer("#### 1,234"), extract_answer("none")
+        >>> extract_answer(r"\boxed{1} then \boxed{\frac{1}{2}}"), extract_answer("#### 1,234"), extract_answer("no")
         ('\\frac{1}{2}', '1,234', None)
     """
     if not isinstance(text, str):
@@ -99,20 +84,17 @@ def extract_answer(text: str) -> str | None:
     for marker in _markers():
         text = text.replace(marker, "")
     text = _SPECIAL_MARKER_RE.sub("", text)
-    line = _last_line_after(_FINAL_ANSWER_RE, text)      # "**" of "**Final Answer:** 42" stripped
+    line = _last_line_after(_FINAL_ANSWER_RE, text)
     if line is not None:
         boxed = _last_boxed(line)
         return boxed.strip() if boxed is not None and boxed.strip() else line
     boxed = _last_boxed(text)
-    if boxed is not None and boxed.strip():
-        return boxed.strip()
-    return _last_line_after(_GSM8K_RE, text)
+    return boxed.strip() if boxed is not None and boxed.strip() else _last_line_after(_GSM8K_RE, text)
 
 # ----------------------------------------------------------------------------------------------------
 # Normalisation and the fast checks (exact, numeric)
 
 REL_TOL = 1e-6             # numeric equality: |a - b| <= REL_TOL * max(|a|, |b|)
-
 _UNICODE = (("\u2212", "-"), ("\u2013", "-"), ("\u00d7", "\\times "), ("\u00b7", "\\cdot "), ("\u00b0", ""),
             ("\u2009", " "), ("\u00a0", " "), ("\u221e", "\\infty "), ("\u03c0", "\\pi "))
 _DROP_RE = re.compile(r"\\(?:left|right|displaystyle|quad|qquad)(?![a-zA-Z])|\\[!,;: ]|~|\\\$|\$|\\[()\[\]]")
@@ -130,9 +112,8 @@ _SQRT_SHORT_RE = re.compile(r"\\sqrt(\d)")
 _THOUSANDS_RE = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 
 def _strip_unit_words(s: str) -> str:
-    """"5 apples" / "12 square feet" / "3cm" -> the number. A unit word has 2+ letters after a space, or is a
-    common short unit (which may touch the number), so "2 x" and "2ab" stay expressions. No backtracking regex.
-    """
+    """"5 apples", "12 square feet", "3cm" -> the number. A unit word has 2+ letters after a space, or is a common
+    short unit (which may touch the number), so "2 x" and "2ab" stay expressions. No backtracking regex."""
     m = _LEADING_NUMBER_RE.match(s)
     if not m or m.end() == len(s):
         return s
@@ -141,41 +122,31 @@ def _strip_unit_words(s: str) -> str:
     if not words or not all(words):
         return s
     for k, w in enumerate(words):
-        spaced = k > 0 or tail[0].isspace()
-        if not ((spaced and len(w[1]) >= 2) or w[1] in _SHORT_UNITS):
+        if not (((k > 0 or tail[0].isspace()) and len(w[1]) >= 2) or w[1] in _SHORT_UNITS):
             return s
     return m.group(0)
 
 def normalize_answer(answer: str) -> str:
-    r"""The canonical string of an answer: drops $ and \( \) \[ \], an outer \boxed, \left/\right and
-    spacing, units after a number, degree and percent signs, a trailing period, a lone "x =", thousands separators;
+    r"""The canonical string of an answer: without $ and \( \) \[ \], an outer \boxed, \left/\right and spacing,
+    units after a number, degree and percent signs, a trailing period, a lone "x =", thousands separators;
     \dfrac/\tfrac -> \frac, \frac12 -> \frac{1}{2}, \sqrt2 -> \sqrt{2}; spaces only between two letters.
 
-        >>> normalize_answer(r"$\boxed{\dfrac12}$."), normalize_answer(r"x = 1{,}000 \text{ dollars}"), normalize_answer("50\\%")
-        ('\\frac{1}{2}', '1000', '50')
+        >>> normalize_answer(r"$\boxed{\dfrac12}$."), normalize_answer(r"x = 1{,}000 \text{ dollars}")
+        ('\\frac{1}{2}', '1000')
     """
     s = answer.strip()
     for old, new in _UNICODE:
         s = s.replace(old, new)
     boxed = _last_boxed(s)
-    if boxed is not None:
-        s = boxed
-    s = _DROP_RE.sub(" ", s)
+    s = _DROP_RE.sub(" ", boxed if boxed is not None else s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("{,}", "")
-    s = _DEGREE_RE.sub("", s)
-    s = _PERCENT_RE.sub("", s)
-    s = _TEXT_UNIT_RE.sub(r"\1", s)
-    s = _TEXT_RE.sub(r" \1 ", s).strip().rstrip(".").strip()
-    s = _strip_unit_words(s)
-    s = _SPACE_RE.sub("", s)
-    s = _LHS_RE.sub("", s)
+    s = _TEXT_UNIT_RE.sub(r"\1", _PERCENT_RE.sub("", _DEGREE_RE.sub("", s)))
+    s = _strip_unit_words(_TEXT_RE.sub(r" \1 ", s).strip().rstrip(".").strip())
+    s = _LHS_RE.sub("", _SPACE_RE.sub("", s))
     s = _FRAC_SHORT_RE.sub(lambda m: "\\frac{%s}{%s}" % (m[1], m[2]) if m[1] else
                            ("\\frac{%s}" % m[3] if m[3] else "\\frac%s{%s}" % (m[4], m[5])), s)
-    s = _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s)
-    s = s.rstrip(".")
-    if _THOUSANDS_RE.match(s):
-        s = s.replace(",", "")
-    return s
+    s = _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s).rstrip(".")
+    return s.replace(",", "") if _THOUSANDS_RE.match(s) else s
 
 _DEC = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
 _FLOAT_RE = re.compile(_DEC + r"(?:[eE][-+]?\d{1,4})?")
@@ -184,8 +155,8 @@ _FRAC_RE = re.compile(r"([-+]?)\\frac\{(" + _DEC + r")\}\{(" + _DEC + r")\}")
 _SLASH_RE = re.compile(r"(" + _DEC + r")/(" + _DEC + r")")
 
 def parse_number(s: str) -> Fraction | None:
-    r"""The exact value of a normalised plain number (42, 27.0, .5, 1.5e3, 1.5\times10^{3}, 3/4, \frac{3}{4}),
-    else None. Exponents have at most 4 digits, so nothing big is computed. No eval: regexes and Fraction.
+    r"""The exact value of a normalised plain number (42, 27.0, .5, 1.5e3, 1.5\times10^{3}, 3/4, \frac{3}{4}), else
+    None. Exponents have at most 4 digits, so nothing big is computed; no eval, only regexes and Fraction.
 
         >>> parse_number(r"-\frac{1}{2}"), parse_number("1.5e3"), parse_number("x+1")
         (Fraction(-1, 2), Fraction(1500, 1), None)
@@ -194,20 +165,16 @@ def parse_number(s: str) -> Fraction | None:
         return None
     if _FLOAT_RE.fullmatch(s):
         return Fraction(s)
-    m = _SCI_RE.fullmatch(s)
-    if m:
+    if m := _SCI_RE.fullmatch(s):
         return Fraction(m[1] or (m[2] or "") + "1") * Fraction(10) ** int(m[3])
-    m = _FRAC_RE.fullmatch(s) or _SLASH_RE.fullmatch(s)
-    if m:
+    if m := _FRAC_RE.fullmatch(s) or _SLASH_RE.fullmatch(s):
         num, den = (Fraction(m[2]), Fraction(m[3])) if m.re is _FRAC_RE else (Fraction(m[1]), Fraction(m[2]))
-        if den == 0:
-            return None
-        return (-1 if m.re is _FRAC_RE and m[1] == "-" else 1) * num / den
+        return None if den == 0 else (-1 if m.re is _FRAC_RE and m[1] == "-" else 1) * num / den
     return None
 
 def parse_number_list(s: str) -> tuple[str, list[Fraction]] | None:
-    r"""(kind, values) of a tuple, interval, set or bare list of plain numbers, else None; kind "set" (\{...\}
-    or a bare comma list: unordered, sorted) or the two brackets ("()", "[)", ...).
+    r"""(kind, values) of a tuple, interval, set or bare list of plain numbers, else None: kind "set" (\{...\} or a
+    bare comma list, unordered: sorted) or the two brackets ("()", "[)", ...).
 
         >>> parse_number_list(r"\{3,1,2\}"), parse_number_list("(x,1)")
         (('set', [Fraction(1, 1), Fraction(2, 1), Fraction(3, 1)]), None)
@@ -228,14 +195,8 @@ def parse_number_list(s: str) -> tuple[str, list[Fraction]] | None:
 def _close(a: Fraction, b: Fraction) -> bool:
     return a == b or abs(a - b) <= REL_TOL * max(abs(a), abs(b))
 
-def _numbers_equal(a: Fraction, b: Fraction, percent: bool) -> bool:
-    """Equal within REL_TOL; when either side had a percent sign, x% also equals x/100."""
-    return _close(a, b) or (percent and (_close(a * 100, b) or _close(a, b * 100)))
-
 _SAFE_CHARS_RE = re.compile(r"[A-Za-z0-9\s\\{}\[\]()^_+\-*/=<>,.!|:;&']*")
-_POWER_RE = re.compile(r"\^")
 _ATOM_RE = re.compile(r"[-+]?\d+|\\?[a-zA-Z]+|.")
-_COMMAND_RE = re.compile(r"\\[a-zA-Z]+")
 MAX_SYMBOLIC_CHARS = 256   # the symbolic stage never sees a longer normalised answer
 MAX_BRACE_DEPTH = 12
 
@@ -255,10 +216,9 @@ def _exponent(s: str, i: int) -> str:
     return m.group(0) if m else ""
 
 def symbolic_safe(s: str) -> bool:
-    r"""Whether a normalised answer may go to the symbolic stage (a screen for speed: the deadline holds without
-    it). Refused: too long, characters outside plain math, "__" or "**", unbalanced or too deep braces, a power
-    whose exponent holds a power or a 5+ digit integer, a factorial of a 5+ digit number.
-    """
+    """Whether a normalised answer may go to the symbolic stage (a screen for speed: the deadline holds without it).
+    Refused: too long, characters outside plain math, "__" or "**", unbalanced or too deep braces, a power whose
+    exponent holds a power or a 5+ digit integer, a factorial of a 5+ digit number."""
     if len(s) > MAX_SYMBOLIC_CHARS or not _SAFE_CHARS_RE.fullmatch(s) or "__" in s or "**" in s:
         return False
     depth = 0
@@ -266,47 +226,35 @@ def symbolic_safe(s: str) -> bool:
         depth += {"{": 1, "}": -1}.get(ch, 0)
         if depth < 0 or depth > MAX_BRACE_DEPTH:
             return False
-    if depth != 0:
+    if depth != 0 or any("^" in e or re.search(r"\d{5,}", e) for e in (_exponent(s, i) for i, c in enumerate(s) if c == "^")):
         return False
-    for m in _POWER_RE.finditer(s):
-        e = _exponent(s, m.start())
-        if "^" in e or re.search(r"\d{5,}", e):
-            return False
     return not re.search(r"\d{5,}\s*!", s)
-
-def _has_free_letters(s: str) -> bool:
-    """A letter outside LaTeX command names other than e and i: a variable ("2x", not "\\sqrt{2}")."""
-    return bool(re.search(r"[a-df-hj-zA-Z]", _COMMAND_RE.sub("", s)))
-
-def _fast_check(pred: str | None, gold: str) -> tuple[bool | None, str, str]:
-    """Stages 1-2 and the screen: (True/False, or None when only the symbolic stage can tell, normalised pred, gold)."""
-    gold = str(gold)
-    if pred is None or len(pred) > MAX_ANSWER_CHARS:
-        return False, "", ""
-    p, g = normalize_answer(pred), _normalize_gold(gold)
-    if not p or not g:
-        return False, p, g
-    if p == g:
-        return True, p, g
-    a, b = parse_number(p), parse_number(g)
-    if a is not None and b is not None:
-        return _numbers_equal(a, b, "%" in pred or "%" in gold), p, g
-    la, lb = parse_number_list(p), parse_number_list(g)
-    if la is not None and lb is not None:         # tuples, intervals, sets of plain numbers
-        return la[0] == lb[0] and len(la[1]) == len(lb[1]) and all(map(_close, la[1], lb[1])), p, g
-    if b is not None and _has_free_letters(p):
-        return False, p, g                        # a number never equals an expression in a variable
-    if not (symbolic_safe(p) and symbolic_safe(g)):
-        return False, p, g
-    return None, p, g
 
 @lru_cache(maxsize=65536)
 def _normalize_gold(gold: str) -> str:
     return normalize_answer(gold)             # golds repeat group_size times per step
 
-# ----------------------------------------------------------------------------------------------------
-# The official comparison (verifier="paper"): both strings normalised Minerva-style, with the official
-# replacement pairs and removed words, in order (NOTES.md §4)
+def _fast_check(pred: str | None, gold: str) -> tuple[bool | None, str, str]:
+    """The exact and numeric stages and the screen: (True/False, or None if only the symbolic stage can tell,
+    normalised pred, normalised gold)."""
+    gold = str(gold)
+    if pred is None or len(pred) > MAX_ANSWER_CHARS:
+        return False, "", ""
+    p, g = normalize_answer(pred), _normalize_gold(gold)
+    if not p or not g or p == g:
+        return bool(p and p == g), p, g
+    a, b = parse_number(p), parse_number(g)
+    if a is not None and b is not None:                     # x% also equals x/100
+        return _close(a, b) or ("%" in pred + gold and (_close(a * 100, b) or _close(a, b * 100))), p, g
+    la, lb = parse_number_list(p), parse_number_list(g)
+    if la is not None and lb is not None:                   # tuples, intervals, sets of plain numbers
+        return la[0] == lb[0] and len(la[1]) == len(lb[1]) and all(map(_close, la[1], lb[1])), p, g
+    if b is not None and re.search(r"[a-df-hj-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", p)):
+        return False, p, g                                  # a number never equals an expression in a variable
+    return (None if symbolic_safe(p) and symbolic_safe(g) else False), p, g
+
+# The official comparison (verifier="paper"): Minerva-style normalisation of both strings with the official
+# replacement pairs and removed words, in order.
 _PAPER_REPLACE = (("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
                   (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"))
 _PAPER_REMOVE = ("square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
@@ -316,21 +264,19 @@ _PAPER_REMOVE = ("square", "ways", "integers", "dollars", "mph", "inches", "hour
                  ",\\!", "{,}", '"', "\\dots")
 
 def _paper_line(line: str) -> str:
-    """Per line: the first $...$ span, \\text{}/\\textbf{}/\\overline{} unwrapped, then \\boxed{ ... up to the last "}"."""
-    i = line.find("$")
+    i = line.find("$")                                      # the first $...$ span
     j = line.find("$", i + 1) if i >= 0 else -1
     if j >= 0:
         line = line[i:j + 1]
     for cmd in ("text", "textbf", "overline"):
         line = re.sub(r"\\" + cmd + r"\{([^}\n]*)\}", r"\1", line)
-    i, j = line.find("\\boxed{"), line.rfind("}")
-    if i >= 0 and j >= i + len("\\boxed{"):
-        line = line[:i] + line[i + len("\\boxed{"):j] + line[j + 1:]
-    return line
+    i, j = line.find("\\boxed{"), line.rfind("}")          # \boxed{ ... up to the line's last "}"
+    return line[:i] + line[i + len("\\boxed{"):j] + line[j + 1:] if i >= 0 and j >= i + len("\\boxed{") else line
 
 def normalize_paper(answer: str) -> str:
-    r"""The official Minerva-style normaliser (verifier="paper"): the text after the last "=", the official
-    replacements and removed words, per-line `_paper_line`, \fracab and \sqrta expanded, "$" and integer commas dropped.
+    r"""The official normaliser: the text after the last "=", the replacements and removed words, per line the first
+    $...$ span and \text{} / \textbf{} / \overline{} / \boxed{} unwrapped, \fracab and \sqrta expanded, "$" and the
+    commas of an integer dropped.
 
         >>> normalize_paper(r"x = \frac12"), normalize_paper(r"\$1,000"), normalize_paper(r"$\boxed{42}$.")
         ('\\frac{1}{2}', '1000', '42')
@@ -341,79 +287,63 @@ def normalize_paper(answer: str) -> str:
     for word in _PAPER_REMOVE:
         s = s.replace(word, "")
     s = "\n".join(_paper_line(line) for line in s.split("\n"))
-    s = re.sub(r"(frac)([^{])(.)", r"frac{\2}{\3}", s)
-    s = re.sub(r"(sqrt)([^{])", r"sqrt{\2}", s)
-    s = s.replace("$", "")
-    if s.replace(",", "").isdigit():
-        s = s.replace(",", "")
-    return s.strip()
+    s = re.sub(r"(sqrt)([^{])", r"sqrt{\2}", re.sub(r"(frac)([^{])(.)", r"frac{\2}{\3}", s)).replace("$", "")
+    return (s.replace(",", "") if s.replace(",", "").isdigit() else s).strip()
 
 # ----------------------------------------------------------------------------------------------------
 # The symbolic stage: math-verify in worker processes, each check under a deadline
 
-STARTUP_TIMEOUT = 120.0    # seconds a fresh worker may take to import sympy/math-verify before we give up
+STARTUP_TIMEOUT = 120.0         # seconds a fresh worker may take to import sympy and math-verify
 WORKER_MEMORY_LIMIT = 4 << 30   # bytes of address space per worker (Linux): a runaway check gets MemoryError
+_WARMUP = (("\\frac{1}{2}", "0.5"), ("x(x+1)", "x^2+x"), ("\\sqrt{8}", "2\\sqrt{2}"), ("\\{1,2\\}", "\\{2,1\\}"),
+           ("[1,2)", "(1,2]"))
 
 def _symbolic_equal(pred: str, gold: str) -> bool:
     """math-verify on two normalised answers, LaTeX extraction only, its own timeouts off (ours is the kill)."""
-    from math_verify import LatexExtractionConfig, parse
-    from math_verify import verify as mv_verify
-
+    from math_verify import LatexExtractionConfig, parse, verify as mv_verify   # in the workers only
     config = [LatexExtractionConfig()]        # never ExprExtractionConfig: it evals through parse_expr
     g = parse(f"${gold}$", extraction_config=config, parsing_timeout=None)
     p = parse(f"${pred}$", extraction_config=config, parsing_timeout=None)
     return bool(g) and bool(p) and bool(mv_verify(g, p, timeout_seconds=None))
 
-_WARMUP = (("\\frac{1}{2}", "0.5"), ("x(x+1)", "x^2+x"), ("\\sqrt{8}", "2\\sqrt{2}"), ("\\{1,2\\}", "\\{2,1\\}"),
-           ("[1,2)", "(1,2]"))
-
 def _worker_main() -> None:
-    """`python rewards.py --worker`: JSON [pred, gold] lines on stdin, "1"/"0" lines on a private copy of
-    stdout (what libraries print goes to stderr); exits at end of input, also when the parent dies.
-    """
-    import json
+    """`python rewards.py --worker`: [pred, gold] JSON lines in, "1"/"0" lines out on a private copy of stdout (what
+    libraries print goes to stderr); ends with its input, also when the parent dies."""
     import signal
-
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl-C is the parent's business
     try:
-        import resource
+        import resource                        # Unix only
         resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_LIMIT, WORKER_MEMORY_LIMIT))
     except (ImportError, ValueError, OSError):
         pass
     logging.getLogger("math_verify").setLevel(logging.ERROR)   # "timeout is disabled" warnings: we know
-    for pred, gold in _WARMUP:                     # first uses build the LaTeX parser and import sympy's
-        _symbolic_equal(pred, gold)                # simplifier (~2 s): not on anyone's deadline
+    for pred, gold in _WARMUP:                 # the first checks build the parser and import sympy's simplifier
+        _symbolic_equal(pred, gold)            # (~2 s): not on anyone's deadline
     out.write(b"ready\n")
     for line in sys.stdin.buffer:
         try:
-            pred, gold = json.loads(line)
-            ok = _symbolic_equal(str(pred), str(gold))
-        except Exception:                          # parse errors, RecursionError, MemoryError, ...
+            ok = _symbolic_equal(*map(str, json.loads(line)))
+        except Exception:                      # parse errors, RecursionError, MemoryError, ...
             ok = False
         out.write(b"1\n" if ok else b"0\n")
 
 def default_workers() -> int:
     """The CPUs this process may run on, at most 8."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:
-        n = os.cpu_count() or 1
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(8, n))
 
 class _Worker:
-    """One `python rewards.py --worker` process: a fresh interpreter, without the caller's state, threads or torch."""
+    """One `python rewards.py --worker`: a fresh interpreter, without the caller's state, threads or torch."""
 
     def __init__(self):
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.ready, self.job, self.deadline = False, None, 0.0
-        self.started = time.monotonic()
+        self.ready, self.job, self.deadline, self.started = False, None, 0.0, time.monotonic()
 
     def send(self, job: tuple[str, str]):
-        import json
         self.proc.stdin.write((json.dumps(job) + "\n").encode())
         self.proc.stdin.flush()
 
@@ -427,18 +357,12 @@ class _Worker:
                 pass
 
 class SymbolicPool:
-    """Worker processes that answer one symbolic check at a time, each under a deadline.
-
-    `run(jobs, timeout)` hands jobs to idle workers and waits on all at once; a worker that has not answered
-    `timeout` s after its job is killed and replaced, and the job counts as not equal, so one hung check costs one
-    worker its timeout. Thread-safe (a lock); workers start lazily and are reused; `close()` stops them.
-    """
+    """Worker processes answering one check at a time. `run(jobs, timeout)` hands jobs to idle workers and waits on
+    all at once; a worker that has not answered `timeout` s after its job is killed and replaced and the job counts
+    as not equal, so a hung check costs one worker its timeout. Thread-safe; workers start lazily and are reused."""
 
     def __init__(self, workers: int):
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
-        self.size, self.workers, self.killed, self.started = workers, [], 0, 0
-        self.lock = threading.Lock()
+        self.size, self.workers, self.killed, self.started, self.lock = workers, [], 0, 0, threading.Lock()
 
     def _start(self):
         self.workers.append(_Worker())
@@ -450,55 +374,47 @@ class SymbolicPool:
         self.killed += killed
         self._start()
 
-    def run(self, jobs: Sequence[tuple[str, str]], timeout: float) -> list[bool]:
+    def run(self, jobs: list[tuple[str, str]], timeout: float) -> list[bool]:
         """[equal?] for each (pred, gold) job; False for a job past its deadline."""
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        results = [False] * len(jobs)
-        if not jobs:
-            return results
+        results, todo = [False] * len(jobs), deque(range(len(jobs)))
         with self.lock:
             while len(self.workers) > self.size:
                 self.workers.pop().kill()
-            while len(self.workers) < self.size:
+            while jobs and len(self.workers) < self.size:
                 self._start()
-            todo = deque(range(len(jobs)))
-            while True:
+            while jobs:
                 now = time.monotonic()
                 for w in list(self.workers):
                     if w.ready and w.job is None and todo:
                         job = todo.popleft()
                         try:
                             w.send(jobs[job])
-                        except OSError:               # died while idle: retry the job on a new worker
+                            w.job, w.deadline = job, now + timeout
+                        except OSError:               # died while idle: the job goes to a new worker
                             todo.appendleft(job)
                             self._replace(w, killed=False)
-                            continue
-                        w.job, w.deadline = job, now + timeout
-                busy = [w for w in self.workers if w.job is not None]
+                busy, starting = [w for w in self.workers if w.job is not None], [w for w in self.workers if not w.ready]
                 if not busy and not todo:
-                    return results
-                starting = [w for w in self.workers if not w.ready]
+                    break
                 if not busy and all(now - w.started > STARTUP_TIMEOUT for w in starting):
                     raise RuntimeError(f"symbolic verifier workers did not start within {STARTUP_TIMEOUT:.0f} s")
                 wake = min([w.deadline for w in busy] + [now + 1.0])
-                ready = multiprocessing.connection.wait([w.proc.stdout for w in busy + starting],
-                                                        timeout=max(0.0, wake - now))
+                ready = multiprocessing.connection.wait([w.proc.stdout for w in busy + starting], max(0.0, wake - now))
                 for w in [w for w in busy + starting if w.proc.stdout in ready]:
                     line = w.proc.stdout.readline()
-                    if not line:                      # the worker died (crash, OOM kill)
-                        if not w.ready:
-                            raise RuntimeError(f"a symbolic verifier worker exited while starting (exit code "
-                                               f"{w.proc.wait()}; its error is on stderr)")
-                        w.job = None                  # its result stays False
+                    if not line and not w.ready:
+                        raise RuntimeError(f"a symbolic verifier worker exited while starting (exit code "
+                                           f"{w.proc.wait()}; its error is on stderr)")
+                    if not line:                      # it died (crash, OOM kill): its result stays False
+                        w.job = None
                         self._replace(w, killed=False)
                     elif not w.ready:
                         w.ready = line == b"ready\n"
                     else:
                         results[w.job], w.job = line == b"1\n", None
-                now = time.monotonic()
-                for w in [w for w in busy if w.job is not None and now >= w.deadline]:
-                    self._replace(w, killed=True)     # its job stays False
+                for w in [w for w in busy if w.job is not None and time.monotonic() >= w.deadline]:
+                    self._replace(w, killed=True)     # its result stays False
+        return results
 
     def close(self):
         with self.lock:
@@ -508,15 +424,6 @@ class SymbolicPool:
 
 _POOL: SymbolicPool | None = None
 _POOL_LOCK = threading.Lock()
-
-def _pool(workers: int | None) -> SymbolicPool:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = SymbolicPool(workers or default_workers())
-        elif workers:
-            _POOL.size = workers
-        return _POOL
 
 def close_pool() -> None:
     """Stop the module's workers (the next check starts new ones)."""
@@ -534,39 +441,41 @@ def pool_stats() -> dict:
     return {"workers": len(p.workers), "started": p.started, "killed": p.killed} if p else \
         {"workers": 0, "started": 0, "killed": 0}
 
-def symbolic_equal_many(pairs: Sequence[tuple[str, str]], timeout: float = 1.0,
-                        workers: int | None = None) -> list[bool]:
+def symbolic_equal_many(pairs: list[tuple[str, str]], timeout: float = 1.0, workers: int | None = None) -> list[bool]:
     """math-verify equality of each (pred, gold) in the module's pool, each under `timeout` s (no screen here)."""
-    return _pool(workers).run([(str(p), str(g)) for p, g in pairs], timeout)
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = SymbolicPool(workers or default_workers())
+        elif workers:
+            _POOL.size = workers
+        pool = _POOL
+    return pool.run([(str(p), str(g)) for p, g in pairs], timeout)
 
 def verify(pred: str | None, gold: str, verifier: str = "default", timeout: float = 1.0) -> bool:
     r"""Whether `pred` (from `extract_answer`) equals `gold`. "default": exact after `normalize_answer`, else numeric
-    within REL_TOL, else symbolic in a worker under `timeout` s (past it: False); "paper": the official string
-    comparison. None, empty or over-long predictions are wrong; raises ValueError for a bad verifier or timeout.
+    within REL_TOL (x% also equals x/100), else symbolic in a worker under `timeout` s (past it: False); "paper":
+    the official string comparison. A missing or over-long `pred` is wrong. Raises ValueError for a bad argument.
 
         >>> [verify(p, g) for p, g in [("\\dfrac12", "0.5"), ("27", "27.0"), ("x = 3", "3"), ("1/2", "1/3")]]
         [True, True, True, False]
         >>> verify("0.5", "\\frac{1}{2}", verifier="paper")
         False
     """
-    if verifier not in ("default", "paper"):
-        raise ValueError(f"verifier must be 'default' or 'paper', got {verifier!r}")
-    if timeout <= 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    if verifier not in ("default", "paper") or timeout <= 0:
+        raise ValueError(f"verifier must be 'default' or 'paper' and the timeout > 0 seconds, got verifier="
+                         f"{verifier!r}, timeout={timeout}")
     if verifier == "paper":
-        return (pred is not None and len(pred) <= MAX_ANSWER_CHARS
-                and normalize_paper(pred) == normalize_paper(str(gold)))
+        return pred is not None and len(pred) <= MAX_ANSWER_CHARS and normalize_paper(pred) == normalize_paper(str(gold))
     decided, p, g = _fast_check(pred, gold)
-    if decided is not None:
-        return decided
-    return symbolic_equal_many([(p, g)], timeout)[0]
+    return decided if decided is not None else symbolic_equal_many([(p, g)], timeout)[0]
 
 # ----------------------------------------------------------------------------------------------------
-# Format check and structure metrics
+# The format, the paper's rewards and the schedule that picks one per training step
 
 def _structures(responses, tokenizer=None, tags=None) -> list:
     """parse_structure of each response, given as text (needs tokenizer) or as ids (needs tags or tokenizer)."""
-    from attention import TagIds, parse_structure     # not at the top: the workers run this file without torch
+    from attention import TagIds, parse_structure          # not at the top: the workers must not load torch
     if tags is None and tokenizer is None:
         raise ValueError("pass tags= (attention.TagIds) or tokenizer= so the tag ids are known")
     if any(isinstance(r, str) for r in responses):
@@ -577,9 +486,7 @@ def _structures(responses, tokenizer=None, tags=None) -> list:
     return [parse_structure(r, tags) for r in responses]
 
 def check_format(response, tokenizer=None, tags=None) -> tuple[bool, str]:
-    """(ok, reason) of a response's parallel structure: `attention.parse_structure`'s rules (NOTES.md §4). The
-    response as text (needs `tokenizer`) or ids (needs `tags` or `tokenizer`); reason "" when ok.
-    """
+    """(ok, reason) of a response's structure under `attention.parse_structure`'s rules; text needs `tokenizer`."""
     s = _structures([response], tokenizer, tags)[0]
     return s.valid, s.reason
 
@@ -588,34 +495,21 @@ def has_parallel(structure) -> bool:
     return len(structure.blocks) > 0
 
 def num_blocks(structure) -> int:
-    """Blocks opened in the response."""
     return len(structure.blocks)
 
 def parallel_positions(structure) -> list[float]:
-    """Each block's <Parallel> index / response length (the paper's Figure 3: blocks move later over RL),
-    e.g. a 200-token response with blocks at tokens 30 and 150 -> [0.15, 0.75].
-    """
-    n = structure.length
-    return [b.start / n for b in structure.blocks] if n else []
-
-# ----------------------------------------------------------------------------------------------------
-# Rewards (NOTES.md §4) and the schedule that picks one per training step
+    """Each block's <Parallel> index / response length (Figure 3: blocks move later over RL)."""
+    return [b.start / structure.length for b in structure.blocks] if structure.length else []
 
 def accuracy_reward(correct: bool, has_parallel: bool | None = None, format_ok: bool | None = None) -> float:
-    """+1 if correct, else -1 (S1, evaluation, the accuracy steps of S2)."""
-    return 1.0 if correct else -1.0
+    return 1.0 if correct else -1.0           # S1, evaluation, the accuracy steps of S2
 
 def parallel_gated_reward(correct: bool, has_parallel: bool, format_ok: bool) -> float:
-    """+1 iff correct and at least one block and a valid format, else -1 (Seen's easy-RL stage)."""
-    return 1.0 if correct and has_parallel and format_ok else -1.0
+    return 1.0 if correct and has_parallel and format_ok else -1.0     # Seen's easy-RL stage
 
 def tiered_reward(correct: bool, has_parallel: bool, format_ok: bool) -> float:
-    """+1.2 correct with a valid block, +1.0 correct without a block, else -1 (a malformed block: -1)."""
-    if not correct:
-        return -1.0
-    if not has_parallel:
-        return 1.0
-    return 1.2 if format_ok else -1.0
+    """+1.2 correct with a valid block, +1.0 correct without a block, else -1 (a malformed block too)."""
+    return -1.0 if not correct else 1.0 if not has_parallel else 1.2 if format_ok else -1.0
 
 REWARDS = {"accuracy": accuracy_reward, "parallel_gated": parallel_gated_reward, "tiered": tiered_reward}
 SCHEDULES = ("accuracy", "parallel_gated", "tiered", "alternating", "scaffold")
@@ -623,8 +517,8 @@ SCHEDULES = ("accuracy", "parallel_gated", "tiered", "alternating", "scaffold")
 @dataclass(frozen=True)
 class RewardSchedule:
     """Which reward a (1-based) training step uses: "accuracy", "parallel_gated" or "tiered" at every step;
-    "alternating" (Unseen S2): in each window of `window` steps the first `accuracy_steps` accuracy, the rest tiered;
-    "scaffold": alternating up to and including `switch_step`, accuracy after.
+    "alternating" (Unseen S2): in each window of `window` steps the first `accuracy_steps` accuracy, the rest
+    tiered; "scaffold": alternating up to and including `switch_step`, accuracy after.
 
         >>> [RewardSchedule("scaffold", switch_step=20).kind_at(t) for t in (8, 9, 20, 21)]
         ['accuracy', 'tiered', 'tiered', 'accuracy']
@@ -644,7 +538,6 @@ class RewardSchedule:
                              f"accuracy_steps={self.accuracy_steps}")
 
     def kind_at(self, step: int) -> str:
-        """"accuracy", "parallel_gated" or "tiered" at training step `step` (1-based, as verl's global_steps)."""
         if step < 1:
             raise ValueError(f"training steps count from 1, got step={step}")
         if self.name in REWARDS:
@@ -653,32 +546,25 @@ class RewardSchedule:
             return "accuracy"
         return "accuracy" if (step - 1) % self.window < self.accuracy_steps else "tiered"
 
-    def reward(self, step: int, correct: bool, has_parallel: bool | None = None,
-               format_ok: bool | None = None) -> float:
+    def reward(self, step: int, correct: bool, has_parallel: bool | None = None, format_ok: bool | None = None) -> float:
         kind = self.kind_at(step)
         if kind != "accuracy" and (has_parallel is None or format_ok is None):
             raise ValueError(f"the {kind!r} reward (step {step}) needs has_parallel and format_ok")
         return REWARDS[kind](correct, has_parallel, format_ok)
 
-def score_batch(responses: Sequence[str], golds: Sequence[str], *, structures=None, response_ids=None,
-                tags=None, tokenizer=None, reward: str | RewardSchedule = "accuracy", step: int = 1,
-                verifier: str = "default", timeout: float = 1.0, workers: int | None = None) -> list[dict]:
-    """Score one step's responses (texts with the tags) against their golds: one dict per response,
-    {"reward", "correct", "pred", "kind", "has_parallel", "format_ok", "num_blocks"}.
-
-    The structure comes from `structures` (the sampler's), else `response_ids` with `tags` or `tokenizer`, else the
-    texts encoded by `tokenizer`; without any the structure fields are None (only "accuracy" allows that). Fast checks
-    run here; each distinct undecided (pred, gold) goes once to the worker pool, under `timeout` s. Raises ValueError
-    for mismatched lengths or a missing structure.
-    """
+def score_batch(responses: list[str], golds: list[str], *, structures=None, response_ids=None, tags=None,
+                tokenizer=None, reward: str | RewardSchedule = "accuracy", step: int = 1, verifier: str = "default",
+                timeout: float = 1.0, workers: int | None = None) -> list[dict]:
+    """Score one step's responses (texts with the tags) against their golds: per response {"reward", "correct",
+    "pred", "kind", "has_parallel", "format_ok", "num_blocks"}. The structure: `structures` (the sampler's), else
+    `response_ids` with `tags` or `tokenizer`, else the texts encoded by `tokenizer`; without any the structure
+    fields are None (only "accuracy" allows that). Each distinct undecided (pred, gold) goes once to the pool."""
     n = len(responses)
     if len(golds) != n:
         raise ValueError(f"score_batch got {n} responses but {len(golds)} golds")
-    schedule = reward if isinstance(reward, RewardSchedule) else RewardSchedule(reward)
-    kind = schedule.kind_at(step)
+    kind = (reward if isinstance(reward, RewardSchedule) else RewardSchedule(reward)).kind_at(step)
     if verifier not in ("default", "paper"):
         raise ValueError(f"verifier must be 'default' or 'paper', got {verifier!r}")
-
     if structures is None and (response_ids is not None or tokenizer is not None):
         structures = _structures(response_ids if response_ids is not None else list(responses), tokenizer, tags)
     if structures is not None and len(structures) != n:
@@ -686,28 +572,17 @@ def score_batch(responses: Sequence[str], golds: Sequence[str], *, structures=No
     if structures is None and kind != "accuracy":
         raise ValueError(f"the {kind!r} reward needs the responses' structure: pass structures= (from the "
                          "sampler), response_ids= with tags=, or tokenizer=")
-
-    preds = [extract_answer(r) for r in responses]
-    correct: list[bool | None] = [None] * n
-    undecided: dict[tuple[str, str], list[int]] = {}
+    preds, correct, undecided = [extract_answer(r) for r in responses], [None] * n, {}
     for i, (pred, gold) in enumerate(zip(preds, golds)):
-        if verifier == "paper":
-            correct[i] = verify(pred, gold, verifier="paper")
-            continue
-        decided, p, g = _fast_check(pred, gold)
+        decided, p, g = (verify(pred, gold, "paper"), "", "") if verifier == "paper" else _fast_check(pred, gold)
         if decided is None:
             undecided.setdefault((p, g), []).append(i)
-        else:
-            correct[i] = decided
-    if undecided:
-        pairs = list(undecided)
-        for pair, ok in zip(pairs, symbolic_equal_many(pairs, timeout, workers)):
-            for i in undecided[pair]:
-                correct[i] = ok
-
+        correct[i] = decided
+    for pair, ok in zip(undecided, symbolic_equal_many(list(undecided), timeout, workers) if undecided else []):
+        for i in undecided[pair]:
+            correct[i] = ok
     out = []
-    for i in range(n):
-        s = structures[i] if structures is not None else None
+    for i, s in enumerate(structures if structures is not None else [None] * n):
         par, fmt, nb = (has_parallel(s), s.valid, num_blocks(s)) if s is not None else (None, None, None)
         out.append({"reward": REWARDS[kind](correct[i], par, fmt), "correct": correct[i], "pred": preds[i],
                     "kind": kind, "has_parallel": par, "format_ok": fmt, "num_blocks": nb})

@@ -1,5 +1,5 @@
-"""Cold-start SFT: teach a model the parallel format by imitation (NOTES.md §6, stage 1); and the training
-plumbing grpo.py builds on (ranks, optimizer and schedule, checkpoints with an exact resume, data streams).
+"""Cold-start SFT: teach a model the parallel format by imitation (NOTES.md §6, stage 1); and the training plumbing
+grpo.py builds on (ranks, optimizer and schedule, checkpoints with an exact resume, shuffled data streams).
 
     python sft.py                                   # tiny model, synthetic traces, ~4 min on 2 CPU cores
     python sft.py --mode=seen --max_steps=100       # any config field: --key=value or --key value
@@ -7,16 +7,13 @@ plumbing grpo.py builds on (ranks, optimizer and schedule, checkpoints with an e
     torchrun --nproc_per_node=8 sft.py --model=Qwen/Qwen3-4B-Base --data=parallel_gsm8k --fsdp=True \\
         --grad_checkpointing=True --out_dir=runs/sft_qwen3_4b     # the paper's Unseen SFT (NOTES.md §5)
 
-One example: the prompt (data.build_prompt; no loss) and the trace + EOS (loss on every token, the tags the
-sampler will inject included). The forward uses the mode's mask and positions (attention.py): Seen is an
-ordinary causal forward, Unseen hides sibling paths and restarts the positions at each path.
-
-Loss = sum of the response tokens' NLL / response tokens of the *whole global batch*, all micro-batches and all
-ranks: the global token count is all-reduced before the first backward, and each micro-batch backpropagates
-sum(NLL) * world_size / global_tokens (DDP and FSDP average gradients over ranks). The official trainer
-backpropagated each micro-batch's own mean: gradients 16x too large before clipping (NOTES.md §8).
-Checkpoints (out_dir/checkpoint-<step>) are Hugging Face folders plus trainer_state.pt (optimizer, schedule,
-RNG states, data position, step, config), so --resume continues bit for bit; out_dir/log.jsonl has every step.
+One example is the prompt (data.build_prompt; no loss) and the trace + EOS (loss on every token, the tags the
+sampler will inject included), forwarded under the mode's mask and positions (attention.py). The loss is the sum
+of the response tokens' NLL over the response tokens of the *whole global batch*: the global token count is
+all-reduced before the first backward and each micro-batch backpropagates sum(NLL) * world_size / global_tokens
+(DDP and FSDP average gradients over ranks). The official trainer backpropagated each micro-batch's own mean,
+16x too large before clipping (NOTES.md §8). Checkpoints out_dir/checkpoint-<step> are Hugging Face folders plus
+trainer_state.pt (optimizer, schedule, RNG states, data position, step, config): --resume continues bit for bit.
 """
 import dataclasses
 import glob
@@ -45,7 +42,7 @@ from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
 import config
-from attention import TagIds, build_mask_and_positions, parse_structure
+from attention import TagIds, parse_structure, structured_forward
 from data import Style, build_prompt, format_response, load_data
 from eval import evaluate, split_by_context
 from model import load_model, load_trainer_state, save_checkpoint
@@ -84,16 +81,15 @@ class SFTConfig:
     eval_samples: int = 16               # greedy samples in the end-of-run summary (0 = none)
     eval_data: str = ""                  # "" = "<data>:test" for synthetic data, else the training problems
 
-# The tiny numbers: batch 32, lr 1e-3, 5% warm-up + cosine; 700 steps. The paper's: NOTES.md §5 (5 epochs).
+# The tiny model: batch 32, lr 1e-3, 5% warm-up + cosine, 700 steps. The paper's: NOTES.md §5 (5 epochs).
 TINY = dict(lr=1e-3, batch_size=32, micro_batch_size=8, warmup_ratio=0.05, max_time=0.0)
 PAPER = dict(lr=1e-5, batch_size=128, micro_batch_size=1, warmup_ratio=0.1, max_time=0.0)
 
 def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
     """The preset in the None fields (max_length waits for the model's context)."""
-    tiny = cfg.model == "tiny"
-    cfg = config.fill(cfg, TINY if tiny else PAPER)
+    cfg = config.fill(cfg, TINY if cfg.model == "tiny" else PAPER)
     if cfg.max_steps is None and cfg.epochs is None:
-        cfg = dataclasses.replace(cfg, **({"max_steps": 700} if tiny else {"epochs": 5.0}))
+        cfg = dataclasses.replace(cfg, **({"max_steps": 700} if cfg.model == "tiny" else {"epochs": 5.0}))
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} does not split evenly over {world_size} ranks")
     return cfg
@@ -106,24 +102,21 @@ class Dist:
     rank: int
     world_size: int
     device: torch.device
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+    is_main = property(lambda self: self.rank == 0)
 
 def setup_distributed() -> Dist:
-    """Join the process group of torchrun (nccl on GPUs, one per process; gloo on CPU), reusing one that exists;
-    without RANK: one process on cuda if available, and every collective below is a no-op."""
+    """Join torchrun's process group (nccl, one GPU per process; gloo on CPU), reusing one that exists (a second init
+    after destroy can deadlock on torchrun's store); without RANK one process, and the collectives are no-ops."""
     if "RANK" not in os.environ:
         return Dist(0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    local = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
-    if not dist.is_initialized():     # once per process: a second init after destroy can deadlock on torchrun's store
-        if device.type == "cuda":
-            torch.cuda.set_device(local)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                **({"device_id": device} if device.type == "cuda" else {}))
-    return Dist(rank, world, device)
+    if not dist.is_initialized() and device.type == "cuda":
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=device)
+    elif not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return Dist(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device)
 
 def teardown_distributed():
     if dist.is_initialized():
@@ -132,7 +125,7 @@ def teardown_distributed():
 
 @contextmanager
 def distributed():
-    """setup_distributed, and teardown at the end when this call made the process group (a caller's stays)."""
+    """setup_distributed, and the teardown at the end if this call made the process group (a caller's stays)."""
     owns = not dist.is_initialized()
     try:
         yield setup_distributed()
@@ -157,8 +150,14 @@ def grad_sync(model, enabled: bool):
     return nullcontext()
 
 def autocast(device: torch.device):
-    """bf16 compute on GPUs (weights and optimizer stay fp32), nothing on CPU."""
+    """bf16 compute on GPUs (the weights and the optimizer stay fp32), nothing on CPU."""
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+def forward(model, input_ids, attention_mask, prompt_lengths, tags: TagIds, mode: str) -> torch.Tensor:
+    """The training forward (B, L, V) under each row's own mask and positions, the mask in the compute dtype."""
+    with autocast(input_ids.device):
+        return structured_forward(model, input_ids, attention_mask, prompt_lengths, tags, mode,
+                                  dtype=torch.bfloat16 if input_ids.device.type == "cuda" else torch.float32)
 
 # ----------------------------------------------------------------------------------------------------
 # Data: records -> token ids -> padded batches, and the shuffled stream of indices
@@ -170,29 +169,25 @@ class Example:
 
 def encode_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: str | None = None) -> list[int]:
     """Prompt ids as the sampler sees them: data.build_prompt, tokenized without adding special tokens."""
-    return tokenizer(build_prompt(tokenizer, problem, style=style, prompt_file=prompt_file or None),
-                     add_special_tokens=False)["input_ids"]
+    return tokenizer(build_prompt(tokenizer, problem, style, prompt_file or None), add_special_tokens=False)["input_ids"]
 
 def tokenize_records(records: list[dict], tokenizer, style: str, max_length: int, prompt_file: str | None = None,
                      log=print) -> list[Example]:
-    """`Example`s of the records, dropping (and counting) the longer than max_length (never truncated: a cut block
-    would be mis-masked) and those whose structure parse_structure rejects. Raises ValueError when the tokenizer
-    lacks the tags, a record has no solution, or nothing is left."""
+    """`Example`s of the records, without (and counting) those longer than max_length (never truncated: a cut block
+    would be mis-masked) and those parse_structure rejects. ValueError: no tags, a record without a solution, none left."""
     tags = TagIds.from_tokenizer(tokenizer)
     if not records:
         raise ValueError("no records to train on: check --data")
-    prompts = tokenizer([build_prompt(tokenizer, r["problem"], style=style, prompt_file=prompt_file) for r in records],
-                        add_special_tokens=False)["input_ids"]          # batched: the same ids as encode_prompt
+    prompts = tokenizer([build_prompt(tokenizer, r["problem"], style, prompt_file) for r in records],
+                        add_special_tokens=False)["input_ids"]                  # batched: the ids of encode_prompt
     solutions = tokenizer([format_response(r) for r in records], add_special_tokens=False)["input_ids"]
     examples, too_long, malformed, first_reason = [], 0, 0, ""
     for r, prompt, solution in zip(records, prompts, solutions):
-        response = solution + [tags.eos]
-        structure = parse_structure(response, tags)
+        response, structure = solution + [tags.eos], parse_structure(solution + [tags.eos], tags)
         if len(prompt) + len(response) > max_length:
             too_long += 1
         elif not structure.valid:
-            malformed += 1
-            first_reason = first_reason or f"{r.get('id', '?')}: {structure.reason}"
+            malformed, first_reason = malformed + 1, first_reason or f"{r.get('id', '?')}: {structure.reason}"
         else:
             examples.append(Example(prompt, response))
     if too_long:
@@ -214,24 +209,20 @@ class Batch:
 def collate(examples: list[Example], pad_id: int) -> Batch:
     """Right-pad to the longest: prompt [5, 6] + response [7, 1] -> input_ids [5, 6, 7, 1, pad], loss_mask [0, 0, 1, 1, 0]."""
     B, L = len(examples), max(len(e.prompt_ids) + len(e.response_ids) for e in examples)
-    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attention_mask, loss_mask = torch.zeros(B, L, dtype=torch.long), torch.zeros(B, L)
+    input_ids, attention_mask, loss_mask = torch.full((B, L), pad_id), torch.zeros(B, L, dtype=torch.long), torch.zeros(B, L)
     for b, e in enumerate(examples):
         p, n = len(e.prompt_ids), len(e.prompt_ids) + len(e.response_ids)
-        input_ids[b, :n] = torch.tensor(e.prompt_ids + e.response_ids)
-        attention_mask[b, :n] = 1
-        loss_mask[b, p:n] = 1
+        input_ids[b, :n], attention_mask[b, :n], loss_mask[b, p:n] = torch.tensor(e.prompt_ids + e.response_ids), 1, 1
     return Batch(input_ids, attention_mask, [len(e.prompt_ids) for e in examples], loss_mask)
 
 def shard_micro_batches(examples: list[Example], batch_indices: list[int], rank: int, world_size: int,
                         micro_batch_size: int, pad_id: int) -> list[Batch]:
-    """This rank's contiguous share of a global batch, sorted by length (shortest first, so micro-batches pad little;
-    the loss is a sum, so the grouping does not change it) and cut into micro-batches: as many on every rank."""
+    """This rank's contiguous share of a global batch, shortest first (micro-batches then pad little; the loss is a
+    sum, so the grouping does not change it), cut into micro-batches: as many on every rank."""
     per_rank = len(batch_indices) // world_size
     mine = sorted(batch_indices[rank * per_rank:(rank + 1) * per_rank],
                   key=lambda i: len(examples[i].prompt_ids) + len(examples[i].response_ids))
-    return [collate([examples[i] for i in mine[j:j + micro_batch_size]], pad_id)
-            for j in range(0, per_rank, micro_batch_size)]
+    return [collate([examples[i] for i in mine[j:j + micro_batch_size]], pad_id) for j in range(0, per_rank, micro_batch_size)]
 
 class ShuffledStream:
     """An endless stream of indices, shuffled each epoch with seed + epoch: (epoch, index) is all a resume needs."""
@@ -240,39 +231,33 @@ class ShuffledStream:
         if not 0 <= index <= n:
             raise ValueError(f"data position {index} is outside the {n} examples: resume with the data "
                              "the checkpoint was trained on")
-        self.n, self.seed, self.epoch, self.index = n, seed, epoch, index
-        self._order = self._shuffle(epoch)
+        self.n, self.seed = n, seed
+        self.start(epoch, index)
 
-    def _shuffle(self, epoch: int) -> list[int]:
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+    def start(self, epoch: int, index: int = 0):
+        self.epoch, self.index = epoch, index
+        self.order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
 
     def take(self, k: int) -> list[int]:
         out = []
         while len(out) < k:
             if self.index == self.n:
-                self.epoch, self.index = self.epoch + 1, 0
-                self._order = self._shuffle(self.epoch)
+                self.start(self.epoch + 1)
             take = min(k - len(out), self.n - self.index)
-            out += self._order[self.index:self.index + take]
-            self.index += take
+            out, self.index = out + self.order[self.index:self.index + take], self.index + take
         return out
 
     def position(self) -> dict:
         return {"epoch": self.epoch, "index": self.index}
 
 # ----------------------------------------------------------------------------------------------------
-# The loss and one optimizer step
+# The loss, one optimizer step, the schedule
 
 def response_nll(model, batch: Batch, tags: TagIds, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed NLL of the response tokens, their count): one forward under the mode's mask and positions (built
-    in the compute dtype). logits[:, t] predicts input_ids[:, t+1] in *sequence* order, whatever the positions."""
-    dtype = torch.bfloat16 if batch.input_ids.device.type == "cuda" else torch.float32
-    mask, position_ids = build_mask_and_positions(batch.input_ids, batch.prompt_lengths, batch.attention_mask,
-                                                  tags, mode, dtype=dtype)
-    with autocast(batch.input_ids.device):
-        logits = model(input_ids=batch.input_ids, attention_mask=mask, position_ids=position_ids,
-                       use_cache=False).logits                                  # (B, L, V)
-    targets, weights = batch.input_ids[:, 1:], batch.loss_mask[:, 1:]           # (B, L-1): the target is a response token
+    """(summed NLL of the response tokens, their count). logits[:, t] predicts input_ids[:, t+1] in *sequence*
+    order, whatever the position ids say (as the official trainer)."""
+    logits = forward(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, tags, mode)   # (B, L, V)
+    targets, weights = batch.input_ids[:, 1:], batch.loss_mask[:, 1:]         # (B, L-1): the target is a response token
     nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), reduction="none")
     return (nll.view_as(targets) * weights).sum(), weights.sum()
 
@@ -281,8 +266,7 @@ def accumulate_gradients(model, micro_batches: list[Batch], tags: TagIds, mode: 
     """Backward over this rank's micro-batches so that the gradients (after the ranks' average) are those of
     sum(NLL) / tokens of the global batch; they sync on the last one. Returns (global NLL sum, global tokens)."""
     device = device or micro_batches[0].input_ids.device
-    global_tokens = all_reduce([sum(mb.loss_mask[:, 1:].sum().item() for mb in micro_batches)], device)[0]
-    nll_total = 0.0
+    global_tokens, nll_total = all_reduce([sum(mb.loss_mask[:, 1:].sum().item() for mb in micro_batches)], device)[0], 0.0
     for i, mb in enumerate(micro_batches):
         with grad_sync(model, enabled=i == len(micro_batches) - 1):
             mb = Batch(mb.input_ids.to(device), mb.attention_mask.to(device), mb.prompt_lengths, mb.loss_mask.to(device))
@@ -294,8 +278,7 @@ def accumulate_gradients(model, micro_batches: list[Batch], tags: TagIds, mode: 
 def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> float:
     """Clip the global grad norm (0: no clipping), step the optimizer and the schedule; the norm before clipping."""
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
-    if hasattr(grad_norm, "full_tensor"):                      # FSDP2: a DTensor
-        grad_norm = grad_norm.full_tensor()
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm   # FSDP2: a DTensor
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
@@ -303,8 +286,8 @@ def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> float:
     return grad_norm.item()
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "cosine") -> float:
-    """The lr multiplier of optimizer step `step` (0-based): linear warm-up, then 1.0 ("constant") or a cosine from
-    1 to 0 at `total_steps`. E.g. warm-up 10, total 100: 0.1 at step 0, 1.0 at step 9, 0.5 at step 55."""
+    """The lr multiplier of optimizer step `step` (0-based): linear warm-up, then 1.0 ("constant") or a cosine from 1
+    to 0 at `total_steps`. E.g. warm-up 10, total 100: 0.1 at step 0, 1.0 at step 9, 0.5 at step 55."""
     if warmup_steps and step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
@@ -332,9 +315,8 @@ def set_rng_state(state: dict):
 
 def find_latest_checkpoint(out_dir: str) -> str:
     """The checkpoint-<step> folder with a trainer state and the highest step. Raises FileNotFoundError."""
-    found = [(int(m.group(1)), p) for p in glob.glob(os.path.join(out_dir, "checkpoint-*"))
-             if (m := re.fullmatch(r"checkpoint-(\d+)", os.path.basename(p))) and
-             os.path.isfile(os.path.join(p, "trainer_state.pt"))]
+    found = [(int(m[1]), p) for p in glob.glob(os.path.join(out_dir, "checkpoint-*"))
+             if (m := re.fullmatch(r"checkpoint-(\d+)", os.path.basename(p))) and os.path.isfile(f"{p}/trainer_state.pt")]
     if not found:
         raise FileNotFoundError(f"--resume=True found no checkpoint-<step> folder with a trainer_state.pt "
                                 f"in {out_dir!r}; pass --resume=<checkpoint folder> or --out_dir")
@@ -342,16 +324,14 @@ def find_latest_checkpoint(out_dir: str) -> str:
 
 def resume_path(cfg) -> str:
     """The checkpoint --resume names ("" without --resume). Raises FileNotFoundError when there is none."""
-    if not cfg.resume:
-        return ""
-    path = find_latest_checkpoint(cfg.out_dir) if cfg.resume.lower() == "true" else cfg.resume
-    if not os.path.isfile(os.path.join(path, "trainer_state.pt")):
+    path = cfg.resume and (find_latest_checkpoint(cfg.out_dir) if cfg.resume.lower() == "true" else cfg.resume)
+    if path and not os.path.isfile(os.path.join(path, "trainer_state.pt")):
         raise FileNotFoundError(f"--resume={cfg.resume!r}: {path!r} is not a checkpoint folder with a "
                                 "trainer_state.pt (written by sft.py or grpo.py)")
     return path
 
 def parse_args(config_class, argv: list[str]):
-    """The command line; with --resume the config saved in that checkpoint is the base the command line overrides."""
+    """The command line; with --resume, the config saved in that checkpoint is the base the command line overrides."""
     cfg = config.parse(config_class, argv)
     if not cfg.resume:
         return cfg
@@ -389,32 +369,27 @@ class Run:
 
     def out_of_time(self, t_start: float) -> bool:
         """Every rank takes the same stop decision (any rank's clock), or the next collective would hang."""
-        return bool(self.cfg.max_time) and all_reduce([time.time() - t_start > self.cfg.max_time],
-                                                      self.dist.device, "max")[0] > 0
+        return bool(self.cfg.max_time) and all_reduce([time.time() - t_start > self.cfg.max_time], self.dist.device, "max")[0] > 0
 
     def save(self, **trainer_state) -> str | None:
-        """out_dir/checkpoint-<step> with the optimizer, schedule, RNG and the caller's state (every rank calls:
-        FSDP gathers the full state dicts to rank 0 first); then keep the keep_last newest. The path on rank 0."""
-        cfg, path = self.cfg, os.path.join(self.cfg.out_dir, f"checkpoint-{self.step}")
-        state_dict = optim_state = None
-        if cfg.fsdp:
-            opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            state_dict = get_model_state_dict(self.train_model, options=opts)
-            optim_state = get_optimizer_state_dict(self.train_model, self.optimizer, options=opts)
+        """out_dir/checkpoint-<step> with the optimizer, schedule, RNG and the caller's state; every rank calls (FSDP
+        gathers the full state dicts to rank 0 first). Then the keep_last newest stay. The path (on rank 0)."""
+        cfg, path, opts = self.cfg, os.path.join(self.cfg.out_dir, f"checkpoint-{self.step}"), \
+            StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state_dict = get_model_state_dict(self.train_model, options=opts) if cfg.fsdp else None
+        optim = get_optimizer_state_dict(self.train_model, self.optimizer, options=opts) if cfg.fsdp else None
         if self.dist.is_main:
-            full = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state, scheduler=self.scheduler.state_dict(),
-                        optimizer=optim_state if cfg.fsdp else self.optimizer.state_dict(), rng=rng_state())
-            save_checkpoint(path, self.train_model, self.tokenizer, trainer_state=full,
-                            **({"state_dict": state_dict} if cfg.fsdp else {}))
-            old = sorted(glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")),
-                         key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or -1))
+            state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state, scheduler=self.scheduler.state_dict(),
+                         optimizer=optim if cfg.fsdp else self.optimizer.state_dict(), rng=rng_state())
+            save_checkpoint(path, self.train_model, self.tokenizer, state, **({"state_dict": state_dict} if cfg.fsdp else {}))
+            old = sorted(glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")), key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or -1))
             for p in old[:-cfg.keep_last] if cfg.keep_last > 0 else []:
                 shutil.rmtree(p, ignore_errors=True)
         if dist.is_initialized():
             dist.barrier()
         return path if self.dist.is_main else None
 
-def load(cfg, d: Dist, name: str, cls=None, **load_kw) -> Run:
+def load(cfg, d: Dist, name: str, cls=Run, **load_kw) -> Run:
     """Seed every RNG and load the model to train, fp32 master weights: `name`, or the checkpoint of --resume."""
     if cfg.fsdp and not dist.is_initialized():
         raise ValueError("--fsdp=True shards the model over processes: launch with torchrun "
@@ -423,35 +398,31 @@ def load(cfg, d: Dist, name: str, cls=None, **load_kw) -> Run:
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     path = resume_path(cfg)
-    model, tokenizer = load_model(path or name, dtype=torch.float32, device=d.device, seed=cfg.seed,
-                                  **({} if path else load_kw))
-    return (cls or Run)(cfg, d, model, tokenizer, TagIds.from_tokenizer(tokenizer), resume=path)
+    model, tok = load_model(path or name, dtype=torch.float32, device=d.device, seed=cfg.seed, **({} if path else load_kw))
+    return cls(cfg, d, model, tok, TagIds.from_tokenizer(tok), resume=path)
 
 def prepare(run: Run, lr_lambda) -> Run:
     """Wrap the model for the ranks (DDP, or FSDP2 per decoder layer then the root), build AdamW (decay on every
-    parameter, as the official trainers) and the schedule, restore them on --resume, and open out_dir's log."""
+    parameter, as the official trainers) and the schedule, restore both on --resume, open out_dir's log."""
     cfg, d, model = run.cfg, run.dist, run.model
     if cfg.grad_checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     run.train_model = model
     if cfg.fsdp:
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if d.device.type == "cuda" else MixedPrecisionPolicy()
-        for layer in model.model.layers:            # one all-gather per decoder layer ...
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if d.device.type == "cuda" \
+            else MixedPrecisionPolicy()
+        for layer in model.model.layers:            # one all-gather per decoder layer, then one for the rest
             fully_shard(layer, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)            # ... and one for embeddings, norm, lm_head
+        fully_shard(model, mp_policy=mp)
     elif d.world_size > 1:
-        run.train_model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
-    run.optimizer = torch.optim.AdamW(run.train_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                      betas=tuple(cfg.betas))
+        run.train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+    run.optimizer = torch.optim.AdamW(run.train_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
     run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, lr_lambda)
     if run.resume:
         run.state = load_trainer_state(run.resume)
         if cfg.fsdp:
-            set_optimizer_state_dict(run.train_model, run.optimizer, run.state["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(run.train_model, run.optimizer, run.state["optimizer"], options=StateDictOptions(full_state_dict=True))
         else:
             run.optimizer.load_state_dict(run.state["optimizer"])
         run.scheduler.load_state_dict(run.state["scheduler"])
@@ -459,14 +430,13 @@ def prepare(run: Run, lr_lambda) -> Run:
         run.log(f"resumed from {run.resume} at step {run.step}")
     if d.is_main:                                   # a fresh run replaces an earlier run's checkpoints and log
         os.makedirs(cfg.out_dir, exist_ok=True)
-        old = [] if run.resume else glob.glob(os.path.join(cfg.out_dir, "checkpoint-*"))
+        old, log_path = [] if run.resume else glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")), os.path.join(cfg.out_dir, "log.jsonl")
         for p in old:
             shutil.rmtree(p, ignore_errors=True)
         if old:
             run.log(f"removed {len(old)} checkpoint(s) of an earlier run in {cfg.out_dir} (--resume=True continues one)")
-        log_path, kept = os.path.join(cfg.out_dir, "log.jsonl"), []
-        if run.resume and os.path.isfile(log_path):  # the lines up to the resumed step
-            kept = [line for line in open(log_path) if json.loads(line)["step"] <= run.step]
+        kept = [line for line in open(log_path) if json.loads(line)["step"] <= run.step] \
+            if run.resume and os.path.isfile(log_path) else []   # a resumed log: the lines up to its step
         run.log_file = open(log_path, "w")
         run.log_file.writelines(kept)
     return run
@@ -475,15 +445,14 @@ def prepare(run: Run, lr_lambda) -> Run:
 # The SFT run
 
 def sft_data(run: Run, records: list[dict] | None) -> tuple[list[Example], str, list[dict]]:
-    """The examples to train on (`records` given: instead of cfg.data), and the name and records of the end check:
+    """The examples (of `records` if given, else of cfg.data), and the name and records of the end-of-run check:
     cfg.eval_data, else the test part of synthetic data, else the training problems."""
     cfg = run.cfg
     synthetic = records is None and all(re.fullmatch(r"synthetic:\w+", n.strip()) for n in cfg.data.split(","))
     if records is None:
-        records = load_data(cfg.data, style=cfg.style, limit=cfg.limit or None, seed=cfg.seed,
-                            data_dir=cfg.data_dir or None, tokenizer=run.tokenizer, parallel_fraction=cfg.parallel_fraction)
-    elif cfg.limit:
-        records = records[:cfg.limit]
+        records = load_data(cfg.data, style=cfg.style, limit=cfg.limit or None, seed=cfg.seed, data_dir=cfg.data_dir or None,
+                            tokenizer=run.tokenizer, parallel_fraction=cfg.parallel_fraction)
+    records = records[:cfg.limit] if cfg.limit else records
     examples = tokenize_records(records, run.tokenizer, cfg.style, cfg.max_length, cfg.prompt_file or None, log=run.log)
     if not cfg.eval_samples or not (cfg.eval_data or synthetic):
         return examples, f"{cfg.data} (training problems)", records
@@ -496,18 +465,17 @@ def quick_eval(model, tokenizer, records: list[dict], mode: str, n: int, *, prom
     """Greedy samples of the first `n` records that fit the model's context (the others are counted in notes):
     {"n", "format_valid", "parallel", "accuracy", "example" (the first response), "notes"}."""
     out = {"n": 0, "format_valid": None, "parallel": None, "accuracy": None, "example": "", "notes": []}
-    style = "sequential" if mode == "sequential" else "parallel"
-    context = getattr(model.config, "max_position_embeddings", None)
+    style, context = "sequential" if mode == "sequential" else "parallel", getattr(model.config, "max_position_embeddings", None)
     fit, over = split_by_context([len(encode_prompt(tokenizer, r["problem"], style, prompt_file)) for r in records],
                                  max_new_tokens, context)
     if over:
         out["notes"].append(f"skipped {len(over)} problems whose prompt + {max_new_tokens} new tokens exceed the "
                             f"model's context of {context}")
     if fit[:n]:
-        m, samples = evaluate(model, tokenizer, [{**records[i], "id": i} for i in fit[:n]], mode, k=1, max_new_tokens=max_new_tokens,
-                              seed=seed, batch_size=n, prompt_file=prompt_file, greedy=True)
-        out.update(n=len(samples), format_valid=m["format_valid"], parallel=m["parallel_ratio"],
-                   accuracy=m["mean_at_k"], example=samples[0]["response"])
+        m, samples = evaluate(model, tokenizer, [{**records[i], "id": i} for i in fit[:n]], mode, k=1, seed=seed,
+                              max_new_tokens=max_new_tokens, batch_size=n, prompt_file=prompt_file, greedy=True)
+        out.update(n=len(samples), format_valid=m["format_valid"], parallel=m["parallel_ratio"], accuracy=m["mean_at_k"],
+                   example=samples[0]["response"])
     return out
 
 def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
@@ -522,11 +490,11 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
         total_steps = cfg.max_steps or math.ceil(cfg.epochs * len(examples) / cfg.batch_size)
         prepare(run, sft_schedule(total_steps, cfg.warmup_ratio))
         stream = ShuffledStream(len(examples), cfg.seed, **run.state.get("data_position", {}))
-        run.log(f"SFT {cfg.model} ({sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M params) on "
-                f"{len(examples)} examples of {cfg.data}, mode={cfg.mode}, style={cfg.style} | {d.world_size} rank(s) on "
-                f"{d.device.type}, batch {cfg.batch_size} = {d.world_size} x "
-                f"{math.ceil(cfg.batch_size // d.world_size / cfg.micro_batch_size)} micro-batch(es) of <= "
-                f"{cfg.micro_batch_size} | lr {cfg.lr}, {total_steps} steps" + (f", max_time {cfg.max_time:.0f}s" if cfg.max_time else ""))
+        run.log(f"SFT {cfg.model} ({sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M params) on {len(examples)} "
+                f"examples of {cfg.data}, mode={cfg.mode}, style={cfg.style} | {d.world_size} rank(s) on {d.device.type}, "
+                f"batch {cfg.batch_size} = {d.world_size} x {math.ceil(cfg.batch_size // d.world_size / cfg.micro_batch_size)} "
+                f"micro-batch(es) of <= {cfg.micro_batch_size} | lr {cfg.lr}, {total_steps} steps"
+                + (f", max_time {cfg.max_time:.0f}s" if cfg.max_time else ""))
         bar = tqdm(total=total_steps, initial=run.step, disable=not d.is_main, dynamic_ncols=True, desc="sft")
         if run.state:
             set_rng_state(run.state["rng"])
@@ -540,11 +508,10 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
             grad_norm = optimizer_step(run.train_model, run.optimizer, run.scheduler, cfg.grad_clip)
             run.step += 1
             tokens = all_reduce([sum(mb.attention_mask.sum().item() for mb in micro_batches)], d.device)[0]
-            dt, elapsed, loss = time.time() - t0, time.time() - t_start, nll / loss_tokens
-            tokens_seen += tokens
+            dt, loss, tokens_seen = time.time() - t0, nll / loss_tokens, tokens_seen + tokens
             losses.append(loss)
-            run.write(dict(step=run.step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=int(tokens),
-                           loss_tokens=int(loss_tokens), tokens_per_s=tokens / dt, elapsed=elapsed, epoch=stream.epoch))
+            run.write(dict(step=run.step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=int(tokens), loss_tokens=int(loss_tokens),
+                           tokens_per_s=tokens / dt, elapsed=time.time() - t_start, epoch=stream.epoch))
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens / dt:,.0f}")
             bar.update(1)
             if d.is_main and cfg.log_every and run.step % cfg.log_every == 0:
@@ -557,35 +524,31 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
                 break
         bar.close()
         seconds = time.time() - t_start
-        if d.is_main:
-            run.log_file.close()
         summary = {"checkpoint": ckpt, "steps": run.step, "total_steps": total_steps, "stopped_early": stopped_early,
                    "final_loss": float(np.mean(losses[-10:])) if losses else None, "seconds": seconds,
                    "tokens_per_s": tokens_seen / seconds if seconds > 0 else 0.0, "eval": None}
         if d.is_main and cfg.eval_samples and not cfg.fsdp:     # a sharded model would need every rank
             # budget: twice the longest training response, within max_length (an untrained model rambles)
-            budget = min(cfg.max_length - max(len(e.prompt_ids) for e in examples),
-                         2 * max(len(e.response_ids) for e in examples))
+            budget = min(cfg.max_length - max(len(e.prompt_ids) for e in examples), 2 * max(len(e.response_ids) for e in examples))
             summary["eval"] = dict(quick_eval(run.model, run.tokenizer, eval_records, "sequential" if cfg.style == "sequential"
                                               else cfg.mode, cfg.eval_samples, prompt_file=cfg.prompt_file or None,
-                                              seed=cfg.seed, max_new_tokens=max(1, budget)),
-                                   data=eval_name)
+                                              seed=cfg.seed, max_new_tokens=max(1, budget)), data=eval_name)
         elif d.is_main and cfg.fsdp:
             summary["eval"] = {"notes": ["FSDP run: no greedy samples here; evaluate the checkpoint with eval.py"]}
         if d.is_main:
+            run.log_file.close()
             print_summary(summary, cfg)
         return summary
 
-def print_summary(summary: dict, cfg: SFTConfig):
-    s, e = summary, summary.get("eval") or {}
-    how = (f"stopped by max_time={cfg.max_time:.0f}s at step {s['steps']} of {s['total_steps']} "
-           "(the cosine schedule did not finish)") if s["stopped_early"] else f"{s['steps']} steps"
+def print_summary(s: dict, cfg: SFTConfig):
+    e, pct = s.get("eval") or {}, lambda x: "n/a" if x is None else f"{100 * x:.0f}%"
+    how = (f"stopped by max_time={cfg.max_time:.0f}s at step {s['steps']} of {s['total_steps']} (the cosine schedule "
+           "did not finish)") if s["stopped_early"] else f"{s['steps']} steps"
     print("\n" + "=" * 78 + f"\nSFT done: {how} in {s['seconds']:.0f}s, {s['tokens_per_s']:,.0f} tokens/s")
     print(f"final loss (mean of the last 10 steps): {s['final_loss']:.4f}" if s["final_loss"] is not None else "")
     print(f"checkpoint: {s['checkpoint']}    (load: model.load_model(path); continue: --resume=True)")
     print(f"log: {os.path.join(cfg.out_dir, 'log.jsonl')}")
     if e.get("n"):
-        pct = lambda x: "n/a" if x is None else f"{100 * x:.0f}%"   # noqa: E731
         print(f"greedy samples on {e['n']} problems of {e.get('data')}: format valid {pct(e['format_valid'])}, "
               f"with a parallel block {pct(e['parallel'])}, accuracy {pct(e['accuracy'])}")
         print("first sample: " + e["example"][:300].replace("\n", "\\n"))
