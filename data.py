@@ -13,7 +13,8 @@ Names accepted by `load_data` and by every script's data option (`KNOWN_DATASETS
     synthetic:easy        the embedded pair search, 3 numbers, train part
     synthetic:medium      ... 4 numbers
     synthetic:hard        ... 5 numbers
-    synthetic:easy:test   ... test part of each (held-out number patterns: disjoint from every train part)
+    synthetic:easy:rl     ... RL part of each (number patterns the train parts never show)
+    synthetic:easy:test   ... test part of each (held-out number patterns: disjoint from train and rl)
     gsm8k:train           GSM8K, 7473 problems (answers from "#### N", commas removed)
     gsm8k:test            GSM8K, 1319 problems
     dapo                  DAPO-Math-17k as deduplicated by the Parallel-R1 authors, 17917 rows
@@ -130,11 +131,12 @@ def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: 
 #   "Which two of 6 2 5 3 make 8?"
 #
 # One attempt picks two numbers and checks their sum against the target in a few tokens ("6+3=9 vs 8: no",
-# "5+3=8 vs 8: ok"; the target is copied next to the sum, so the check compares neighbouring tokens). The tiny model cannot see the answer at a glance (test problems use number patterns that
-# training never shows), but it can check a guess, and a checked guess is certain: so N attempts beat one.
-# A round of the search is either one attempt written in the main chain, or a parallel block whose paths
-# are the attempts and whose summary keeps the pair that checked ("none" when no path did); rounds go on
-# until a pair checks. The target is at most 9, so every check compares two one-digit numbers.
+# "5+3=8 vs 8: ok": the target is copied next to the sum, so the check compares neighbouring tokens). The
+# tiny model cannot see the answer at a glance (RL and test problems use number patterns the cold start
+# never shows), but it can check a guess, and a checked guess is certain: so N attempts beat one. A round
+# of the search is one attempt written in the main chain, or a parallel block whose paths are the attempts
+# and whose summary keeps the pair that checked ("none" when no path did); rounds go on until a pair
+# checks. The target is at most 9, so every check compares two one-digit numbers.
 #
 #   6+3=9 vs 8: no
 #   <Parallel><Path>2+5=7 vs 8: no</Path><Path>5+3=8 vs 8: ok</Path></Parallel>
@@ -149,9 +151,9 @@ def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: 
 # prompt does not ask for either, and the model's own parallel ratio is what RL moves (NOTES.md §7).
 # The answer names the two numbers ("5, 3"); `rewards.verify` compares such a list as a set.
 
-SYNTHETIC_SPLITS = {"easy": 3, "medium": 4, "hard": 5}   # difficulty -> numbers in the list
-SYNTHETIC_SIZES = {"train": 20_000, "test": 500}           # records per part when `limit` is not given
-SYNTHETIC_TEST_BUCKETS = 5                                 # 1 in 5 number patterns is held out for testing
+SYNTHETIC_SPLITS = {"easy": 4, "medium": 5, "hard": 6}   # difficulty -> numbers in the list
+SYNTHETIC_SIZES = {"train": 20_000, "rl": 20_000, "test": 500}   # records per part when `limit` is not given
+SYNTHETIC_PARTS = ("test", "rl", "train", "train", "train")       # part of each of 5 pattern buckets
 
 
 @dataclass(frozen=True)
@@ -184,27 +186,29 @@ def make_problem(rng: random.Random, size: int) -> PairProblem:
             return PairProblem(numbers, target, sums[target][0])
 
 
-def is_test_problem(problem: PairProblem) -> bool:
-    """Whether a problem's number pattern (the list as a set, and the target) belongs to the test parts:
-    a fixed hash, so no train part of any split shares a pattern with any test part."""
+def problem_part(problem: PairProblem) -> str:
+    """The part a problem's number pattern (the list as a set, and the target) belongs to, by a fixed hash:
+    "train" (the cold start's problems, 3 in 5 patterns), "rl" (RL's, 1 in 5) or "test" (1 in 5). No two
+    parts of any splits share a pattern, so RL trains on problems the cold start never saw (as the paper's
+    RL data, DAPO, is not its SFT data, GSM8K) and the test problems are new to both."""
     key = repr((sorted(problem.numbers), problem.target)).encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % SYNTHETIC_TEST_BUCKETS == 0
+    return SYNTHETIC_PARTS[int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % len(SYNTHETIC_PARTS)]
 
 
 def synthetic_problems(split: str, part: str = "train", n: int | None = None, seed: int = 0) -> list[PairProblem]:
-    """`n` problems of difficulty `split` ("easy", "medium", "hard"), part "train" or "test".
+    """`n` problems of difficulty `split` ("easy", "medium", "hard"), part "train", "rl" or "test".
 
     Deterministic: the same (split, part, n, seed) gives the same list on every machine (the generator is
     seeded with a string, hashed with SHA-512), and a shorter list is a prefix of a longer one. Patterns
-    repeat (the space is small); train and test parts never share one (`is_test_problem`).
+    repeat (the space is small); no two parts share one (`problem_part`).
     Raises ValueError for an unknown split or part.
     """
     if split not in SYNTHETIC_SPLITS or part not in SYNTHETIC_SIZES:
-        raise ValueError(f"unknown synthetic set {split}:{part}; splits {sorted(SYNTHETIC_SPLITS)}, parts train/test")
+        raise ValueError(f"unknown synthetic set {split}:{part}; splits {sorted(SYNTHETIC_SPLITS)}, parts {sorted(SYNTHETIC_SIZES)}")
     rng, out = random.Random(f"synthetic:{split}:{part}:{seed}"), []
     while len(out) < (SYNTHETIC_SIZES[part] if n is None else n):
         p = make_problem(rng, SYNTHETIC_SPLITS[split])
-        if is_test_problem(p) == (part == "test"):
+        if problem_part(p) == part:
             out.append(p)
     return out
 
@@ -243,12 +247,12 @@ def synthetic_records(name: str, style: str, limit: int | None, seed: int, paral
     """Records of "synthetic:<split>[:test]" with teacher traces (`render_trace`; style "sequential"
     writes every round as one attempt). Trace randomness is per record, so the problems do not depend on
     the style. Raises ValueError for an unknown split or a parallel_fraction outside [0, 1]."""
-    m = re.fullmatch(r"synthetic:(\w+)(?::(train|test))?", name)
+    m = re.fullmatch(r"synthetic:(\w+)(?::(rl|test))?", name)
     split, part = (m.group(1), m.group(2) or "train") if m else ("", "")
     if not 0 <= parallel_fraction <= 1:
         raise ValueError(f"parallel_fraction must be in [0, 1], got {parallel_fraction}")
     fraction = 0.0 if style == "sequential" else parallel_fraction
-    source = f"synthetic:{split}" + (":test" if part == "test" else "")
+    source = f"synthetic:{split}" + (f":{part}" if part != "train" else "")
     return [{"id": f"{source}-{i}", "problem": p.text, "answer": p.answer, "source": source,
              "solution": render_trace(p, random.Random(f"{source}:{seed}:{i}"), fraction)}
             for i, p in enumerate(synthetic_problems(split, part, limit, seed))]
@@ -545,7 +549,7 @@ def _filter_parallel(records: list[dict], where: str, tokenizer) -> list[dict]:
 def _load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
               data_dir: str | None, tokenizer, parallel_fraction: float) -> list[dict]:
     name = name.strip()
-    m = re.fullmatch(r"synthetic:(\w+)(?::(train|test))?", name)
+    m = re.fullmatch(r"synthetic:(\w+)(?::(rl|test))?", name)
     if m:
         if m.group(1) not in SYNTHETIC_SPLITS:
             raise ValueError(f"unknown dataset {name!r}; known: {', '.join(KNOWN_DATASETS)}")

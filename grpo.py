@@ -238,8 +238,8 @@ class GRPOConfig:
     keep_last: int = 2                   # checkpoints kept in out_dir (0 = all)
 
 
-SYNTHETIC = "synthetic:easy,synthetic:medium,synthetic:hard"
-TINY_DEFAULTS = dict(data=SYNTHETIC, eval_data=SYNTHETIC.replace(",", ":test,") + ":test", easy_data="synthetic:easy",
+TINY_DEFAULTS = dict(data="synthetic:easy:rl,synthetic:medium:rl,synthetic:hard:rl",
+                     eval_data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test", easy_data="synthetic:easy",
                      batch_size=16, group_size=8, max_new_tokens=128, lr=3e-4, warmup_steps=10,
                      lr_schedule="cosine", kl_coef=0.3, micro_batch_size=16, generate_batch_size=0,
                      max_steps=45, max_time=0.0, eval_every=15, eval_samples=64, eval_k=8, easy_steps=10,
