@@ -1,4 +1,4 @@
-# make demo   -- create .venv if missing, install, run the main job on the embedded default
+# make demo   -- create .venv if missing, install, run the main job on the embedded default (SEED=1: another seed)
 # make test   -- create .venv if missing, install, run the test suite
 PY      ?= python3
 VENV    := .venv
@@ -11,6 +11,8 @@ export HF_HUB_DISABLE_PROGRESS_BARS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 # idle OpenMP threads sleep instead of spinning (spinning made shared 2-core machines 5x slower)
 export OMP_WAIT_POLICY ?= PASSIVE
+SEED    ?= 0
+export SEED
 
 .PHONY: demo test install reproduce clean
 

@@ -2,15 +2,15 @@
 
 Every loader returns one dict per problem:
 
-    {"id": "synthetic:hard-0", "problem": "Which two of 2 8 4 7 1 make 6?", "answer": "2, 4",
+    {"id": "synthetic:hard-0", "problem": "Which two of 2 8 4 7 1 3 make 6?", "answer": "2, 4",
      "solution": "<Parallel>...Final Answer: 4, 2" or None (the SFT target, tags as text, no EOS), "source": ...}
 
-Names `load_data` takes: synthetic:easy / :medium / :hard (3, 4, 5 numbers; "...:test" for the held-out number
-patterns), gsm8k:train, gsm8k:test, dapo (DAPO-Math-17k, the authors' dedup), math500 (LaTeX answers), aime24,
-aime25, amc23, parallel_gsm8k (the cold-start traces, canonicalised and filtered), a comma list of names, or a
-.jsonl / .json / .parquet file with a problem and an answer per row. The real sets are read from a local
-folder laid out as `KNOWN_DATASETS` says (`data_dir`, else $PARALLEL_R1_DATA, else ../shared/data next to the
-repository), else fetched with `datasets.load_dataset`.
+Names `load_data` takes: synthetic:easy / :medium / :hard (4, 5, 6 numbers; "...:rl" for RL's number patterns,
+"...:test" for the held-out ones: three disjoint parts, `problem_part`), gsm8k:train, gsm8k:test, dapo
+(DAPO-Math-17k, the authors' dedup), math500 (LaTeX answers), aime24, aime25, amc23, parallel_gsm8k (the cold-start
+traces, canonicalised and filtered), a comma list of names, or a .jsonl / .json / .parquet file with a problem and
+an answer per row. The real sets are read from a local folder laid out as `KNOWN_DATASETS` says (`data_dir`, else
+$PARALLEL_R1_DATA, else ../shared/data next to the repository), else fetched with `datasets.load_dataset`.
 
     python data.py --show=synthetic:hard --n=2 [--style=sequential]     # problems, traces, lengths
 """
@@ -89,17 +89,17 @@ def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: 
 #   <Summary>5, 3</Summary>
 #   Final Answer: 5, 3
 #
-# The tiny model cannot see the answer at a glance (test problems use number patterns training never shows),
+# The tiny model cannot see the answer at a glance (RL and test problems use patterns the cold start never shows),
 # but a checked guess is certain, so N attempts beat one. A round of the search is one attempt in the main
 # chain or a block of attempts whose summary keeps the pair that checked ("none" if none did). The teacher
 # guesses right with probability guess_accuracy, else any other pair in either order (two paths may try the
 # same pair, as two Unseen paths would); the last allowed round always holds the right pair. A round is a block
 # with probability parallel_fraction: the cold start mixes both, and RL moves the model's own ratio.
 
-SYNTHETIC_SPLITS = {"easy": 3, "medium": 4, "hard": 5}   # difficulty -> numbers in the list
-SYNTHETIC_SIZES = {"train": 20_000, "test": 500}           # records per part when `limit` is not given
-SYNTHETIC_TEST_BUCKETS = 5                                 # 1 in 5 number patterns is held out for testing
-SYNTHETIC_NAMES = [f"synthetic:{s}{p}" for s in SYNTHETIC_SPLITS for p in ("", ":test")]
+SYNTHETIC_SPLITS = {"easy": 4, "medium": 5, "hard": 6}   # difficulty -> numbers in the list
+SYNTHETIC_SIZES = {"train": 20_000, "rl": 20_000, "test": 500}   # records per part when `limit` is not given
+SYNTHETIC_PARTS = ("test", "rl", "train", "train", "train")       # part of each of 5 pattern buckets
+SYNTHETIC_NAMES = [f"synthetic:{s}{p}" for s in SYNTHETIC_SPLITS for p in ("", ":rl", ":test")]
 
 @dataclass(frozen=True)
 class PairProblem:
@@ -128,20 +128,22 @@ def make_problem(rng: random.Random, size: int) -> PairProblem:
             target = rng.choice(unique)
             return PairProblem(numbers, target, sums[target][0])
 
-def is_test_problem(problem: PairProblem) -> bool:
-    """A fixed hash of the number pattern (the list as a set, the target): no train part shares one with a test part."""
+def problem_part(problem: PairProblem) -> str:
+    """The part of a problem's number pattern (the list as a set, the target) by a fixed hash: "train" (the cold
+    start's, 3 in 5 patterns), "rl" (RL's, 1 in 5) or "test" (1 in 5). No two parts share a pattern, so RL trains
+    on problems the cold start never saw (as the paper's RL data, DAPO, is not its SFT data) and tests are new to both."""
     key = repr((sorted(problem.numbers), problem.target)).encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % SYNTHETIC_TEST_BUCKETS == 0
+    return SYNTHETIC_PARTS[int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % len(SYNTHETIC_PARTS)]
 
 def synthetic_problems(split: str, part: str = "train", n: int | None = None, seed: int = 0) -> list[PairProblem]:
-    """`n` problems of difficulty `split`, part "train" or "test": the same on every machine (a string seed), and a
-    shorter list is a prefix of a longer one. Raises ValueError for an unknown split or part."""
+    """`n` problems of difficulty `split`, part "train", "rl" or "test": the same on every machine (a string seed),
+    and a shorter list is a prefix of a longer one. Raises ValueError for an unknown split or part."""
     if split not in SYNTHETIC_SPLITS or part not in SYNTHETIC_SIZES:
-        raise ValueError(f"unknown synthetic set {split}:{part}; splits {sorted(SYNTHETIC_SPLITS)}, parts train/test")
+        raise ValueError(f"unknown synthetic set {split}:{part}; splits {sorted(SYNTHETIC_SPLITS)}, parts {sorted(SYNTHETIC_SIZES)}")
     rng, out = random.Random(f"synthetic:{split}:{part}:{seed}"), []
     while len(out) < (SYNTHETIC_SIZES[part] if n is None else n):
         p = make_problem(rng, SYNTHETIC_SPLITS[split])
-        if is_test_problem(p) == (part == "test"):
+        if problem_part(p) == part:
             out.append(p)
     return out
 
@@ -175,7 +177,7 @@ def synthetic_records(split: str, part: str, style: str, limit: int | None, seed
     if not 0 <= parallel_fraction <= 1:
         raise ValueError(f"parallel_fraction must be in [0, 1], got {parallel_fraction}")
     fraction = 0.0 if style == "sequential" else parallel_fraction
-    source = f"synthetic:{split}" + (":test" if part == "test" else "")
+    source = f"synthetic:{split}" + (f":{part}" if part != "train" else "")
     return [{"id": f"{source}-{i}", "problem": p.text, "answer": p.answer, "source": source,
              "solution": render_trace(p, random.Random(f"{source}:{seed}:{i}"), fraction)}
             for i, p in enumerate(synthetic_problems(split, part, limit, seed))]
@@ -374,7 +376,7 @@ def _records_from_rows(rows, name: str, style: str, strict: bool, where: str, to
 
 def _load_one(name: str, style: str, strict: bool, limit: int | None, seed: int, data_dir: str | None, tokenizer,
               parallel_fraction: float) -> list[dict]:
-    m = re.fullmatch(r"synthetic:(\w+)(?::(train|test))?", name)
+    m = re.fullmatch(r"synthetic:(\w+)(?::(rl|test))?", name)
     if m and m.group(1) in SYNTHETIC_SPLITS:
         return synthetic_records(m.group(1), m.group(2) or "train", style, limit, seed, parallel_fraction)
     if name in KNOWN_DATASETS:

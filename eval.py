@@ -115,7 +115,8 @@ def evaluate(model, tokenizer, records: list[dict], mode: str, k: int = 1, max_n
             prompts = [build_prompt(tokenizer, r["problem"], style=style, prompt_file=prompt_file) for r in batch]
             rollouts = generate(model, tokenizer, [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts],
                                 group_size=k, mode=mode, max_new_tokens=max_new_tokens, num_paths=num_paths,
-                                max_blocks=max_blocks, temperature=temperature, top_p=top_p, greedy=greedy, seed=seed + b)
+                                max_blocks=max_blocks, allow_parallel=mode != "sequential", temperature=temperature,
+                                top_p=top_p, greedy=greedy, seed=seed + b)
             scores = score_batch([r.text for r in rollouts], [batch[r.prompt_index]["answer"] for r in rollouts],
                                  structures=[r.structure for r in rollouts], reward="accuracy", verifier=verifier)
             for j, (r, sc) in enumerate(zip(rollouts, scores)):

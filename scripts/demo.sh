@@ -1,29 +1,42 @@
 #!/usr/bin/env bash
-# `make demo`: the whole curriculum on the embedded default (a ~1M-parameter model, CPU):
-#   1. cold-start SFT on synthetic:easy parallel traces (Unseen mask)       ~4 min (400 steps)
-#   2. GRPO on synthetic:hard with the Unseen S1 recipe (accuracy reward)    ~7 min (45 steps)
-#   3. evaluation of both checkpoints on held-out easy and hard problems     ~2 min
-# and a before/after table. Everything lands in runs/demo/.
+# `make demo [SEED=1]`: the whole curriculum on the embedded default (a ~1M-parameter model, CPU):
+#   1. cold-start SFT on the pair search, half its rounds written as parallel blocks (Unseen mask)
+#   2. GRPO on all three difficulties with the Unseen S2 recipe (accuracy reward, every 10th and 9th
+#      step the tiered parallel reward)
+#   3. both checkpoints evaluated on held-out problems of each difficulty, same seeds
+# then a before/after table (results.md) and one problem answered before and after RL.
+# Everything lands in runs/demo (runs/demo-seed<N> for another seed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-OUT=runs/demo
+SEED=${SEED:-0}
+OUT=${OUT:-runs/demo$([ "$SEED" = 0 ] || echo "-seed$SEED")}
 start=$(date +%s)
+latest() { ls -d "$1"/checkpoint-* | sort -V | tail -1; }
 
-echo "== 1/3 SFT: python sft.py --out_dir=$OUT/sft"
-$PY sft.py --out_dir=$OUT/sft
-SFT_CKPT=$(ls -d $OUT/sft/checkpoint-* | sort -V | tail -1)
-echo "== 2/3 GRPO: python grpo.py --recipe=unseen-s1 --model=$SFT_CKPT --out_dir=$OUT/grpo"
-$PY grpo.py --recipe=unseen-s1 --model=$SFT_CKPT --out_dir=$OUT/grpo
-GRPO_CKPT=$(ls -d $OUT/grpo/checkpoint-* | sort -V | tail -1)
-echo "== 3/3 eval: the SFT and the GRPO checkpoints, same problems, same seeds"
-$PY eval.py --model=$SFT_CKPT --name="Parallel-SFT-Unseen (tiny)" --out_dir=$OUT/eval_sft
-$PY eval.py --model=$GRPO_CKPT --name="Parallel-R1-Unseen S1 (tiny)" --out_dir=$OUT/eval_grpo
-$PY scripts/plot.py $OUT/grpo || echo "(no plot: pip install -r requirements-plot.txt)"
+echo "== 1/3 SFT: python sft.py --seed=$SEED --out_dir=$OUT/sft"
+$PY sft.py --seed="$SEED" --out_dir="$OUT/sft"
+SFT_CKPT=$(latest "$OUT/sft")
+echo "== 2/3 GRPO: python grpo.py --recipe=unseen-s2 --seed=$SEED --model=$SFT_CKPT --out_dir=$OUT/grpo"
+$PY grpo.py --recipe=unseen-s2 --seed="$SEED" --model="$SFT_CKPT" --out_dir="$OUT/grpo"
+GRPO_CKPT=$(latest "$OUT/grpo")
+echo "== 3/3 eval: the SFT and the GRPO checkpoints, same problems, same sampling seeds"
+$PY eval.py --model="$SFT_CKPT" --name="Parallel-SFT-Unseen (tiny)" --out_dir="$OUT/eval_sft"
+$PY eval.py --model="$GRPO_CKPT" --name="Parallel-R1-Unseen S2 (tiny)" --out_dir="$OUT/eval_grpo"
+$PY scripts/plot.py "$OUT/grpo" || echo "(no plot: pip install -r requirements-plot.txt)"
 
 echo
-echo "== Before / after (temperature 1.0, Mean@k and unbiased Pass@k on held-out problems)"
-$PY scripts/table.py $OUT/eval_sft $OUT/eval_grpo --out_dir=$OUT
+echo "== Before / after RL (held-out problems, T = 1, Mean@k and unbiased Pass@k)"
+$PY scripts/table.py "$OUT/eval_sft" "$OUT/eval_grpo" --out_dir="$OUT"
+echo
+echo "== The same problem before and after RL (first sample of the first hard test problem)"
+$PY - "$OUT" <<'EOF'
+import json, sys
+for name in ("eval_sft", "eval_grpo"):
+    with open(f"{sys.argv[1]}/{name}/samples.jsonl") as f:
+        s = next(r for r in map(json.loads, f) if r["benchmark"].startswith("synthetic:hard"))
+    print(f"--- {name}: {s['prompt'].strip()}  ->  {'right' if s['correct'] else 'wrong'}\n{s['response']}")
+EOF
 echo
 echo "checkpoints: $SFT_CKPT  $GRPO_CKPT"
 echo "logs:        $OUT/sft/log.jsonl  $OUT/grpo/log.jsonl   samples: $OUT/eval_*/samples.jsonl"

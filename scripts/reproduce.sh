@@ -1,56 +1,58 @@
 #!/usr/bin/env bash
-# `make reproduce`: the paper's Table 2 in miniature on the synthetic task (fixed seeds and step counts).
-#   three cold starts: Unseen SFT, Seen SFT, and the sequential baseline's SFT (no tags)
-#   five RL recipes:   baseline, seen, unseen-s1, unseen-s2, scaffold -- each GRPO_STEPS steps
-#   one evaluation of every checkpoint on the same held-out problems -> results/results.md
-# Two lanes run side by side, one thread each (about 35 minutes on 2 cores; 40 GRPO steps = what the
-# default 400-s `python grpo.py` gets on 2 cores):
-#   lane A  Unseen SFT -> unseen-s1, unseen-s2, scaffold
-#   lane B  Seen SFT, sequential SFT -> seen, baseline
-# Step counts, not wall time, bound every run, so the table does not depend on the machine's speed.
+# `make reproduce`: the paper's Table 2 in miniature on the embedded task, two seeds per row.
+#   cold starts, per seed: Unseen SFT and Seen SFT (the mixed parallel/sequential traces), sequential SFT
+#   RL recipes, per seed:  baseline (sequential), seen, unseen-s1, unseen-s2, scaffold; GRPO_STEPS steps each
+#   every checkpoint evaluated on the same held-out problems of each difficulty (same sampling seeds)
+# and writes results/results.md (mean ± half-spread over the seeds), results/s1_vs_s2.png (parallel ratio
+# and <Parallel> position over steps) and results/curves_<recipe>.png. Two lanes (one per seed) of one
+# thread each; step counts bound every run, so the table does not depend on the machine's speed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 OUT=${OUT:-runs/reproduce}
-GRPO_STEPS=${GRPO_STEPS:-40}
+GRPO_STEPS=${GRPO_STEPS:-60}
+SEEDS=${SEEDS:-"0 1"}
 export OMP_NUM_THREADS=1
 mkdir -p "$OUT" results
 start=$(date +%s)
 latest() { ls -d "$1"/checkpoint-* | sort -V | tail -1; }
 run() { echo "[$(date +%H:%M:%S)] $*"; "$@"; }
-
-sft_and_eval() {   # $1 = name, then sft.py arguments
-  local name=$1; shift
-  run $PY sft.py --out_dir=$OUT/$name --seed=0 "$@"
-  run $PY eval.py --model="$(latest $OUT/$name)" --name="SFT ($name)" --out_dir=$OUT/eval_$name
-}
-grpo_and_eval() {  # $1 = recipe, $2 = its SFT run
-  run $PY grpo.py --recipe=$1 --model="$(latest $OUT/$2)" --out_dir=$OUT/grpo_$1 --seed=0 \
-      --max_steps=$GRPO_STEPS --max_time=0
-  run $PY eval.py --model="$(latest $OUT/grpo_$1)" --name="GRPO $1" --out_dir=$OUT/eval_$1
-  if $PY scripts/plot.py $OUT/grpo_$1; then cp $OUT/grpo_$1/curves.png results/curves_$1.png
-  else echo "(no plot for $1: pip install -r requirements-plot.txt)"; fi
-}
-lane_a() {
-  sft_and_eval sft_unseen
-  for recipe in unseen-s1 unseen-s2 scaffold; do grpo_and_eval $recipe sft_unseen; done
-}
-lane_b() {
-  sft_and_eval sft_seen --mode=seen
-  sft_and_eval sft_sequential --style=sequential --mode=seen
-  for recipe in seen baseline; do grpo_and_eval $recipe sft_$([ $recipe = seen ] && echo seen || echo sequential); done
+evaluate() {  # $1 = method name, $2 = run folder, $3 = seed
+  run $PY eval.py --model="$(latest "$2")" --name="$1" --out_dir="$OUT/eval_$(basename "$2")"
 }
 
-echo "lane A log: $OUT/lane_a.log    lane B log: $OUT/lane_b.log"
-lane_a > $OUT/lane_a.log 2>&1 & a=$!
-lane_b > $OUT/lane_b.log 2>&1 & b=$!
+lane() {  # $1 = seed
+  local s=$1
+  run $PY sft.py --seed=$s --out_dir=$OUT/sft_unseen_seed$s
+  run $PY sft.py --seed=$s --mode=seen --out_dir=$OUT/sft_seen_seed$s
+  run $PY sft.py --seed=$s --style=sequential --mode=seen --out_dir=$OUT/sft_sequential_seed$s
+  evaluate "SFT (sequential)" $OUT/sft_sequential_seed$s $s
+  evaluate "SFT (Seen)" $OUT/sft_seen_seed$s $s
+  evaluate "SFT (Unseen)" $OUT/sft_unseen_seed$s $s
+  for recipe in baseline seen unseen-s1 unseen-s2 scaffold; do
+    case $recipe in baseline) init=sft_sequential ;; seen) init=sft_seen ;; *) init=sft_unseen ;; esac
+    run $PY grpo.py --recipe=$recipe --seed=$s --model="$(latest $OUT/${init}_seed$s)" --max_steps=$GRPO_STEPS \
+        --eval_data= --out_dir=$OUT/grpo_${recipe}_seed$s
+    evaluate "GRPO $recipe" $OUT/grpo_${recipe}_seed$s $s
+  done
+}
+
+pids=()
+for s in $SEEDS; do
+  echo "lane for seed $s: $OUT/lane_seed$s.log"
+  lane $s > "$OUT/lane_seed$s.log" 2>&1 & pids+=($!)
+done
 status=0
-wait $a || { echo "lane A failed: see $OUT/lane_a.log"; status=1; }
-wait $b || { echo "lane B failed: see $OUT/lane_b.log"; status=1; }
-[ $status = 0 ] || exit 1
-grep -h "^\[" $OUT/lane_a.log $OUT/lane_b.log | sort
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+[ $status = 0 ] || { echo "a lane failed: see $OUT/lane_seed*.log"; exit 1; }
+grep -h "^\[" "$OUT"/lane_seed*.log | sort
 
-dirs=$OUT/eval_sft_sequential,$OUT/eval_baseline,$OUT/eval_sft_seen,$OUT/eval_seen,$OUT/eval_sft_unseen
-dirs=$dirs,$OUT/eval_unseen-s1,$OUT/eval_unseen-s2,$OUT/eval_scaffold
-$PY scripts/table.py $dirs --out_dir=results
+order="sft_sequential grpo_baseline sft_seen grpo_seen sft_unseen grpo_unseen-s1 grpo_unseen-s2 grpo_scaffold"
+dirs=$(for m in $order; do for s in $SEEDS; do echo "$OUT/eval_${m}_seed$s"; done; done)
+$PY scripts/seeds_table.py $dirs --out=results/results.md
+$PY scripts/plot_s1_s2.py results/s1_vs_s2.png $(for s in $SEEDS; do echo $OUT/grpo_unseen-s1_seed$s $OUT/grpo_unseen-s2_seed$s; done) \
+  || echo "(no plot: pip install -r requirements-plot.txt)"
+for recipe in baseline seen unseen-s1 unseen-s2 scaffold; do
+  $PY scripts/plot.py $OUT/grpo_${recipe}_seed0 >/dev/null 2>&1 && cp $OUT/grpo_${recipe}_seed0/curves.png results/curves_$recipe.png || true
+done
 echo "results/results.md written; reproduce took $(( $(date +%s) - start )) s"

@@ -83,16 +83,19 @@ def test_generator_is_deterministic():
     assert [r["problem"] for r in seq] == [r["problem"] for r in recs] and seq != recs
 
 
-def test_train_and_test_share_nothing():
+def test_train_rl_and_test_share_nothing():
     splits = list(data.SYNTHETIC_SPLITS)
     pattern = lambda p: (tuple(sorted(read_problem(p.text)[0])), read_problem(p.text)[1])
-    train = {pattern(p) for s in splits for p in synthetic_problems(s, "train", 3000)}
-    test = {pattern(p) for s in splits for p in synthetic_problems(s, "test", 500)}
-    assert train.isdisjoint(test)
-    assert len(test) >= 100                               # and the test parts are not tiny (150 patterns today)
+    parts = {part: {pattern(p) for s in splits for p in synthetic_problems(s, part, n)}
+             for part, n in (("train", 3000), ("rl", 3000), ("test", 500))}
+    assert parts["train"].isdisjoint(parts["rl"]) and parts["train"].isdisjoint(parts["test"])
+    assert parts["rl"].isdisjoint(parts["test"])
+    assert min(len(p) for p in parts.values()) >= 100     # and no part is tiny (test: 195 patterns today)
+    assert {r["source"] for r in load_data("synthetic:easy,synthetic:easy:rl,synthetic:easy:test", limit=2)} == \
+        {"synthetic:easy", "synthetic:easy:rl", "synthetic:easy:test"}
 
 
-@pytest.mark.parametrize("name", ["synthetic:easy", "synthetic:medium", "synthetic:hard", "synthetic:hard:test"])
+@pytest.mark.parametrize("name", ["synthetic:easy", "synthetic:medium", "synthetic:hard:rl", "synthetic:hard:test"])
 def test_answers_and_every_check_recomputed_from_the_text(name):
     size = data.SYNTHETIC_SPLITS[name.split(":")[1]]
     for style in ("parallel", "sequential"):

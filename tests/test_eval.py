@@ -149,9 +149,10 @@ def test_evaluate_is_the_sampler_scored_and_deterministic(tiny, records, mode, b
     style = "sequential" if mode == "sequential" else "parallel"
     prompts = [build_prompt(tok, r["problem"], style) for r in records]
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    ref = (generate(model, tok, ids, group_size=2, mode=mode, max_new_tokens=16, seed=3) if batch_size == 2 else
-           [r for b in range(2) for r in generate(model, tok, ids[b:b + 1], group_size=2, mode=mode,
-                                                      max_new_tokens=16, seed=3 + b)])
+    # (sequential mode bans <Parallel>, as the sequential rollouts do)
+    gen = dict(group_size=2, mode=mode, max_new_tokens=16, allow_parallel=mode != "sequential")
+    ref = (generate(model, tok, ids, seed=3, **gen) if batch_size == 2 else
+           [r for b in range(2) for r in generate(model, tok, ids[b:b + 1], seed=3 + b, **gen)])
     assert len(samples) == 4
     for i, (s, r) in enumerate(zip(samples, ref)):
         rec = records[i // 2]

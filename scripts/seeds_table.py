@@ -1,0 +1,52 @@
+"""One Table-2 style table whose rows pool the seeds of a method: every cell is the mean over seeds and,
+after "±", half the spread (max - min) / 2.
+
+    python scripts/seeds_table.py runs/reproduce/eval_*      [--out=results/results.md]
+
+Each argument is an eval.py output folder (it holds summary.json); folders whose summary has the same
+"name" are seeds of one method (reproduce.sh names them "<method>" and puts the seed in the folder).
+Columns: Parallel %, per benchmark Mean@k, T and D (response tokens, critical path), then Avg (mean of
+the Mean@k columns, as in Table 2).
+"""
+import json
+import os
+import sys
+
+
+def cell(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    m = sum(values) / len(values)
+    spread = (max(values) - min(values)) / 2
+    return f"{scale * m:.{digits}f}" + (f" ±{scale * spread:.{digits}f}" if len(values) > 1 else "")
+
+
+def seeds_table(folders: list[str]) -> str:
+    rows: dict[str, list[dict]] = {}
+    for d in folders:
+        with open(os.path.join(d, "summary.json"), encoding="utf-8") as fh:
+            s = json.load(fh)
+        rows.setdefault(s["name"], []).append(s)
+    benches = list(next(iter(rows.values()))[0]["benchmarks"])
+    k = next(iter(rows.values()))[0]["benchmarks"][benches[0]]["k"]
+    header = ["Method", "seeds", "Parallel %"] + [f"{b} Mean@{k}" for b in benches] + ["T", "D", "Avg"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, runs in rows.items():
+        par = [sum(r["benchmarks"][b]["parallel_ratio"] for b in benches) / len(benches) for r in runs]
+        cells = [name, str(len(runs)), cell(par)]
+        cells += [cell([r["benchmarks"][b]["mean_at_k"] for r in runs]) for b in benches]
+        for key in ("mean_T", "mean_D"):
+            cells.append(cell([sum(r["benchmarks"][b][key] for b in benches) / len(benches) for r in runs], 1.0))
+        cells.append(cell([r["avg_mean_at_k"] for r in runs]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if not a.startswith("--out=")]
+    out = next((a[6:] for a in sys.argv[1:] if a.startswith("--out=")), None)
+    if not args:
+        sys.exit(__doc__)
+    table = seeds_table(args)
+    print(table)
+    if out:
+        with open(out, "w", encoding="utf-8") as fh:
+            fh.write(table + "\n")
