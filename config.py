@@ -1,5 +1,4 @@
-"""The command line of every script, generated from its config dataclass (nanoGPT keeps a configurator.py
-beside its scripts; this one is typed).
+"""The command line of every script, generated from its config dataclass (a typed nanoGPT configurator.py).
 
     cfg = config.parse(SFTConfig, ["--lr=3e-4", "--mode", "seen"])     # --key=value or --key value
     python sft.py --help                                               # every field with its comment

@@ -12,7 +12,7 @@ traces, canonicalised and filtered), a comma list of names, or a .jsonl / .json 
 an answer per row. The real sets are read from a local folder laid out as `KNOWN_DATASETS` says (`data_dir`, else
 $PARALLEL_R1_DATA, else ../shared/data next to the repository), else fetched with `datasets.load_dataset`.
 
-    python data.py --show=synthetic:hard --n=2 [--style=sequential]     # problems, traces, lengths
+    python scripts/show_data.py --show=synthetic:hard --n=2 [--style=sequential]     # problems, traces, lengths
 """
 import collections
 import hashlib
@@ -24,9 +24,8 @@ import sys
 from dataclasses import dataclass
 from typing import Literal
 
-import config
 from attention import TagIds, parse_structure
-from model import build_char_tokenizer, load_model
+from model import load_model
 
 # ----------------------------------------------------------------------------------------------------
 # Prompts. Our own words for what the paper's prompt asks (its exact text: save it to a file with {problem}
@@ -417,36 +416,3 @@ def format_response(record: dict) -> str:
         raise ValueError(f"record {record.get('id')!r} has no solution to train on; SFT needs "
                          "synthetic:*, parallel_gsm8k, or gsm8k:train with style='sequential'")
     return record["solution"]
-
-@dataclass
-class ShowConfig:
-    """python data.py --show=synthetic:hard --n=2: problems, prompts and traces of a data spec, and their lengths."""
-    show: str = "synthetic:easy"       # a load_data spec
-    style: Style = "parallel"
-    n: int = 3                         # records printed
-    seed: int = 0
-    limit: int = 0                     # records loaded for the length statistics (0: all; synthetic: 2000)
-    data_dir: str = ""
-
-def main(argv: list[str]) -> None:
-    cfg, tok = config.parse(ShowConfig, argv), build_char_tokenizer()
-    synthetic = all(n.strip().startswith("synthetic:") for n in cfg.show.split(","))
-    records = load_data(cfg.show, style=cfg.style, limit=cfg.limit or (2000 if synthetic else None), seed=cfg.seed,
-                        data_dir=cfg.data_dir or None)
-    for r in records[:cfg.n]:
-        print(f"--- {r['id']}  (answer {r['answer']})\n{build_prompt(tok, r['problem'], cfg.style)}"
-              + (r["solution"] or "(no solution)"))
-    tokens = lambda text: len(_TAG.sub("#", text))    # noqa: E731  (tiny tokenizer: one per character or tag)
-    resp = [tokens(r["solution"]) for r in records if r["solution"]]
-    full = [tokens(build_prompt(tok, r["problem"], cfg.style) + r["solution"]) for r in records if r["solution"]]
-    print(f"--- {len(records)} records" + (f"; tiny-tokenizer tokens per response mean {sum(resp) / len(resp):.1f} max "
-                                            f"{max(resp)}, prompt+response mean {sum(full) / len(full):.1f} max "
-                                            f"{max(full)}" if resp else ""))
-
-if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except BrokenPipeError:                        # e.g. `python data.py --show=... | head`
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError) as e:
-        sys.exit(f"data.py: error: {e}")

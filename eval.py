@@ -204,6 +204,28 @@ def split_by_context(prompt_lengths: list[int], max_new_tokens: int, context: in
     fit = [i for i, n in enumerate(prompt_lengths) if not context or n + max_new_tokens <= context]
     return fit, sorted(set(range(len(prompt_lengths))) - set(fit))
 
+def fit_context(records: list[dict], tokenizer, style: str, prompt_file: str | None, max_new_tokens: int, context,
+                name: str, log, required: bool = True, keep_long: bool = False, hint: str = "") -> tuple[list, ...]:
+    """(records, their prompt ids, the ids left out): without the problems whose prompt + max_new_tokens exceed
+    the model's context (they would be sampled at positions it never trained), each reported through `log`;
+    `keep_long` keeps them with a warning. None fitting is a ValueError (ending with `hint`) when `required`."""
+    prompts = [tokenizer(build_prompt(tokenizer, r["problem"], style, prompt_file), add_special_tokens=False)["input_ids"]
+               for r in records]
+    fit, over = split_by_context([len(p) for p in prompts], max_new_tokens, context)
+    if not over or keep_long:
+        if over:
+            log(f"warning: {name}: {len(over)} of {len(records)} problems exceed the model's context ({context} "
+                "tokens) with max_new_tokens; sampling them anyway (--skip_long_prompts=False): positions past the "
+                "context were never trained")
+        return records, prompts, []
+    what = (f"{name}: {len(over)} of {len(records)} problems have a prompt + max_new_tokens ({max_new_tokens}) longer "
+            f"than the model's context ({context} tokens; prompts are {min(map(len, prompts))}-"
+            f"{max(map(len, prompts))} tokens)")
+    if required and not fit:
+        raise ValueError(f"{what}, so none is left: lower --max_new_tokens{hint}")
+    log(f"{what}: skipped")
+    return [records[i] for i in fit], [prompts[i] for i in fit], [records[i].get("id", i) for i in over]
+
 def parse_k_overrides(text: str) -> dict[str, int]:
     """"math500=1,amc23=4" -> {"math500": 1, "amc23": 4}. Raises ValueError on a malformed entry."""
     out = {}
@@ -245,29 +267,6 @@ TINY = dict(data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test"
             batch_size=16, limit=64)
 PAPER = dict(data="aime24,aime25,amc23,math500", k=16, max_new_tokens=3000, batch_size=4, limit=0)   # NOTES.md §7
 
-def drop_long_prompts(records: dict, tokenizer, cfg: EvalConfig, style: str, prompt_file: str, context) -> dict:
-    """Drop (and report) each benchmark's problems whose prompt + max_new_tokens exceed the context; {bench: ids}."""
-    skipped = {}
-    for bench, recs in records.items():
-        lengths = [len(tokenizer(build_prompt(tokenizer, r["problem"], style, prompt_file or None),
-                                 add_special_tokens=False)["input_ids"]) for r in recs]
-        fit, over = split_by_context(lengths, cfg.max_new_tokens, context)
-        if not over:
-            continue
-        what = (f"{bench}: {len(over)} of {len(recs)} problems have a prompt + max_new_tokens ({cfg.max_new_tokens}) "
-                f"longer than the model's context ({context} tokens; prompts are {min(lengths)}-{max(lengths)} tokens)")
-        if not cfg.skip_long_prompts:
-            print(f"[eval] warning: {what}; sampling them anyway (--skip_long_prompts=False): "
-                  "positions past the context were never trained", file=sys.stderr)
-        elif not fit:
-            raise ValueError(f"{what}, so none is left to evaluate: lower --max_new_tokens, or pass "
-                             "--skip_long_prompts=False to sample past the context")
-        else:
-            print(f"[eval] {what}: skipped, ids in summary.json (a lower --max_new_tokens keeps more; "
-                  "--skip_long_prompts=False samples them past the context)", file=sys.stderr)
-            skipped[bench], records[bench] = [recs[i]["id"] for i in over], [recs[i] for i in fit]
-    return skipped
-
 def run(cfg: EvalConfig) -> dict:
     """Evaluate cfg.model on every benchmark of cfg.data; write results.md, samples.jsonl and summary.json."""
     if not cfg.model:
@@ -296,8 +295,13 @@ def run(cfg: EvalConfig) -> dict:
     style = cfg.prompt_style or ("sequential" if mode == "sequential" else "parallel")
     print(f"[eval] {name}: mode {mode} ({why}), {style} prompt{f' from {prompt_file}' if prompt_file else ''}, "
           f"T={cfg.temperature}, max_new_tokens {cfg.max_new_tokens}")
-    skipped = drop_long_prompts(records, tokenizer, cfg, style, prompt_file,
-                                getattr(model.config, "max_position_embeddings", None))
+    skipped, log = {}, lambda m: print(f"[eval] {m}", file=sys.stderr)
+    for b, recs in records.items():
+        records[b], _, over = fit_context(recs, tokenizer, style, prompt_file or None, cfg.max_new_tokens,
+                                          getattr(model.config, "max_position_embeddings", None), b, log,
+                                          keep_long=not cfg.skip_long_prompts,
+                                          hint=", or pass --skip_long_prompts=False to sample past the context")
+        skipped.update({b: over} if over else {})
     os.makedirs(out_dir, exist_ok=True)
     results, timings = {}, {}
     with open(os.path.join(out_dir, "samples.jsonl"), "w", encoding="utf-8") as fh, \

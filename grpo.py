@@ -6,25 +6,22 @@
     torchrun --nproc_per_node=8 grpo.py --recipe=unseen-s2 --model=runs/sft_qwen3_4b/checkpoint-230 --data=dapo \\
         --fsdp=True --grad_checkpointing=True --out_dir=runs/grpo_qwen3_4b_s2      # the paper's S2 run
 
-One step (`train`): draw batch_size prompts (each rank its share) -> `sample_rollouts` (group_size responses each,
-with the log-prob of every sampled token) -> `score_batch` (the recipe's reward at this step) ->
-`compute_advantages` ((r - mean) / (std + 1e-6) per group; equal rewards: 0) -> `ppo_update` (ppo_mini_batches
-optimizer steps of the token-level loss) -> log, evaluate, save. Per response token t of response i:
+One step of `train`: draw prompts (each rank its share) -> `sample_rollouts` (group_size responses each, with the
+sampler's log-probs) -> `score_batch` (the recipe's reward at this step) -> `compute_advantages` ((r - mean) /
+(std + 1e-6) per group) -> `ppo_update` (ppo_mini_batches optimizer steps) -> log, evaluate, save. Per token:
 
     ratio = exp(clamp(logp - logp_old, -20, 20))
     l     = max(-A ratio, -A clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)),  then min(l, -A clip_ratio_c) if A < 0
-    loss  = sum_{i,t} w_{i,t} l_{i,t} / D   (+ kl_coef times the same mean of a KL estimate, against the initial weights)
+    loss  = sum_{i,t} w_{i,t} l_{i,t} / D   (+ kl_coef times the same mean of a KL estimate against the initial weights)
 
-with the weights w and denominator D of `loss_agg_mode` over the whole mini-batch (all micro-batches, all ranks).
-Unlike the official code, on purpose (NOTES.md §8): logp_old is the sampler's own log-prob (it computes the
-training forward's quantity, so the ratio is 1 on-policy and a forward over every rollout is saved;
---recompute_logprobs=True checks it); the tokens the runtime injected are not in the loss (--train_injected=True
-trains them); the loss is normalised over the whole mini-batch, not per micro-batch.
+with the weights w and denominator D of `loss_agg_mode` over the whole mini-batch (all micro-batches and ranks).
+Unlike the official code, on purpose (NOTES.md §8): logp_old is the sampler's own log-prob (the training forward's
+quantity: the ratio is 1 on-policy and a forward is saved; --recompute_logprobs=True checks it); injected tokens are
+not trained (--train_injected=True trains them); the loss is normalised per mini-batch, not per micro-batch.
 Recipes (NOTES.md §6): seen (parallel_gated on easy problems for easy_steps, then accuracy), unseen-s1 (accuracy),
 unseen-s2 (alternating accuracy/tiered, clip-higher 0.28), scaffold (S2 up to scaffold_steps, then S1), baseline
-(sequential prompt, <Parallel> masked); each starts from the SFT checkpoint of its mode (`DEFAULT_INIT`).
-Ranks agree on the number of micro-batches of each mini-batch (a rank with fewer adds empty ones), so collectives
-never hang; under FSDP the sampler runs on a plain copy of the weights that each update refreshes.
+(sequential prompt, <Parallel> masked), each from the SFT checkpoint of its mode (`DEFAULT_INIT`). Every rank runs as
+many micro-batches (empty ones pad), so collectives never hang; under FSDP the sampler runs on a plain copy.
 """
 import copy
 import dataclasses
@@ -44,18 +41,20 @@ from tqdm import tqdm
 
 import config
 import sft
-from attention import TagIds, structured_forward
+from attention import TagIds
 from data import TINY_VOCAB_LIMIT, load_data
-from eval import evaluate, split_by_context, summarize
+from eval import evaluate, fit_context, summarize
 from model import Mode, load_model, mode_from_config, read_checkpoint_config
 from rewards import RewardSchedule, parallel_positions, score_batch
 from sample import Rollout, generate, token_logprobs
 
-RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "scaffold": "unseen", "baseline": "sequential"}
+RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "scaffold": "unseen",
+               "baseline": "sequential"}
 DEFAULT_INIT = {   # where each mode's SFT checkpoint is, and the command that writes it
     "unseen": ("runs/sft", "python sft.py"),
     "seen": ("runs/sft_seen", "python sft.py --mode=seen --out_dir=runs/sft_seen"),
-    "sequential": ("runs/sft_sequential", "python sft.py --style=sequential --mode=seen --out_dir=runs/sft_sequential")}
+    "sequential": ("runs/sft_sequential",
+                   "python sft.py --style=sequential --mode=seen --out_dir=runs/sft_sequential")}
 
 @dataclass
 class GRPOConfig:
@@ -76,7 +75,7 @@ class GRPOConfig:
     top_p: float = 1.0
     top_k: int = 0
     generate_batch_size: int | None = None  # prompts per sample.generate call (memory), 0 = all at once
-    reward: Literal["accuracy", "parallel_gated", "tiered", "alternating", "scaffold"] | None = None   # None = the recipe's
+    reward: Literal["accuracy", "parallel_gated", "tiered", "alternating", "scaffold"] | None = None  # None: recipe's
     easy_steps: int | None = None        # recipe "seen": steps of the easy-RL stage
     scaffold_steps: int | None = None    # recipe "scaffold": steps of S2 before accuracy only
     norm_adv_by_std: bool = True         # False = Dr. GRPO: A = r - mean(r)
@@ -120,9 +119,10 @@ TINY = dict(data="synthetic:easy:rl,synthetic:medium:rl,synthetic:hard:rl",
             batch_size=16, group_size=8, max_new_tokens=128, lr=3e-4, warmup_steps=10, lr_schedule="cosine",
             kl_coef=0.3, micro_batch_size=16, generate_batch_size=0, max_steps=45, max_time=0.0, eval_every=15,
             eval_samples=64, eval_k=8, easy_steps=10, scaffold_steps=20)
-PAPER = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_size=256, group_size=8, max_new_tokens=3000,
-             lr=1e-6, warmup_steps=0, lr_schedule="constant", kl_coef=0.0, micro_batch_size=2, generate_batch_size=64,
-             max_steps=300, max_time=0.0, eval_every=10, eval_samples=0, eval_k=16, easy_steps=35, scaffold_steps=200)
+PAPER = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_size=256, group_size=8,
+             max_new_tokens=3000, lr=1e-6, warmup_steps=0, lr_schedule="constant", kl_coef=0.0, micro_batch_size=2,
+             generate_batch_size=64, max_steps=300, max_time=0.0, eval_every=10, eval_samples=0, eval_k=16,
+             easy_steps=35, scaffold_steps=200)
 
 def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOConfig:
     cfg = config.fill(cfg, TINY if tiny else PAPER)
@@ -131,14 +131,14 @@ def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOCo
     return dataclasses.replace(cfg, mode=cfg.mode or RECIPE_MODE[cfg.recipe])
 
 def default_init(mode: str, model: str = "") -> str:
-    """`model`, else the latest SFT checkpoint of the mode. Raises FileNotFoundError with the command that writes it."""
+    """`model`, else the latest SFT checkpoint of the mode. FileNotFoundError names the command that writes it."""
+    (folder, command) = DEFAULT_INIT[mode]
     try:
-        return model or sft.find_latest_checkpoint(DEFAULT_INIT[mode][0])
+        return model or sft.find_latest_checkpoint(folder)
     except FileNotFoundError:
-        raise FileNotFoundError(
-            f"GRPO starts from an SFT checkpoint and there is none in {DEFAULT_INIT[mode][0]!r} (for mode {mode!r}). "
-            f"Write it first with\n    {DEFAULT_INIT[mode][1]}\n(about 4 minutes on 2 CPU cores for the tiny model), "
-            "or pass --model=<a checkpoint folder or hub name>.") from None
+        raise FileNotFoundError(f"GRPO starts from an SFT checkpoint and there is none in {folder!r} (mode {mode!r}). "
+                                f"Write it first with\n    {command}\n(about 4 minutes on 2 CPU cores for the tiny "
+                                "model), or pass --model=<a checkpoint folder or hub name>.") from None
 
 @dataclass(frozen=True)
 class Stage:
@@ -148,7 +148,7 @@ class Stage:
 
 def stage_at(cfg: GRPOConfig, step: int) -> Stage:
     """The recipe's reward, data and upper clip ratio at 1-based step `step`; --reward and --clip_ratio_high win."""
-    schedule, data, high, K = RewardSchedule("accuracy"), "train", 0.2, cfg.scaffold_steps or 0   # unseen-s1, baseline
+    schedule, data, high, K = RewardSchedule("accuracy"), "train", 0.2, cfg.scaffold_steps or 0  # s1, baseline
     if cfg.recipe == "seen" and step <= (cfg.easy_steps or 0):
         schedule, data = RewardSchedule("parallel_gated"), "easy"
     elif cfg.recipe == "unseen-s2":
@@ -189,11 +189,12 @@ def policy_loss(logprobs, old_logprobs, advantages, clip_ratio_low: float = 0.2,
     advantages = advantages.expand_as(ratio)
     pg1, pg2 = -advantages * ratio, -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     clipped_loss, pg3, negative = torch.maximum(pg1, pg2), -advantages * clip_ratio_c, advantages < 0
-    return torch.where(negative, torch.minimum(clipped_loss, pg3), clipped_loss), pg2 > pg1, negative & (clipped_loss > pg3)
+    loss = torch.where(negative, torch.minimum(clipped_loss, pg3), clipped_loss)
+    return loss, pg2 > pg1, negative & (clipped_loss > pg3)
 
 def kl_penalty(logprobs, ref_logprobs, estimator: str = "k3") -> torch.Tensor:
-    """KL(pi || pi_ref) per token from samples of pi: k1 = logp - logp_ref (unbiased, may be < 0), or k3 = e^d - d - 1
-    with d = logp_ref - logp (unbiased, >= 0; d clamped to ±20 and the value to ±10, as verl's low_var_kl)."""
+    """KL(pi || pi_ref) per token from samples of pi: k1 = logp - logp_ref (unbiased, may be < 0), or k3 =
+    e^d - d - 1 with d = logp_ref - logp (unbiased, >= 0; d clamped to ±20, the value to ±10, as verl's)."""
     if estimator == "k1":
         return logprobs - ref_logprobs
     d = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
@@ -234,8 +235,8 @@ class RolloutBatch:
     ref_logprobs: torch.Tensor | None = None   # (B, L-1) float32 when kl_coef > 0
 
 def collate_rollouts(rollouts: list[Rollout], advantages, pad_id: int, train_injected: bool = False) -> RolloutBatch:
-    """prompt [5, 6] + response [7, 8, 1], sampled [1, 0, 1] -> input_ids [5, 6, 7, 8, 1], response_mask [0, 1, 1, 1],
-    sampled_mask [0, 1, 0, 1]; loss_mask = sampled_mask, or response_mask with train_injected."""
+    """prompt [5, 6] + response [7, 8, 1], sampled [1, 0, 1] -> input_ids [5, 6, 7, 8, 1], response_mask
+    [0, 1, 1, 1], sampled_mask [0, 1, 0, 1]; loss_mask = sampled_mask, or response_mask with train_injected."""
     if len(advantages) != len(rollouts):
         raise ValueError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
     B, L = len(rollouts), max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
@@ -243,7 +244,8 @@ def collate_rollouts(rollouts: list[Rollout], advantages, pad_id: int, train_inj
     response_mask, sampled_mask, old_logprobs = torch.zeros(B, L - 1), torch.zeros(B, L - 1), torch.zeros(B, L - 1)
     for b, r in enumerate(rollouts):
         p, n = len(r.prompt_ids), len(r.prompt_ids) + len(r.response_ids)
-        input_ids[b, :n], attention_mask[b, :n], response_mask[b, p - 1:n - 1] = torch.tensor(r.prompt_ids + r.response_ids), 1, 1
+        input_ids[b, :n], attention_mask[b, :n] = torch.tensor(r.prompt_ids + r.response_ids), 1
+        response_mask[b, p - 1:n - 1] = 1
         sampled_mask[b, p - 1:n - 1] = torch.tensor(r.sampled_mask, dtype=torch.float32)
         old_logprobs[b, p - 1:n - 1] = torch.tensor(r.logprobs, dtype=torch.float32)
     return RolloutBatch(input_ids, attention_mask, [len(r.prompt_ids) for r in rollouts], response_mask, sampled_mask,
@@ -259,24 +261,21 @@ def plan_micro_batches(lengths: list[int], ppo_mini_batches: int, micro_batch_si
         micro, cur, longest = [], [], 0
         for i in range(lo, hi):
             L = max(longest, lengths[i])
-            if cur and (len(cur) == micro_batch_size or (micro_batch_tokens and (len(cur) + 1) * L > micro_batch_tokens)):
+            if cur and (len(cur) == micro_batch_size or micro_batch_tokens and (len(cur) + 1) * L > micro_batch_tokens):
                 micro, cur, L = micro + [cur], [], lengths[i]
             cur, longest = cur + [i], L
         plan.append(micro + [cur] if cur else micro)
     return plan
 
 def policy_logits(model, mb: RolloutBatch, tags: TagIds, mode: str) -> torch.Tensor:
-    """The training forward (B, L, V) under each row's own Seen or Unseen mask and positions."""
-    with sft.autocast(mb.input_ids.device):
-        return structured_forward(model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, tags, mode,
-                                  dtype=torch.bfloat16 if mb.input_ids.device.type == "cuda" else torch.float32)
+    return sft.forward(model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, tags, mode)   # (B, L, V)
 
 def micro_batch_loss(logits, mb: RolloutBatch, cfg: GRPOConfig, clip_ratio_high: float, denominator: float,
                      world_size: int = 1) -> tuple[torch.Tensor, dict]:
-    """This micro-batch's part of the mini-batch loss, sum(w * l) * world_size / D (D over every micro-batch of every
-    rank; DDP and FSDP average gradients over ranks), and sums to all-reduce (loss without world_size, pg_loss,
-    kl, tokens, clipped, dual, entropy, ratio). Only the N loss tokens are scored, an (N, V) slice of the logits:
-    prompt, padding and (unless train_injected) the injected tokens get no gradient."""
+    """This micro-batch's part of the mini-batch loss, sum(w * l) * world_size / D (D over every micro-batch of
+    every rank; DDP and FSDP average gradients over ranks), and sums to all-reduce (loss without world_size,
+    pg_loss, kl, tokens, clipped, dual, entropy, ratio). Only the N loss tokens are scored, an (N, V) slice of the
+    logits: prompt, padding and (unless train_injected) the injected tokens get no gradient."""
     sel = mb.loss_mask.bool()                                                       # (B, L-1)
     w = loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[0][sel]   # (N,)
     logits = logits[:, :-1][sel]                                                    # (N, V)
@@ -291,8 +290,8 @@ def micro_batch_loss(logits, mb: RolloutBatch, cfg: GRPOConfig, clip_ratio_high:
     part = (w * loss_tok).sum() / d
     with torch.no_grad():
         z = (logits / (cfg.temperature if cfg.temperature > 0 else 1.0)).float()
-        stats = {"loss": part.item(), "pg_loss": ((w * pg).sum() / d).item(), "kl": 0.0 if kl is None else kl.sum().item(),
-                 "tokens": float(sel.sum()), "clipped": clipped.sum().item(), "dual": dual.sum().item(),
+        stats = {"loss": part.item(), "pg_loss": ((w * pg).sum() / d).item(), "tokens": float(sel.sum()),
+                 "kl": 0.0 if kl is None else kl.sum().item(), "clipped": clipped.sum().item(), "dual": dual.sum().item(),
                  "entropy": (torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)).sum().item(),
                  "ratio": torch.exp((logprobs - old).clamp(-20, 20)).sum().item()}
     return part * world_size, stats
@@ -326,7 +325,8 @@ def recompute_logprobs(minis, model, ref_model, cfg: GRPOConfig, tags: TagIds, m
     for mb in (mb for mini in minis for mb in mini):
         if cfg.train_injected or cfg.recompute_logprobs:
             lp = token_logprobs(policy_logits(model, mb, tags, mode)[:, :-1], mb.input_ids[:, 1:], cfg.temperature)
-            max_diff = max(max_diff, ((lp - mb.old_logprobs).abs() * mb.sampled_mask).max().item() if lp.numel() else 0.0)
+            diff = ((lp - mb.old_logprobs).abs() * mb.sampled_mask).max().item() if lp.numel() else 0.0
+            max_diff = max(max_diff, diff)
             mb.old_logprobs = torch.where((mb.response_mask - mb.sampled_mask).bool(), lp, mb.old_logprobs)
         if want_ref:
             mb.ref_logprobs = token_logprobs(policy_logits(ref_model, mb, tags, mode)[:, :-1], mb.input_ids[:, 1:],
@@ -337,14 +337,11 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
                scheduler=None, ref_model=None, clip_ratio_high: float | None = None, world_size: int = 1,
                device=None) -> dict:
     """cfg.ppo_mini_batches optimizer steps of the PPO-clip loss on this rank's rollouts (any number, also 0).
-
-    model: plain, DDP- or FSDP-wrapped; scheduler (optional) steps with the optimizer; ref_model: the frozen
-    reference of the KL term; clip_ratio_high: this step's (default cfg's, else 0.2). Returns global statistics:
-    loss, pg_loss (means over mini-batches), kl, clip_frac, dual_clip_frac, entropy, ratio_mean (token means),
-    grad_norm (mean, before clipping), loss_tokens, optimizer_steps, micro_batches (this rank's) and
-    logprob_max_diff when logp_old was recomputed. One process on the union of the ranks' rollouts (mini-batch k
-    = every rank's k-th slice) gives the same weights (tests/test_grpo.py).
-    """
+    model: plain, DDP- or FSDP-wrapped; ref_model: the KL term's frozen reference; clip_ratio_high: this step's
+    (default cfg's, else 0.2). Returns global statistics: loss, pg_loss (means over mini-batches), kl, clip_frac,
+    dual_clip_frac, entropy, ratio_mean (token means), grad_norm (mean, before clipping), loss_tokens,
+    optimizer_steps, micro_batches (this rank's), logprob_max_diff (if recomputed). One process on the union of
+    the ranks' rollouts (mini-batch k = every rank's k-th slice) gives the same weights (tests/test_grpo.py)."""
     device = device or next(model.parameters()).device
     mode = cfg.mode or RECIPE_MODE[cfg.recipe]            # also for a config that skipped resolve_defaults
     high = next(x for x in (clip_ratio_high, cfg.clip_ratio_high, 0.2) if x is not None)
@@ -354,7 +351,7 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
     minis = mini_batches(rollouts, advantages, cfg, pad_id, device)
     max_diff = recompute_logprobs(minis, model, ref_model, cfg, tags, mode, device)
     model.train()
-    sums, grad_norms = dict.fromkeys(("loss", "pg_loss", "kl", "tokens", "clipped", "dual", "entropy", "ratio"), 0.0), []
+    sums, grad_norms = dict.fromkeys(("loss", "pg_loss", "kl", "tokens", "clipped", "dual", "entropy", "ratio"), 0.), []
     for mini in minis:
         denominator = sft.all_reduce([sum(loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[1]
                                           for mb in mini)], device)[0]
@@ -362,7 +359,8 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
             continue
         for j, mb in enumerate(mini):
             with sft.grad_sync(model, enabled=j == len(mini) - 1):
-                loss, st = micro_batch_loss(policy_logits(model, mb, tags, mode), mb, cfg, high, denominator, world_size)
+                logits = policy_logits(model, mb, tags, mode)
+                loss, st = micro_batch_loss(logits, mb, cfg, high, denominator, world_size)
                 loss.backward()
             sums = {k: v + st[k] for k, v in sums.items()}
         grad_norms.append(sft.optimizer_step(model, optimizer, scheduler, cfg.grad_clip))
@@ -401,7 +399,8 @@ def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: tor
     """Means over every rank's rollouts: reward, accuracy, format, blocks, lengths, truncations, and the share of
     groups whose rewards differ (the only ones with a gradient)."""
     positions, st = [p for r in rollouts for p in parallel_positions(r.structure)], [r.structure for r in rollouts]
-    local = {"n": len(rollouts), "reward": sum(s["reward"] for s in scores), "reward_sq": sum(s["reward"] ** 2 for s in scores),
+    rewards = [s["reward"] for s in scores]
+    local = {"n": len(rollouts), "reward": sum(rewards), "reward_sq": sum(r ** 2 for r in rewards),
              "correct": sum(bool(s["correct"]) for s in scores), "valid": sum(s.valid for s in st),
              "parallel": sum(bool(s.blocks) for s in st), "blocks": sum(len(s.blocks) for s in st),
              "T": sum(r.num_tokens for r in rollouts), "D": sum(r.critical_path for r in rollouts),
@@ -420,12 +419,14 @@ EVAL_KEYS = ("mean_at_k", "pass_at_k", "format_valid", "parallel_ratio", "mean_b
 
 def evaluate_now(run, tag: str) -> dict:
     """Every rank samples its shard of the held-out problems (eval_k at eval_temperature, a fixed seed; FSDP: on the
-    rollout copy); every rank gets the metrics of each benchmark (data source) and their Avg, logged."""
+    rollout copy, refreshed first); every rank gets each benchmark's (data source's) metrics and their Avg, logged."""
     cfg, d, t0, samples, mine = run.cfg, run.dist, time.time(), [], run.eval_records[run.dist.rank::run.dist.world_size]
+    if cfg.fsdp:
+        sync_rollout_model(run.rollout_model, run.train_model)
     if mine:
         with sft.autocast(d.device):
-            samples = evaluate(run.rollout_model, run.tokenizer, mine, cfg.mode, k=cfg.eval_k, max_new_tokens=cfg.max_new_tokens,
-                               temperature=cfg.eval_temperature, top_p=cfg.top_p, seed=cfg.seed,
+            samples = evaluate(run.rollout_model, run.tokenizer, mine, cfg.mode, k=cfg.eval_k, seed=cfg.seed,
+                               max_new_tokens=cfg.max_new_tokens, temperature=cfg.eval_temperature, top_p=cfg.top_p,
                                batch_size=max(1, 128 // cfg.eval_k), prompt_file=cfg.prompt_file or None,
                                prompt_style="sequential" if cfg.mode == "sequential" else "parallel",
                                num_paths=cfg.num_paths, max_blocks=cfg.max_blocks)[1]
@@ -445,7 +446,8 @@ def evaluate_now(run, tag: str) -> dict:
                 f"{num(m['mean_blocks'])}  <Parallel> at {num(m['mean_parallel_position'])}  T {num(m['mean_T'])}  "
                 f"D {num(m['mean_D'])}")
     run.log(f"[eval {tag}] Avg Mean@{cfg.eval_k} {100 * avg:.1f}% ({time.time() - t0:.0f}s)")
-    run.write({"step": run.step, "eval/avg_mean_at_k": avg, **{f"eval/{b}/{k}": v for b, m in metrics.items() for k, v in m.items()}})
+    run.write({"step": run.step, "eval/avg_mean_at_k": avg,
+               **{f"eval/{b}/{k}": v for b, m in metrics.items() for k, v in m.items()}})
     return {"avg_mean_at_k": avg, "benchmarks": metrics}
 
 # ----------------------------------------------------------------------------------------------------
@@ -460,24 +462,10 @@ class GRPORun(sft.Run):
     streams: dict = field(default_factory=dict)         # ... and the shuffled order they are drawn in
     eval_records: list = field(default_factory=list)
 
-def fit_context(run, name: str, records: list[dict], required: bool) -> tuple[list, list]:
-    """(records, prompt ids) without the problems whose prompt + max_new_tokens exceed the model's context (they would
-    be sampled past its last trained position), counted; none fitting a training source is an error."""
-    cfg, context = run.cfg, getattr(run.model.config, "max_position_embeddings", None)
-    style = "sequential" if cfg.mode == "sequential" else "parallel"
-    prompts = [sft.encode_prompt(run.tokenizer, r["problem"], style, cfg.prompt_file or None) for r in records]
-    fit, long = split_by_context([len(p) for p in prompts], cfg.max_new_tokens, context)
-    if long:
-        run.log(f"{name} data: dropped {len(long)} of {len(records)} problems whose prompt + --max_new_tokens="
-                f"{cfg.max_new_tokens} exceed the model's context of {context} tokens")
-    if required and not fit:
-        raise ValueError(f"no {name} problem fits the model's context of {context} tokens with --max_new_tokens="
-                         f"{cfg.max_new_tokens}: lower --max_new_tokens or use a model with a longer context")
-    return [records[i] for i in fit], [prompts[i] for i in fit]
-
 def setup(cfg: GRPOConfig, d, records, eval_records) -> GRPORun:
     """The model (the SFT checkpoint, or the one --resume continues), the resolved config, the recipe's prompt
-    streams, the held-out problems, the reference and rollout copies, the optimizer and the schedule."""
+    streams and held-out problems (those that fit the context with max_new_tokens), the reference and rollout
+    copies, the optimizer and the schedule."""
     init = default_init(cfg.mode or RECIPE_MODE[cfg.recipe], cfg.model)
     run = sft.load(cfg, d, init, cls=GRPORun)
     tiny = len(run.tokenizer) < TINY_VOCAB_LIMIT
@@ -488,11 +476,14 @@ def setup(cfg: GRPOConfig, d, records, eval_records) -> GRPORun:
     sources = {"train": records if records is not None else load_data(cfg.data, style=style, seed=cfg.seed)}
     if cfg.recipe == "seen" and (cfg.easy_steps or 0) > 0:
         sources["easy"] = load_data(cfg.easy_data, style=style, seed=cfg.seed)
-    for k, recs in sources.items():
-        run.sources[k], run.prompts[k] = fit_context(run, k, recs, required=True)
     if eval_records is None and cfg.eval_data:
         eval_records = load_data(cfg.eval_data, style=style, limit=cfg.eval_samples or None, seed=cfg.seed + 1)
-    run.eval_records = fit_context(run, "eval", eval_records or [], required=False)[0]
+    context = getattr(run.model.config, "max_position_embeddings", None)
+    for k, recs in [*sources.items(), ("eval", eval_records or [])]:
+        run.sources[k], run.prompts[k], _ = fit_context(recs, run.tokenizer, style, cfg.prompt_file or None,
+                                                        cfg.max_new_tokens, context, f"{k} data", run.log,
+                                                        required=k != "eval")
+    run.eval_records, _ = run.sources.pop("eval"), run.prompts.pop("eval")
     if cfg.kl_coef > 0:
         run.ref_model = (load_model(init, dtype=torch.float32, device=d.device)[0] if run.resume
                          else copy.deepcopy(run.model)).eval().requires_grad_(False)
@@ -501,10 +492,12 @@ def setup(cfg: GRPOConfig, d, records, eval_records) -> GRPORun:
         run.rollout_model.to(torch.bfloat16)
     total = cfg.max_steps * cfg.ppo_mini_batches           # optimizer steps of the whole run
     sft.prepare(run, lambda s: sft.lr_factor(s, cfg.warmup_steps, total, cfg.lr_schedule))
-    if cfg.lr_schedule == "cosine" and run.state.get("config", {}).get("max_steps", cfg.max_steps) != cfg.max_steps:
-        run.log(f"note: the cosine lr schedule now ends at step {cfg.max_steps}, not {run.state['config']['max_steps']}: "
-                "the lr jumps from the old curve to the new one (use --lr_schedule=constant to train further flat)")
-    run.streams = {k: sft.ShuffledStream(len(v), cfg.seed + i, **run.state.get("data_position", {}).get(k, {}))
+    saved_max = run.state.get("config", {}).get("max_steps", cfg.max_steps)
+    if cfg.lr_schedule == "cosine" and saved_max != cfg.max_steps:
+        run.log(f"note: the cosine lr schedule now ends at step {cfg.max_steps}, not {saved_max}: the lr jumps "
+                "from the old curve to the new one (use --lr_schedule=constant to train further flat)")
+    positions = run.state.get("data_position", {})
+    run.streams = {k: sft.ShuffledStream(len(v), cfg.seed + i, **positions.get(k, {}))
                    for i, (k, v) in enumerate(run.sources.items())}
     run.log(f"GRPO recipe {cfg.recipe} (mode {cfg.mode}) from {init}: {len(run.sources['train'])} problems of "
             f"{cfg.data if records is None else 'the given records'}, {cfg.batch_size} prompts x {cfg.group_size} per "
@@ -517,8 +510,9 @@ def first_evaluation(run) -> dict | None:
     cfg, before = run.cfg, run.state.get("eval_before")
     settings = [cfg.eval_data, cfg.eval_samples, cfg.eval_k, cfg.eval_temperature, cfg.max_new_tokens]
     if before and before.get("settings", settings) != settings:
-        run.log(f"note: the run's first evaluation used other settings {before['settings']} (eval_data, eval_samples, "
-                f"eval_k, eval_temperature, max_new_tokens) than now {settings}: the end summary shows no before/after table")
+        run.log(f"note: the run's first evaluation used other settings {before['settings']} (eval_data, eval_samples,"
+                f" eval_k, eval_temperature, max_new_tokens) than now {settings}: the end summary shows no before/after"
+                " table")
         return {}                                    # falsy: neither re-evaluated nor compared
     return {**evaluate_now(run, "before"), "settings": settings} if before is None and run.eval_records else before
 
@@ -536,36 +530,36 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
         while run.step < cfg.max_steps:
             run.step += 1
             step, stage, t0 = run.step, stage_at(cfg, run.step), time.time()
-            idx = run.streams[stage.data].take(cfg.batch_size)[d.rank * per_rank:(d.rank + 1) * per_rank]  # my prompts
+            idx = run.streams[stage.data].take(cfg.batch_size)[d.rank * per_rank:(d.rank + 1) * per_rank]  # mine
+            problems = [run.sources[stage.data][i] for i in idx]
             if cfg.fsdp:
                 sync_rollout_model(run.rollout_model, run.train_model)
-            rollouts = sample_rollouts(run.rollout_model, run.tokenizer, [run.prompts[stage.data][i] for i in idx], cfg,
-                                       seed=(cfg.seed * 1_000_003 + step) * 4096 + d.rank)
+            rollouts = sample_rollouts(run.rollout_model, run.tokenizer, [run.prompts[stage.data][i] for i in idx],
+                                       cfg, seed=(cfg.seed * 1_000_003 + step) * 4096 + d.rank)
             t1 = time.time()
-            scores = score_batch([r.text for r in rollouts], [run.sources[stage.data][idx[r.prompt_index]]["answer"]
-                                                              for r in rollouts],
+            scores = score_batch([r.text for r in rollouts], [problems[r.prompt_index]["answer"] for r in rollouts],
                                  structures=[r.structure for r in rollouts], reward=stage.reward, step=step)
-            advantages, has_variance = compute_advantages([s["reward"] for s in scores], cfg.group_size, cfg.norm_adv_by_std)
+            advantages, has_variance = compute_advantages([s["reward"] for s in scores], cfg.group_size,
+                                                          cfg.norm_adv_by_std)
             t2 = time.time()
             trained, trained_adv = rollouts, advantages
             if cfg.filter_groups:                      # only the groups whose rewards differ
                 keep = has_variance.repeat_interleave(cfg.group_size)
                 trained, trained_adv = [r for r, k in zip(rollouts, keep.tolist()) if k], advantages[keep]
-            update = ppo_update(run.train_model, run.optimizer, trained, trained_adv, cfg, tags=run.tags, pad_id=pad_id,
-                                scheduler=run.scheduler, ref_model=run.ref_model, clip_ratio_high=stage.clip_ratio_high,
-                                world_size=d.world_size, device=d.device)
+            update = ppo_update(run.train_model, run.optimizer, trained, trained_adv, cfg, tags=run.tags,
+                                pad_id=pad_id, scheduler=run.scheduler, ref_model=run.ref_model,
+                                clip_ratio_high=stage.clip_ratio_high, world_size=d.world_size, device=d.device)
             t3 = time.time()
             adv_abs = sft.all_reduce([advantages.abs().sum().item(), len(advantages), len(trained)], d.device)
             row = {"step": step, "reward_kind": scores[0]["kind"] if scores else stage.reward.kind_at(step),
                    **rollout_stats(rollouts, scores, has_variance, d.device),
                    "adv_abs_mean": adv_abs[0] / max(adv_abs[1], 1.0), "rollouts_trained": int(adv_abs[2]), **update,
                    "lr": run.optimizer.param_groups[0]["lr"], "clip_ratio_high": stage.clip_ratio_high,
-                   "time_sample": t1 - t0, "time_reward": t2 - t1, "time_update": t3 - t2, "elapsed": time.time() - t_start}
+                   "time_sample": t1 - t0, "time_reward": t2 - t1, "time_update": t3 - t2,
+                   "elapsed": time.time() - t_start}
             log_step(run, row, bar)
             last = step == cfg.max_steps or run.out_of_time(t_start)
             if run.eval_records and cfg.eval_every and step % cfg.eval_every == 0 and not last:
-                if cfg.fsdp:
-                    sync_rollout_model(run.rollout_model, run.train_model)
                 evaluate_now(run, f"step {step}")
             if last or (cfg.save_every and step % cfg.save_every == 0):
                 ckpt = run.save(data_position={k: s.position() for k, s in run.streams.items()}, mode=cfg.mode,
@@ -573,12 +567,9 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
             if last:
                 break
         bar.close()
-        if run.eval_records and cfg.fsdp:
-            sync_rollout_model(run.rollout_model, run.train_model)
-        summary = {"checkpoint": ckpt, "steps": run.step, "eval_before": eval_before,
-                   "eval_after": evaluate_now(run, "after") if run.eval_records else None, "last_step": row,
-                   "log": os.path.join(cfg.out_dir, "log.jsonl")}
-        summary["seconds"] = time.time() - t_start
+        summary = {"checkpoint": ckpt, "steps": run.step, "eval_before": eval_before, "last_step": row,
+                   "eval_after": evaluate_now(run, "after") if run.eval_records else None,
+                   "log": os.path.join(cfg.out_dir, "log.jsonl"), "seconds": time.time() - t_start}
         if d.is_main:
             run.log_file.close()
             print_summary(summary, cfg)
@@ -587,10 +578,12 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
 def log_step(run, row: dict, bar):
     """A step's row into log.jsonl and the progress bar, and a line every log_every steps."""
     run.write(row)
-    if run.dist.is_main:
-        bar.update(1)
-        bar.set_postfix(reward=f"{row['reward_mean']:+.2f}", acc=f"{row['accuracy']:.2f}", var=f"{row['groups_with_variance']:.2f}")
-    if run.dist.is_main and run.cfg.log_every and row["step"] % run.cfg.log_every == 0:
+    if not run.dist.is_main:
+        return
+    bar.update(1)
+    bar.set_postfix(reward=f"{row['reward_mean']:+.2f}", acc=f"{row['accuracy']:.2f}",
+                    var=f"{row['groups_with_variance']:.2f}")
+    if run.cfg.log_every and row["step"] % run.cfg.log_every == 0:
         bar.write(f"step {row['step']}: reward {row['reward_mean']:+.3f} acc {row['accuracy']:.3f} format "
                   f"{row['format_valid']:.2f} parallel {row['parallel_ratio']:.2f} groups w/ variance "
                   f"{row['groups_with_variance']:.2f} loss {row['loss']:+.4f} clip {row['clip_frac']:.3f} entropy "
@@ -602,7 +595,8 @@ def print_summary(summary: dict, cfg: GRPOConfig):
     s, b, a, k = summary, summary.get("eval_before"), summary.get("eval_after"), cfg.eval_k
     stop = (f"stopped by --max_time={cfg.max_time:.0f}s before --max_steps={cfg.max_steps}"
             if cfg.max_time and s["steps"] < cfg.max_steps else f"--max_steps={cfg.max_steps}")
-    print("\n" + "=" * 78 + f"\nGRPO done: {s['steps']} steps in {s['seconds']:.0f}s, {stop} (recipe {cfg.recipe}, mode {cfg.mode})")
+    print("\n" + "=" * 78 + f"\nGRPO done: {s['steps']} steps in {s['seconds']:.0f}s, {stop} (recipe {cfg.recipe}, "
+          f"mode {cfg.mode})")
     if b and a:
         f = lambda v: "n/a" if v is None else f"{100 * v:.1f}"   # noqa: E731
         print(f"held-out {cfg.eval_data}, {cfg.eval_samples or 'all'} problems each x {k} samples at "

@@ -99,9 +99,9 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
 def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None, tokenizer: str | None = None,
                attn_implementation: str = "sdpa", seed: int = 0):
     """(model, tokenizer) with the six tags, the model in eval mode on `device` (default cuda if available) in
-    `dtype` (default bf16 on CUDA, fp32 on CPU). `name_or_path`: "tiny", a local folder or a hub name;
-    `tokenizer` (tiny only): build the tiny model on that tokenizer. `seed`: tiny init and tag noise. Raises
-    OSError saying what to do when a hub name is not cached and the hub cannot be reached."""
+    `dtype` (default bf16 on CUDA, fp32 on CPU). `name_or_path`: "tiny", a local folder or a hub name; `tokenizer`
+    (tiny only): build the tiny model on that tokenizer; `seed`: tiny init and tag noise. OSError, saying what to
+    do, when a hub name is not cached and the hub cannot be reached."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     if name_or_path == "tiny":
@@ -118,17 +118,16 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None,
         if tokenizer is not None:
             raise ValueError("tokenizer= is only for load_model('tiny', tokenizer=...)")
         check_model_name(name_or_path)
-        local = os.path.isdir(name_or_path)
-        if not local and not _hub_reachable():
-            try:                                           # maybe it is in the local hub cache
-                AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
-            except Exception:
-                raise OSError(f"{name_or_path!r} is not a local folder and the Hugging Face hub cannot be reached "
-                              "(offline or HF_HUB_OFFLINE=1). Download the model on a machine with internet (e.g. "
-                              "`huggingface-cli download <name> --local-dir <folder>`) and pass the folder, or use "
-                              "'tiny' for the embedded default.") from None
-        kw = {} if local or _hub_reachable() else {"local_files_only": True}
-        tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
+        kw = {} if os.path.isdir(name_or_path) or _hub_reachable() else {"local_files_only": True}   # hub cache
+        try:
+            tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
+        except Exception:
+            if not kw:
+                raise
+            raise OSError(f"{name_or_path!r} is not a local folder and the Hugging Face hub cannot be reached "
+                          "(offline or HF_HUB_OFFLINE=1). Download the model on a machine with internet (e.g. "
+                          "`huggingface-cli download <name> --local-dir <folder>`) and pass the folder, or use "
+                          "'tiny' for the embedded default.") from None
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype,
@@ -193,15 +192,10 @@ def read_checkpoint_config(path: str) -> tuple[dict, str]:
     except RuntimeError:                                   # an old (non-zip) file cannot be memory-mapped
         state = torch.load(f, map_location="cpu", weights_only=False)
     cfg = dict(state.get("config") or {}) if isinstance(state, dict) else {}
-    if isinstance(state, dict) and "mode" in state:
+    if isinstance(state, dict) and "mode" in state:              # grpo.py saves its mode next to the config
         cfg.setdefault("mode", state["mode"])
     return cfg, f
 
 def mode_from_config(cfg: dict) -> str | None:
     """The sampler mode a saved config implies: "sequential" for style "sequential", else its mode (or None)."""
-    return "sequential" if cfg.get("style") == "sequential" else cfg.get("mode") if cfg.get("mode") in MODES else None
-
-if __name__ == "__main__":
-    m, t = load_model("tiny")
-    print(f"tiny model: {sum(p.numel() for p in m.parameters()):,} parameters, vocab {len(t)}, "
-          f"tags {[t.convert_tokens_to_ids(x) for x in TAGS]}")
+    return "sequential" if cfg.get("style") == "sequential" else cfg["mode"] if cfg.get("mode") in MODES else None

@@ -44,7 +44,7 @@ from transformers.utils import logging as hf_logging
 import config
 from attention import TagIds, parse_structure, structured_forward
 from data import Style, build_prompt, format_response, load_data
-from eval import evaluate, split_by_context
+from eval import evaluate, fit_context
 from model import load_model, load_trainer_state, save_checkpoint
 
 @dataclass
@@ -52,7 +52,7 @@ class SFTConfig:
     """python sft.py: cold-start SFT. None = the preset of the model (TINY or PAPER below)."""
     model: str = "tiny"                  # "tiny", a Hugging Face hub name, or a checkpoint folder
     tokenizer: str = ""                  # model "tiny" only: build it on this tokenizer instead of characters
-    data: str = "synthetic:easy,synthetic:medium,synthetic:hard"   # a data.load_data spec: parallel_gsm8k, a .jsonl, ...
+    data: str = "synthetic:easy,synthetic:medium,synthetic:hard"   # a data.load_data spec (parallel_gsm8k, a file)
     data_dir: str = ""                   # folder of the real data sets ("" = data.py's default)
     style: Style = "parallel"            # parallel, or sequential (plain CoT): the prompt and the synthetic traces
     parallel_fraction: float = 0.5       # synthetic traces: the chance that a round is a block, else one attempt
@@ -70,7 +70,7 @@ class SFTConfig:
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0               # max global grad norm; 0 = no clipping
-    max_length: int | None = None        # prompt + response tokens (longer examples are dropped); None = min(4096, context)
+    max_length: int | None = None        # prompt + response tokens (longer ones dropped); None = min(4096, context)
     seed: int = 0
     fsdp: bool = False                   # FSDP2 (fully_shard each decoder layer, then the root); under torchrun
     grad_checkpointing: bool = False     # recompute activations in the backward pass
@@ -105,8 +105,8 @@ class Dist:
     is_main = property(lambda self: self.rank == 0)
 
 def setup_distributed() -> Dist:
-    """Join torchrun's process group (nccl, one GPU per process; gloo on CPU), reusing one that exists (a second init
-    after destroy can deadlock on torchrun's store); without RANK one process, and the collectives are no-ops."""
+    """Join torchrun's process group (nccl, one GPU per process; gloo on CPU), reusing one that exists (a second
+    init after destroy can deadlock on torchrun's store); without RANK one process, the collectives no-ops."""
     if "RANK" not in os.environ:
         return Dist(0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -167,19 +167,15 @@ class Example:
     prompt_ids: list[int]      # the prompt (chat template included); never a target
     response_ids: list[int]    # the solution tokens + [eos]; every one is a target
 
-def encode_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: str | None = None) -> list[int]:
-    """Prompt ids as the sampler sees them: data.build_prompt, tokenized without adding special tokens."""
-    return tokenizer(build_prompt(tokenizer, problem, style, prompt_file or None), add_special_tokens=False)["input_ids"]
-
 def tokenize_records(records: list[dict], tokenizer, style: str, max_length: int, prompt_file: str | None = None,
                      log=print) -> list[Example]:
-    """`Example`s of the records, without (and counting) those longer than max_length (never truncated: a cut block
-    would be mis-masked) and those parse_structure rejects. ValueError: no tags, a record without a solution, none left."""
+    """`Example`s of the records, without (and counting) those longer than max_length (never truncated: a cut
+    block would be mis-masked) and those parse_structure rejects. ValueError: no tags, no solution, none left."""
     tags = TagIds.from_tokenizer(tokenizer)
     if not records:
         raise ValueError("no records to train on: check --data")
     prompts = tokenizer([build_prompt(tokenizer, r["problem"], style, prompt_file) for r in records],
-                        add_special_tokens=False)["input_ids"]                  # batched: the ids of encode_prompt
+                        add_special_tokens=False)["input_ids"]        # batched: the prompt ids the sampler gets
     solutions = tokenizer([format_response(r) for r in records], add_special_tokens=False)["input_ids"]
     examples, too_long, malformed, first_reason = [], 0, 0, ""
     for r, prompt, solution in zip(records, prompts, solutions):
@@ -193,7 +189,8 @@ def tokenize_records(records: list[dict], tokenizer, style: str, max_length: int
     if too_long:
         log(f"dropped {too_long} of {len(records)} examples longer than max_length={max_length} tokens")
     if malformed:
-        log(f"dropped {malformed} of {len(records)} examples with a malformed parallel structure (first: {first_reason})")
+        log(f"dropped {malformed} of {len(records)} examples with a malformed parallel structure "
+            f"(first: {first_reason})")
     if not examples:
         raise ValueError(f"no training examples left out of {len(records)} records "
                          f"({too_long} too long, {malformed} malformed): check --data and --max_length")
@@ -207,12 +204,15 @@ class Batch:
     loss_mask: torch.Tensor        # (B, L) float: 1 where the token is a response token (a target)
 
 def collate(examples: list[Example], pad_id: int) -> Batch:
-    """Right-pad to the longest: prompt [5, 6] + response [7, 1] -> input_ids [5, 6, 7, 1, pad], loss_mask [0, 0, 1, 1, 0]."""
+    """Right-pad to the longest: prompt [5, 6] + response [7, 1] -> input_ids [5, 6, 7, 1, pad], loss_mask
+    [0, 0, 1, 1, 0]."""
     B, L = len(examples), max(len(e.prompt_ids) + len(e.response_ids) for e in examples)
-    input_ids, attention_mask, loss_mask = torch.full((B, L), pad_id), torch.zeros(B, L, dtype=torch.long), torch.zeros(B, L)
+    input_ids, attention_mask, loss_mask = torch.full((B, L), pad_id), torch.zeros(B, L, dtype=torch.long), \
+        torch.zeros(B, L)
     for b, e in enumerate(examples):
         p, n = len(e.prompt_ids), len(e.prompt_ids) + len(e.response_ids)
-        input_ids[b, :n], attention_mask[b, :n], loss_mask[b, p:n] = torch.tensor(e.prompt_ids + e.response_ids), 1, 1
+        input_ids[b, :n], attention_mask[b, :n] = torch.tensor(e.prompt_ids + e.response_ids), 1
+        loss_mask[b, p:n] = 1
     return Batch(input_ids, attention_mask, [len(e.prompt_ids) for e in examples], loss_mask)
 
 def shard_micro_batches(examples: list[Example], batch_indices: list[int], rank: int, world_size: int,
@@ -222,7 +222,8 @@ def shard_micro_batches(examples: list[Example], batch_indices: list[int], rank:
     per_rank = len(batch_indices) // world_size
     mine = sorted(batch_indices[rank * per_rank:(rank + 1) * per_rank],
                   key=lambda i: len(examples[i].prompt_ids) + len(examples[i].response_ids))
-    return [collate([examples[i] for i in mine[j:j + micro_batch_size]], pad_id) for j in range(0, per_rank, micro_batch_size)]
+    return [collate([examples[i] for i in mine[j:j + micro_batch_size]], pad_id)
+            for j in range(0, per_rank, micro_batch_size)]
 
 class ShuffledStream:
     """An endless stream of indices, shuffled each epoch with seed + epoch: (epoch, index) is all a resume needs."""
@@ -256,8 +257,8 @@ class ShuffledStream:
 def response_nll(model, batch: Batch, tags: TagIds, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed NLL of the response tokens, their count). logits[:, t] predicts input_ids[:, t+1] in *sequence*
     order, whatever the position ids say (as the official trainer)."""
-    logits = forward(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, tags, mode)   # (B, L, V)
-    targets, weights = batch.input_ids[:, 1:], batch.loss_mask[:, 1:]         # (B, L-1): the target is a response token
+    logits = forward(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, tags, mode)  # (B, L, V)
+    targets, weights = batch.input_ids[:, 1:], batch.loss_mask[:, 1:]     # (B, L-1): the target is a response token
     nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), reduction="none")
     return (nll.view_as(targets) * weights).sum(), weights.sum()
 
@@ -266,10 +267,12 @@ def accumulate_gradients(model, micro_batches: list[Batch], tags: TagIds, mode: 
     """Backward over this rank's micro-batches so that the gradients (after the ranks' average) are those of
     sum(NLL) / tokens of the global batch; they sync on the last one. Returns (global NLL sum, global tokens)."""
     device = device or micro_batches[0].input_ids.device
-    global_tokens, nll_total = all_reduce([sum(mb.loss_mask[:, 1:].sum().item() for mb in micro_batches)], device)[0], 0.0
+    global_tokens = all_reduce([sum(mb.loss_mask[:, 1:].sum().item() for mb in micro_batches)], device)[0]
+    nll_total = 0.0
     for i, mb in enumerate(micro_batches):
         with grad_sync(model, enabled=i == len(micro_batches) - 1):
-            mb = Batch(mb.input_ids.to(device), mb.attention_mask.to(device), mb.prompt_lengths, mb.loss_mask.to(device))
+            mb = Batch(mb.input_ids.to(device), mb.attention_mask.to(device), mb.prompt_lengths,
+                       mb.loss_mask.to(device))
             nll_sum, _ = response_nll(model, mb, tags, mode)
             (nll_sum * (world_size / global_tokens)).backward()
         nll_total += nll_sum.item()
@@ -278,7 +281,7 @@ def accumulate_gradients(model, micro_batches: list[Batch], tags: TagIds, mode: 
 def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> float:
     """Clip the global grad norm (0: no clipping), step the optimizer and the schedule; the norm before clipping."""
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
-    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm   # FSDP2: a DTensor
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2: a DTensor
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
@@ -286,8 +289,8 @@ def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> float:
     return grad_norm.item()
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "cosine") -> float:
-    """The lr multiplier of optimizer step `step` (0-based): linear warm-up, then 1.0 ("constant") or a cosine from 1
-    to 0 at `total_steps`. E.g. warm-up 10, total 100: 0.1 at step 0, 1.0 at step 9, 0.5 at step 55."""
+    """The lr multiplier of optimizer step `step` (0-based): linear warm-up, then 1.0 ("constant") or a cosine
+    from 1 to 0 at `total_steps`. E.g. warm-up 10, total 100: 0.1 at step 0, 1.0 at step 9, 0.5 at step 55."""
     if warmup_steps and step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
@@ -295,9 +298,8 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "c
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))))
 
 def sft_schedule(total_steps: int, warmup_ratio: float):
-    """SFT's lr multiplier: warm-up over ceil(warmup_ratio * total) steps, then a cosine that is 0 at the last step."""
-    warmup = math.ceil(warmup_ratio * total_steps)
-    return lambda step: lr_factor(step, warmup, total_steps - 1)
+    """SFT's lr multiplier: warm-up over ceil(warmup_ratio * total) steps, then a cosine, 0 at the last step."""
+    return lambda step: lr_factor(step, math.ceil(warmup_ratio * total_steps), total_steps - 1)
 
 # ----------------------------------------------------------------------------------------------------
 # Checkpoints with trainer state, and the training run both trainers share
@@ -315,8 +317,8 @@ def set_rng_state(state: dict):
 
 def find_latest_checkpoint(out_dir: str) -> str:
     """The checkpoint-<step> folder with a trainer state and the highest step. Raises FileNotFoundError."""
-    found = [(int(m[1]), p) for p in glob.glob(os.path.join(out_dir, "checkpoint-*"))
-             if (m := re.fullmatch(r"checkpoint-(\d+)", os.path.basename(p))) and os.path.isfile(f"{p}/trainer_state.pt")]
+    found = [(int(m[1]), p) for p in glob.glob(os.path.join(out_dir, "checkpoint-*")) if
+             (m := re.fullmatch(r"checkpoint-(\d+)", os.path.basename(p))) and os.path.isfile(f"{p}/trainer_state.pt")]
     if not found:
         raise FileNotFoundError(f"--resume=True found no checkpoint-<step> folder with a trainer_state.pt "
                                 f"in {out_dir!r}; pass --resume=<checkpoint folder> or --out_dir")
@@ -331,13 +333,13 @@ def resume_path(cfg) -> str:
     return path
 
 def parse_args(config_class, argv: list[str]):
-    """The command line; with --resume, the config saved in that checkpoint is the base the command line overrides."""
+    """The command line; with --resume, over the config saved in that checkpoint."""
     cfg = config.parse(config_class, argv)
     if not cfg.resume:
         return cfg
     path = resume_path(cfg)
     saved = load_trainer_state(path)["config"]
-    if ("recipe" in saved) != any(f.name == "recipe" for f in dataclasses.fields(config_class)):   # grpo's config
+    if ("recipe" in saved) != any(f.name == "recipe" for f in dataclasses.fields(config_class)):  # grpo's config
         raise ValueError(f"--resume: {path!r} was written by {'grpo.py' if 'recipe' in saved else 'sft.py'}, and "
                          f"--resume continues a run of the same script; to start from it, pass --model={path}")
     return config.parse(config_class, argv, base=dict(saved, resume=path))
@@ -369,20 +371,23 @@ class Run:
 
     def out_of_time(self, t_start: float) -> bool:
         """Every rank takes the same stop decision (any rank's clock), or the next collective would hang."""
-        return bool(self.cfg.max_time) and all_reduce([time.time() - t_start > self.cfg.max_time], self.dist.device, "max")[0] > 0
+        return bool(self.cfg.max_time) and \
+            all_reduce([time.time() - t_start > self.cfg.max_time], self.dist.device, "max")[0] > 0
 
     def save(self, **trainer_state) -> str | None:
         """out_dir/checkpoint-<step> with the optimizer, schedule, RNG and the caller's state; every rank calls (FSDP
         gathers the full state dicts to rank 0 first). Then the keep_last newest stay. The path (on rank 0)."""
-        cfg, path, opts = self.cfg, os.path.join(self.cfg.out_dir, f"checkpoint-{self.step}"), \
-            StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state_dict = get_model_state_dict(self.train_model, options=opts) if cfg.fsdp else None
+        cfg, path = self.cfg, os.path.join(self.cfg.out_dir, f"checkpoint-{self.step}")
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_sd = {"state_dict": get_model_state_dict(self.train_model, options=opts)} if cfg.fsdp else {}
         optim = get_optimizer_state_dict(self.train_model, self.optimizer, options=opts) if cfg.fsdp else None
         if self.dist.is_main:
-            state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state, scheduler=self.scheduler.state_dict(),
-                         optimizer=optim if cfg.fsdp else self.optimizer.state_dict(), rng=rng_state())
-            save_checkpoint(path, self.train_model, self.tokenizer, state, **({"state_dict": state_dict} if cfg.fsdp else {}))
-            old = sorted(glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")), key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or -1))
+            state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state, rng=rng_state(),
+                         scheduler=self.scheduler.state_dict(), optimizer=optim if cfg.fsdp else
+                         self.optimizer.state_dict())
+            save_checkpoint(path, self.train_model, self.tokenizer, state, **model_sd)
+            old = sorted(glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")),
+                         key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or -1))
             for p in old[:-cfg.keep_last] if cfg.keep_last > 0 else []:
                 shutil.rmtree(p, ignore_errors=True)
         if dist.is_initialized():
@@ -398,7 +403,8 @@ def load(cfg, d: Dist, name: str, cls=Run, **load_kw) -> Run:
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     path = resume_path(cfg)
-    model, tok = load_model(path or name, dtype=torch.float32, device=d.device, seed=cfg.seed, **({} if path else load_kw))
+    model, tok = load_model(path or name, dtype=torch.float32, device=d.device, seed=cfg.seed,
+                            **({} if path else load_kw))
     return cls(cfg, d, model, tok, TagIds.from_tokenizer(tok), resume=path)
 
 def prepare(run: Run, lr_lambda) -> Run:
@@ -408,21 +414,23 @@ def prepare(run: Run, lr_lambda) -> Run:
     if cfg.grad_checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    run.train_model = model
+    run.train_model, cuda = model, d.device.type == "cuda"
     if cfg.fsdp:
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if d.device.type == "cuda" \
-            else MixedPrecisionPolicy()
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cuda else \
+            MixedPrecisionPolicy()
         for layer in model.model.layers:            # one all-gather per decoder layer, then one for the rest
             fully_shard(layer, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
     elif d.world_size > 1:
-        run.train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
-    run.optimizer = torch.optim.AdamW(run.train_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
+        run.train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[d.device.index] if cuda else None)
+    run.optimizer = torch.optim.AdamW(run.train_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                      betas=tuple(cfg.betas))
     run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, lr_lambda)
     if run.resume:
         run.state = load_trainer_state(run.resume)
         if cfg.fsdp:
-            set_optimizer_state_dict(run.train_model, run.optimizer, run.state["optimizer"], options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(run.train_model, run.optimizer, run.state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
         else:
             run.optimizer.load_state_dict(run.state["optimizer"])
         run.scheduler.load_state_dict(run.state["scheduler"])
@@ -430,7 +438,8 @@ def prepare(run: Run, lr_lambda) -> Run:
         run.log(f"resumed from {run.resume} at step {run.step}")
     if d.is_main:                                   # a fresh run replaces an earlier run's checkpoints and log
         os.makedirs(cfg.out_dir, exist_ok=True)
-        old, log_path = [] if run.resume else glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")), os.path.join(cfg.out_dir, "log.jsonl")
+        old, log_path = [] if run.resume else glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")), \
+            os.path.join(cfg.out_dir, "log.jsonl")
         for p in old:
             shutil.rmtree(p, ignore_errors=True)
         if old:
@@ -450,10 +459,10 @@ def sft_data(run: Run, records: list[dict] | None) -> tuple[list[Example], str, 
     cfg = run.cfg
     synthetic = records is None and all(re.fullmatch(r"synthetic:\w+", n.strip()) for n in cfg.data.split(","))
     if records is None:
-        records = load_data(cfg.data, style=cfg.style, limit=cfg.limit or None, seed=cfg.seed, data_dir=cfg.data_dir or None,
-                            tokenizer=run.tokenizer, parallel_fraction=cfg.parallel_fraction)
+        records = load_data(cfg.data, style=cfg.style, limit=cfg.limit or None, seed=cfg.seed, tokenizer=run.tokenizer,
+                            data_dir=cfg.data_dir or None, parallel_fraction=cfg.parallel_fraction)
     records = records[:cfg.limit] if cfg.limit else records
-    examples = tokenize_records(records, run.tokenizer, cfg.style, cfg.max_length, cfg.prompt_file or None, log=run.log)
+    examples = tokenize_records(records, run.tokenizer, cfg.style, cfg.max_length, cfg.prompt_file or None, run.log)
     if not cfg.eval_samples or not (cfg.eval_data or synthetic):
         return examples, f"{cfg.data} (training problems)", records
     name = cfg.eval_data or ",".join(n.strip() + ":test" for n in cfg.data.split(","))
@@ -465,17 +474,15 @@ def quick_eval(model, tokenizer, records: list[dict], mode: str, n: int, *, prom
     """Greedy samples of the first `n` records that fit the model's context (the others are counted in notes):
     {"n", "format_valid", "parallel", "accuracy", "example" (the first response), "notes"}."""
     out = {"n": 0, "format_valid": None, "parallel": None, "accuracy": None, "example": "", "notes": []}
-    style, context = "sequential" if mode == "sequential" else "parallel", getattr(model.config, "max_position_embeddings", None)
-    fit, over = split_by_context([len(encode_prompt(tokenizer, r["problem"], style, prompt_file)) for r in records],
-                                 max_new_tokens, context)
-    if over:
-        out["notes"].append(f"skipped {len(over)} problems whose prompt + {max_new_tokens} new tokens exceed the "
-                            f"model's context of {context}")
-    if fit[:n]:
-        m, samples = evaluate(model, tokenizer, [{**records[i], "id": i} for i in fit[:n]], mode, k=1, seed=seed,
-                              max_new_tokens=max_new_tokens, batch_size=n, prompt_file=prompt_file, greedy=True)
-        out.update(n=len(samples), format_valid=m["format_valid"], parallel=m["parallel_ratio"], accuracy=m["mean_at_k"],
-                   example=samples[0]["response"])
+    records = [{**r, "id": i} for i, r in enumerate(records)]
+    fit = fit_context(records, tokenizer, "sequential" if mode == "sequential" else "parallel", prompt_file,
+                      max_new_tokens, getattr(model.config, "max_position_embeddings", None), "end-of-run samples",
+                      out["notes"].append, required=False)[0][:n]
+    if fit:
+        m, samples = evaluate(model, tokenizer, fit, mode, k=1, seed=seed, max_new_tokens=max_new_tokens,
+                              batch_size=n, prompt_file=prompt_file, greedy=True)
+        out.update(n=len(samples), format_valid=m["format_valid"], parallel=m["parallel_ratio"],
+                   accuracy=m["mean_at_k"], example=samples[0]["response"])
     return out
 
 def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
@@ -490,10 +497,11 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
         total_steps = cfg.max_steps or math.ceil(cfg.epochs * len(examples) / cfg.batch_size)
         prepare(run, sft_schedule(total_steps, cfg.warmup_ratio))
         stream = ShuffledStream(len(examples), cfg.seed, **run.state.get("data_position", {}))
-        run.log(f"SFT {cfg.model} ({sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M params) on {len(examples)} "
-                f"examples of {cfg.data}, mode={cfg.mode}, style={cfg.style} | {d.world_size} rank(s) on {d.device.type}, "
-                f"batch {cfg.batch_size} = {d.world_size} x {math.ceil(cfg.batch_size // d.world_size / cfg.micro_batch_size)} "
-                f"micro-batch(es) of <= {cfg.micro_batch_size} | lr {cfg.lr}, {total_steps} steps"
+        micro = math.ceil(cfg.batch_size // d.world_size / cfg.micro_batch_size)
+        run.log(f"SFT {cfg.model} ({sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M params) on "
+                f"{len(examples)} examples of {cfg.data}, mode={cfg.mode}, style={cfg.style} | {d.world_size} rank(s) "
+                f"on {d.device.type}, batch {cfg.batch_size} = {d.world_size} x {micro} micro-batch(es) of <= "
+                f"{cfg.micro_batch_size} | lr {cfg.lr}, {total_steps} steps"
                 + (f", max_time {cfg.max_time:.0f}s" if cfg.max_time else ""))
         bar = tqdm(total=total_steps, initial=run.step, disable=not d.is_main, dynamic_ncols=True, desc="sft")
         if run.state:
@@ -504,18 +512,20 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
             micro_batches = shard_micro_batches(examples, stream.take(cfg.batch_size), d.rank, d.world_size,
                                                 cfg.micro_batch_size, run.tokenizer.pad_token_id)
             lr = run.optimizer.param_groups[0]["lr"]
-            nll, loss_tokens = accumulate_gradients(run.train_model, micro_batches, run.tags, cfg.mode, d.world_size, d.device)
+            nll, loss_tokens = accumulate_gradients(run.train_model, micro_batches, run.tags, cfg.mode, d.world_size,
+                                                    d.device)
             grad_norm = optimizer_step(run.train_model, run.optimizer, run.scheduler, cfg.grad_clip)
             run.step += 1
             tokens = all_reduce([sum(mb.attention_mask.sum().item() for mb in micro_batches)], d.device)[0]
             dt, loss, tokens_seen = time.time() - t0, nll / loss_tokens, tokens_seen + tokens
             losses.append(loss)
-            run.write(dict(step=run.step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=int(tokens), loss_tokens=int(loss_tokens),
-                           tokens_per_s=tokens / dt, elapsed=time.time() - t_start, epoch=stream.epoch))
+            run.write(dict(step=run.step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=int(tokens), epoch=stream.epoch,
+                           loss_tokens=int(loss_tokens), tokens_per_s=tokens / dt, elapsed=time.time() - t_start))
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens / dt:,.0f}")
             bar.update(1)
             if d.is_main and cfg.log_every and run.step % cfg.log_every == 0:
-                bar.write(f"step {run.step}: loss {loss:.4f}, lr {lr:.2e}, grad_norm {grad_norm:.3f}, {tokens / dt:,.0f} tok/s")
+                bar.write(f"step {run.step}: loss {loss:.4f}, lr {lr:.2e}, grad_norm {grad_norm:.3f}, "
+                          f"{tokens / dt:,.0f} tok/s")
             out_of_time = run.out_of_time(t_start)
             if run.step == total_steps or out_of_time or (cfg.save_every and run.step % cfg.save_every == 0):
                 ckpt = run.save(data_position=stream.position())
@@ -529,10 +539,12 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
                    "tokens_per_s": tokens_seen / seconds if seconds > 0 else 0.0, "eval": None}
         if d.is_main and cfg.eval_samples and not cfg.fsdp:     # a sharded model would need every rank
             # budget: twice the longest training response, within max_length (an untrained model rambles)
-            budget = min(cfg.max_length - max(len(e.prompt_ids) for e in examples), 2 * max(len(e.response_ids) for e in examples))
-            summary["eval"] = dict(quick_eval(run.model, run.tokenizer, eval_records, "sequential" if cfg.style == "sequential"
-                                              else cfg.mode, cfg.eval_samples, prompt_file=cfg.prompt_file or None,
-                                              seed=cfg.seed, max_new_tokens=max(1, budget)), data=eval_name)
+            budget = min(cfg.max_length - max(len(e.prompt_ids) for e in examples),
+                         2 * max(len(e.response_ids) for e in examples))
+            mode = "sequential" if cfg.style == "sequential" else cfg.mode
+            summary["eval"] = dict(quick_eval(run.model, run.tokenizer, eval_records, mode, cfg.eval_samples,
+                                              prompt_file=cfg.prompt_file or None, seed=cfg.seed,
+                                              max_new_tokens=max(1, budget)), data=eval_name)
         elif d.is_main and cfg.fsdp:
             summary["eval"] = {"notes": ["FSDP run: no greedy samples here; evaluate the checkpoint with eval.py"]}
         if d.is_main:

@@ -321,9 +321,3 @@ def test_qwen3_prompt_uses_the_chat_template():
     assert "Problem: " + problem + "<|im_end|>" in text and "<Parallel>" in text and "Final Answer:" in text
     seq = build_prompt(tok, problem, "sequential")
     assert seq.startswith("<|im_start|>user\n" + problem + "\n") and "<Parallel>" not in seq
-
-
-def test_show_cli(capsys):
-    data.main(["--show", "synthetic:hard", "--n=1", "--limit=20"])
-    out = capsys.readouterr().out
-    assert out.startswith("--- synthetic:hard-0") and "Final Answer:" in out and "20 records" in out

@@ -260,7 +260,7 @@ def test_prompts_longer_than_the_context_are_skipped_and_counted(tmp_path, capfd
     assert "sampling them anyway (--skip_long_prompts=False)" in capfd.readouterr().err
     assert summary["skipped_too_long"] == {} and summary["benchmarks"][str(f)]["num_problems"] == 3
 
-    with pytest.raises(ValueError, match="3 of 3 problems .* none is left to evaluate: lower --max_new_tokens, "
+    with pytest.raises(ValueError, match="3 of 3 problems .* none is left: lower --max_new_tokens, "
                                          "or pass --skip_long_prompts=False"):
         ev.run(ev.EvalConfig(**dict(kw, max_new_tokens=500), out_dir=str(tmp_path / "none")))
     assert not (tmp_path / "none").exists()

@@ -521,9 +521,9 @@ def test_problems_longer_than_the_context_are_dropped(tmp_path, monkeypatch, cap
     out = grpo.train(GRPOConfig(**base, out_dir=str(tmp_path / "run")), records=short + long,
                      eval_records=short + long)
     printed = capsys.readouterr().out
-    assert "train data: dropped 1 of 3 problems" in printed and "eval data: dropped 1 of 3 problems" in printed
+    assert "train data: 1 of 3 problems have a prompt" in printed and "eval data: 1 of 3 problems have" in printed
     assert "2 problems of the given records" in printed and out["steps"] == 1
-    with pytest.raises(ValueError, match="no train problem fits the model's context of 512 tokens"):
+    with pytest.raises(ValueError, match=r"train data: 1 of 1 problems .* context \(512 tokens.* none is left"):
         grpo.train(GRPOConfig(**base, out_dir=str(tmp_path / "run2")), records=long, eval_records=short)
 
 

@@ -1,4 +1,5 @@
-"""The tools in scripts/: training curves, the table of several evaluations, the reward benchmark's batch."""
+"""The tools in scripts/: training curves, the table of several evaluations, the reward benchmark's batch, the
+data viewer."""
 import json
 import os
 import subprocess
@@ -6,7 +7,7 @@ import sys
 
 import pytest
 
-from scripts import bench_rewards, plot, table
+from scripts import bench_rewards, plot, show_data, table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,3 +81,9 @@ def test_bench_rewards_batch_is_mixed_and_sized():
     assert len(responses) == len(golds) == 200
     assert sum("<Parallel>" in r for r in responses) > 50 and sum("__import__" in r for r in responses) > 0
     assert len(set(golds)) > 10 and all(g == golds[i - i % 8] for i, g in enumerate(golds))   # groups of 8 share a gold
+
+
+def test_show_data(capsys):
+    show_data.main(["--show", "synthetic:hard", "--n=1", "--limit=20"])
+    out = capsys.readouterr().out
+    assert out.startswith("--- synthetic:hard-0") and "Final Answer:" in out and "20 records" in out

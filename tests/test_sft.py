@@ -374,7 +374,8 @@ def test_quick_eval_skips_problems_longer_than_the_context():
     # prompts: 500 + 1 = 501 and 496 + 1 = 497 tokens; with 16 new tokens only the two short ones fit
     out = sft.quick_eval(model, tok, records, "unseen", n=2, max_new_tokens=16)
     assert out["n"] == 2
-    assert out["notes"] == ["skipped 2 problems whose prompt + 16 new tokens exceed the model's context of 512"]
+    assert len(out["notes"]) == 1 and "2 of 4 problems have a prompt + max_new_tokens (16) longer than the model's " \
+        "context (512 tokens" in out["notes"][0]
 
 
 if __name__ == "__main__":                   # torchrun worker of test_two_ranks_equal_one_process
