@@ -11,8 +11,8 @@ format reward, the SFT data filter) calls `parse_structure`: one definition of t
   starts at p+1 (p: the position of <Parallel>), </Parallel> sits at p + longest path + 1, then +1 per token.
 
 The prompt is never parsed and always numbered 0..n-1 (the paper's instruction contains the tags; parsing it
-shifted every position in the official SFT code, NOTES.md §8). `python attention.py` prints the worked example
-of NOTES.md §2: its positions and the Unseen mask.
+shifted every position in the official SFT code, NOTES.md §8). `python attention.py` prints NOTES.md §2's
+worked example: its positions and the Unseen mask.
 """
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -71,13 +71,10 @@ class Structure:
 def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
     """The blocks of one *response* (ids: list or 1-D tensor, no padding) and whether it is well-formed: every
     block closed with >= 2 paths, only the newline between </Parallel> and its <Summary>, every summary closed,
-    no tag inside a path or summary, no text between paths, no stray tag in the main chain.
-
-    Never raises on model output. Recovery (what the mask builder uses): a tag out of place is an ordinary token
-    of its segment; an unclosed <Path> runs to the end, an unclosed block ends with its last path; tokens in a
-    block outside every path belong to no path; after </Parallel>, anything but the newline or <Summary> ends
-    the block without a summary.
-    """
+    no tag inside a path or summary, no text between paths, no stray tag in the main chain. Never raises on
+    model output. Recovery (what the mask builder uses): a tag out of place is an ordinary token of its segment;
+    an unclosed <Path> runs to the end, an unclosed block ends with its last path; tokens in a block outside
+    every path belong to no path; after </Parallel>, anything but the newline or <Summary> ends the block."""
     if isinstance(ids, torch.Tensor):
         ids = ids.tolist()
     P, EP, A, EA, S, ES = tags.parallel, tags.end_parallel, tags.path, tags.end_path, tags.summary, tags.end_summary
@@ -165,14 +162,12 @@ def unseen_positions(structure: Structure, start: int = 0) -> list[int]:
 def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths, attention_mask_2d: torch.Tensor,
                              tag_ids: TagIds, mode: str, dtype: torch.dtype = torch.float32):
     """The training forward's attention mask and position ids of a batch of prompt + response rows.
-
     input_ids (B, L) long: each row [pad*] prompt response [pad*], its own structure; prompt_lengths (B,);
     attention_mask_2d (B, L) 0/1 (one contiguous run of real tokens per row); mode "seen" or "unseen".
-    Returns mask (B, 1, L, L) additive in `dtype` (0 visible, finfo(dtype).min hidden; never bool: eager
-    attention would add it as 0/1; a padding query sees itself, so no row is all hidden and nothing is NaN)
-    and position_ids (B, L) long (padding at 0). Raises ValueError for an unknown mode, shapes that disagree,
-    a row that is not one run, or a prompt longer than its row; a malformed *response* never raises.
-    """
+    Returns mask (B, 1, L, L) additive in `dtype`, 0 visible and finfo(dtype).min hidden (never bool: eager
+    attention in transformers would silently add a bool mask as 0/1; a padding query sees itself, so no row is
+    all hidden and nothing is NaN), and position_ids (B, L) long (padding at 0). ValueError for an unknown mode,
+    shapes that disagree, a row that is not one run, a prompt longer than its row; never for a bad response."""
     if mode not in ("seen", "unseen"):
         raise ValueError(f"mode must be 'seen' or 'unseen', got {mode!r}")
     if input_ids.dim() != 2 or attention_mask_2d.shape != input_ids.shape:

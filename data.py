@@ -55,12 +55,9 @@ _PLACEHOLDER = re.compile(r"\{problem\}|\{Problem\}")
 
 def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: str | None = None) -> str:
     """The prompt text of one problem: `prompt_file`'s template (with {problem} or {Problem}), else the bare
-    problem and a newline for the tiny tokenizer, else PARALLEL_ or SEQUENTIAL_TEMPLATE; wrapped in the chat
-    template (add_generation_prompt) when the tokenizer has one. Raises FileNotFoundError for a missing
-    prompt file, ValueError for one without the placeholder.
-
-        build_prompt(tiny_tok, "Which two of 6 2 5 3 make 8?") -> "Which two of 6 2 5 3 make 8?\\n"
-    """
+    problem and a newline for the tiny tokenizer ("Which two of 6 2 5 3 make 8?\\n"), else PARALLEL_ or
+    SEQUENTIAL_TEMPLATE; in the chat template (add_generation_prompt) when the tokenizer has one.
+    FileNotFoundError for a missing prompt file, ValueError for one without the placeholder."""
     if prompt_file is not None:
         if not os.path.isfile(prompt_file):
             raise FileNotFoundError(f"prompt file not found: {prompt_file}")
@@ -129,8 +126,9 @@ def make_problem(rng: random.Random, size: int) -> PairProblem:
 
 def problem_part(problem: PairProblem) -> str:
     """The part of a problem's number pattern (the list as a set, the target) by a fixed hash: "train" (the cold
-    start's, 3 in 5 patterns), "rl" (RL's, 1 in 5) or "test" (1 in 5). No two parts share a pattern, so RL trains
-    on problems the cold start never saw (as the paper's RL data, DAPO, is not its SFT data) and tests are new to both."""
+    start's, 3 in 5 patterns), "rl" (RL's, 1 in 5) or "test" (1 in 5). No two parts share a pattern, so RL
+    trains on problems the cold start never saw (the paper's RL data, DAPO, is not its SFT data) and the test
+    problems are new to both."""
     key = repr((sorted(problem.numbers), problem.target)).encode()
     return SYNTHETIC_PARTS[int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % len(SYNTHETIC_PARTS)]
 
@@ -138,7 +136,8 @@ def synthetic_problems(split: str, part: str = "train", n: int | None = None, se
     """`n` problems of difficulty `split`, part "train", "rl" or "test": the same on every machine (a string seed),
     and a shorter list is a prefix of a longer one. Raises ValueError for an unknown split or part."""
     if split not in SYNTHETIC_SPLITS or part not in SYNTHETIC_SIZES:
-        raise ValueError(f"unknown synthetic set {split}:{part}; splits {sorted(SYNTHETIC_SPLITS)}, parts {sorted(SYNTHETIC_SIZES)}")
+        raise ValueError(f"unknown synthetic set {split}:{part}; splits {sorted(SYNTHETIC_SPLITS)}, parts "
+                         f"{sorted(SYNTHETIC_SIZES)}")
     rng, out = random.Random(f"synthetic:{split}:{part}:{seed}"), []
     while len(out) < (SYNTHETIC_SIZES[part] if n is None else n):
         p = make_problem(rng, SYNTHETIC_SPLITS[split])
@@ -206,7 +205,7 @@ def gsm8k_answer(text: str) -> str | None:
     return normalize_answer(m.group(1)) if m else None
 
 def gsm8k_sequential_solution(text: str) -> str:
-    """A GSM8K worked solution as a sequential SFT target: <<calculator notes>> dropped, "#### N" -> "Final Answer: N"."""
+    """A GSM8K worked solution as a sequential SFT target: <<calculator notes>> out, "#### N" -> "Final Answer: N"."""
     body = re.sub(r"<<[^>]*>>", "", text)
     return re.sub(r"####\s*(.+?)\s*$", lambda m: f"Final Answer: {normalize_answer(m.group(1))}", body)
 
@@ -215,7 +214,8 @@ _BASELINE_SUFFIX = re.compile(r"\s*Let's think step by step and output the final
 def extract_problem(text: str) -> str:
     """The bare problem inside a source's instruction prompt: after the last "Problem:" (Parallel-R1 v2/v3), before
     the baseline's "Let's think step by step ..." sentence, or DAPO's paragraph between the first two blank lines.
-    Also repairs AIME 2025's JSON-escape accidents (a form feed for "\\f" of "\\frac", a tab for "\\t" of "\\triangle")."""
+    Also repairs AIME 2025's JSON-escape accidents (a form feed for the "\\f" of "\\frac", a tab for the "\\t" of
+    "\\triangle")."""
     text = re.sub(r"\t(?=riangle)", r"\\t", text.replace("\x0c", "\\f"))
     if "Final Answer" in text and re.search(r"(^|\n)Problem:", text):
         return re.split(r"(?:^|\n)Problem:", text)[-1].strip()
@@ -227,9 +227,9 @@ def extract_problem(text: str) -> str:
 
 # The sampler writes the text at the junctions of the tags: nothing between <Parallel> and the first <Path>,
 # between paths or after the last one; exactly one "\n" between </Parallel> and <Summary> (NOTES.md §1).
-_JUNCTIONS = ((re.compile(r"<Parallel>\s*<Path>"), "<Parallel><Path>"), (re.compile(r"</Path>\s*<Path>"), "</Path><Path>"),
-              (re.compile(r"</Path>\s*</Parallel>"), "</Path></Parallel>"),
-              (re.compile(r"</Parallel>\s*<Summary>"), "</Parallel>\n<Summary>"))
+_JUNCTIONS = [(re.compile(a + r"\s*" + b), a + sep + b) for a, sep, b in
+              (("<Parallel>", "", "<Path>"), ("</Path>", "", "<Path>"), ("</Path>", "", "</Parallel>"),
+               ("</Parallel>", "\n", "<Summary>"))]
 _TAG = re.compile(r"</?(?:Parallel|Path|Summary)>")
 
 def canonicalize_trace(text: str) -> str:
@@ -239,8 +239,8 @@ def canonicalize_trace(text: str) -> str:
     return text.strip()
 
 def check_trace(solution: str, tokenizer, tags: TagIds) -> str:
-    """"" for a usable parallel SFT target (parses as valid, ends with a Final Answer line), else why not, with
-    numbers replaced by N so that reasons group: "unclosed <Summary> at token N"."""
+    """"" for a usable parallel SFT target (valid, with a Final Answer line), else why not, numbers as N so that
+    reasons group: "unclosed <Summary> at token N"."""
     structure = parse_structure(tokenizer.encode(solution, add_special_tokens=False), tags)
     if not structure.valid:
         return re.sub(r"\d+", "N", structure.reason)
@@ -294,9 +294,9 @@ def _load_hub(name: str, local: str | None) -> list[dict]:
             return [dict(r) for r in datasets.load_dataset(path, config, split=split)]
         except Exception as e:                 # offline, missing, renamed: try the next one, then explain
             errors.append(f"{path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    raise FileNotFoundError(f"dataset {name!r}: {f'no local file {local}' if local else 'no local data folder'}, and the "
-                            f"hub could not give it ({'; '.join(errors)}). Point --data_dir or ${DATA_ENV} at a folder "
-                            f"holding {KNOWN_DATASETS[name][0]}, or go online.")
+    raise FileNotFoundError(f"dataset {name!r}: {f'no local file {local}' if local else 'no local data folder'}, "
+                            f"and the hub could not give it ({'; '.join(errors)}). Point --data_dir or ${DATA_ENV} "
+                            f"at a folder holding {KNOWN_DATASETS[name][0]}, or go online.")
 
 def _first(row: dict, *keys):
     """The first non-empty value among `keys` ("a.b" reads row["a"]["b"])."""
@@ -333,22 +333,22 @@ def _row_record(row: dict, latex: bool, style: str) -> tuple[str | None, str | N
     return problem, answer or None, solution
 
 def _records_from_rows(rows, name: str, style: str, strict: bool, where: str, tokenizer) -> list[dict]:
-    """Records of one file's rows: incomplete rows skipped (or, strict, refused); parallel traces canonicalised and
-    checked (`check_trace` under `tokenizer`, default the tiny one), with the counts printed."""
+    """Records of one file's rows: incomplete rows skipped (or, strict, refused); parallel traces canonicalised
+    and checked (`check_trace` under `tokenizer`, default the tiny one), with the counts printed."""
     label = name if name in KNOWN_DATASETS else os.path.splitext(os.path.basename(name))[0]
     records, skipped = [], 0
     for i, row in enumerate(rows):
         problem, answer, solution = _row_record(row, name == "math500", style)
         if not problem or not answer:
             if strict:
-                raise ValueError(f"{where}, row {i}: no {'problem' if not problem else 'answer'} (fields: {sorted(row)})")
+                raise ValueError(f"{where}, row {i}: no {'answer' if problem else 'problem'} (fields: {sorted(row)})")
             skipped += 1
             continue
         rid = _first(row, "unique_id", "id", "extra_info.index", "index")
         rid = f"{label}-{i}" if rid is None else str(rid) if str(rid).startswith(label) else f"{label}-{rid}"
         records.append({"id": rid, "problem": problem, "answer": answer, "solution": solution, "source": name})
     if skipped:
-        print(f"[data] {where}: skipped {skipped} of {len(rows)} rows without a problem or an answer", file=sys.stderr)
+        print(f"[data] {where}: skipped {skipped} of {len(rows)} rows without a problem or answer", file=sys.stderr)
     if not any(r["solution"] and _TAG.search(r["solution"]) for r in records):
         return records
     if style == "sequential":

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads sleep: spinning ones slowed a shared CPU 100x
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads sleep (spinning slowed a shared CPU)
 
 import torch
 from tqdm import tqdm
@@ -113,10 +113,10 @@ def evaluate(model, tokenizer, records: list[dict], mode: str, k: int = 1, max_n
         for b, start in enumerate(range(0, len(records), batch_size)):
             batch = records[start:start + batch_size]
             prompts = [build_prompt(tokenizer, r["problem"], style=style, prompt_file=prompt_file) for r in batch]
-            rollouts = generate(model, tokenizer, [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts],
-                                group_size=k, mode=mode, max_new_tokens=max_new_tokens, num_paths=num_paths,
-                                max_blocks=max_blocks, allow_parallel=mode != "sequential", temperature=temperature,
-                                top_p=top_p, greedy=greedy, seed=seed + b)
+            ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+            rollouts = generate(model, tokenizer, ids, group_size=k, mode=mode, max_new_tokens=max_new_tokens,
+                                num_paths=num_paths, max_blocks=max_blocks, allow_parallel=mode != "sequential",
+                                temperature=temperature, top_p=top_p, greedy=greedy, seed=seed + b)
             scores = score_batch([r.text for r in rollouts], [batch[r.prompt_index]["answer"] for r in rollouts],
                                  structures=[r.structure for r in rollouts], reward="accuracy", verifier=verifier)
             for j, (r, sc) in enumerate(zip(rollouts, scores)):
@@ -159,7 +159,8 @@ def format_table(rows: dict[str, dict[str, dict]]) -> str:
     lines = ["| " + " | ".join(header + ["Avg"]) + " |", "|" + "---|" * (len(header) + 1)]
     for method, benches in rows.items():
         n = sum(m["num_responses"] for m in benches.values())
-        cells = [method, pct(sum(m["parallel_ratio"] * m["num_responses"] for m in benches.values()) / n if n else None)]
+        parallel = sum(m["parallel_ratio"] * m["num_responses"] for m in benches.values()) / n if n else None
+        cells = [method, pct(parallel)]
         for bench, k in ks.items():
             m = benches.get(bench) or {}
             cells += [pct(m.get("mean_at_k"))] + ([pct(m.get("pass_at_k"))] if k > 1 else [])
@@ -195,7 +196,7 @@ def check_tags(tokenizer, name: str, mode: str, allow_untrained_tags: bool = Fal
                          "or pass --allow_untrained_tags=True to sample with untrained tags (e.g. a base model)")
     return False
 
-def split_by_context(prompt_lengths: list[int], max_new_tokens: int, context: int | None) -> tuple[list[int], list[int]]:
+def split_by_context(prompt_lengths: list[int], max_new_tokens: int, context: int | None) -> tuple[list, list]:
     """(indices that fit, indices that do not): prompt + max_new_tokens <= context (None or 0: all fit).
 
         >>> split_by_context([100, 256, 257], 256, 512)
@@ -209,8 +210,8 @@ def fit_context(records: list[dict], tokenizer, style: str, prompt_file: str | N
     """(records, their prompt ids, the ids left out): without the problems whose prompt + max_new_tokens exceed
     the model's context (they would be sampled at positions it never trained), each reported through `log`;
     `keep_long` keeps them with a warning. None fitting is a ValueError (ending with `hint`) when `required`."""
-    prompts = [tokenizer(build_prompt(tokenizer, r["problem"], style, prompt_file), add_special_tokens=False)["input_ids"]
-               for r in records]
+    prompts = [tokenizer(build_prompt(tokenizer, r["problem"], style, prompt_file),
+                         add_special_tokens=False)["input_ids"] for r in records]
     fit, over = split_by_context([len(p) for p in prompts], max_new_tokens, context)
     if not over or keep_long:
         if over:
@@ -285,7 +286,7 @@ def run(cfg: EvalConfig) -> dict:
     cfg = config.fill(cfg, TINY if tok is None or len(tok) < TINY_VOCAB_LIMIT else PAPER)
     overrides, benches = parse_k_overrides(cfg.k_overrides), [b.strip() for b in cfg.data.split(",") if b.strip()]
     if set(overrides) - set(benches):
-        raise ValueError(f"--k_overrides names {sorted(set(overrides) - set(benches))}, which are not in --data={cfg.data}")
+        raise ValueError(f"--k_overrides names {sorted(set(overrides) - set(benches))}, not in --data={cfg.data}")
     records = {b: load_data(b, limit=cfg.limit or None, data_dir=cfg.data_dir or None) for b in benches}
     check_tags(tok, cfg.model, mode, cfg.allow_untrained_tags)
     model, tokenizer = load_model(cfg.model, device=cfg.device or None)

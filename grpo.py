@@ -11,7 +11,7 @@ sampler's log-probs) -> `score_batch` (the recipe's reward at this step) -> `com
 (std + 1e-6) per group) -> `ppo_update` (ppo_mini_batches optimizer steps) -> log, evaluate, save. Per token:
 
     ratio = exp(clamp(logp - logp_old, -20, 20))
-    l     = max(-A ratio, -A clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)),  then min(l, -A clip_ratio_c) if A < 0
+    l     = max(-A ratio, -A clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)), then min(l, -A clip_ratio_c) if A<0
     loss  = sum_{i,t} w_{i,t} l_{i,t} / D   (+ kl_coef times the same mean of a KL estimate against the initial weights)
 
 with the weights w and denominator D of `loss_agg_mode` over the whole mini-batch (all micro-batches and ranks).
@@ -291,7 +291,8 @@ def micro_batch_loss(logits, mb: RolloutBatch, cfg: GRPOConfig, clip_ratio_high:
     with torch.no_grad():
         z = (logits / (cfg.temperature if cfg.temperature > 0 else 1.0)).float()
         stats = {"loss": part.item(), "pg_loss": ((w * pg).sum() / d).item(), "tokens": float(sel.sum()),
-                 "kl": 0.0 if kl is None else kl.sum().item(), "clipped": clipped.sum().item(), "dual": dual.sum().item(),
+                 "kl": 0.0 if kl is None else kl.sum().item(), "clipped": clipped.sum().item(),
+                 "dual": dual.sum().item(),
                  "entropy": (torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)).sum().item(),
                  "ratio": torch.exp((logprobs - old).clamp(-20, 20)).sum().item()}
     return part * world_size, stats
@@ -470,7 +471,8 @@ def setup(cfg: GRPOConfig, d, records, eval_records) -> GRPORun:
     run = sft.load(cfg, d, init, cls=GRPORun)
     tiny = len(run.tokenizer) < TINY_VOCAB_LIMIT
     run.cfg = cfg = resolve_defaults(dataclasses.replace(cfg, model=init), tiny, d.world_size)
-    style, init_mode = "sequential" if cfg.mode == "sequential" else "parallel", mode_from_config(read_checkpoint_config(init)[0])
+    style, init_mode = "sequential" if cfg.mode == "sequential" else "parallel", \
+        mode_from_config(read_checkpoint_config(init)[0])
     if init_mode and init_mode != cfg.mode:
         run.log(f"warning: {init} was trained in mode {init_mode!r}, this run samples and trains in {cfg.mode!r}")
     sources = {"train": records if records is not None else load_data(cfg.data, style=style, seed=cfg.seed)}

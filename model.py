@@ -173,7 +173,7 @@ def load_trainer_state(path: str) -> dict:
     """The `trainer_state.pt` of a checkpoint. Raises FileNotFoundError naming the path."""
     f = os.path.join(path, "trainer_state.pt")
     if not os.path.isfile(f):
-        raise FileNotFoundError(f"no trainer state at {f}: --resume needs a checkpoint written by this project's trainers")
+        raise FileNotFoundError(f"no trainer state at {f}: --resume needs a checkpoint written by sft.py or grpo.py")
     return torch.load(f, map_location="cpu", weights_only=False)
 
 def read_checkpoint_config(path: str) -> tuple[dict, str]:

@@ -1,33 +1,32 @@
 """The branching sampler (NOTES.md §3): one KV-cache row per sample; the paths of a block decode side by side in it.
 
     rollouts = generate(model, tokenizer, prompts, group_size=8, mode="unseen")
-    python sample.py --model=runs/sft/checkpoint-400 [--prompt="Which two of 4 9 5 make 9?\n"] [--n=3]
+    python sample.py --model=runs/sft/checkpoint-400 [--prompt="Which two of 4 9 5 1 make 9?\n"] [--n=3]
 
 One Unseen sample, and the method of `_Engine` that makes each transition:
 
     main chain    ... The total is<Parallel>         _advance: sampled until <Parallel>, EOS or the budget
     _open_block   <Path> injected into each of num_paths paths, all at position p+1 (p: <Parallel>'s)
-    paths         <Path>3*7=21</Path> | <Path>4*6=24</Path>   _advance: every decode step feeds one query
-                  per open path into the sample's row, at the path's own position; it sees the shared
-                  slots and its own path's only. _end_path: </Path> sampled, or injected at a path budget
+    paths         <Path>3*7=21</Path> | <Path>4*6=24</Path>   _advance: every decode step feeds one query per open
+                  path into the sample's row, at the path's own position; it sees the shared slots and its own
+                  path's only. _end_path: </Path> sampled, or injected at a path budget
     _close_block  the path slots become shared (nothing is copied); </Parallel>\\n<Summary> injected at
                   position p + longest path + 1
     summary       _advance: sampled until </Summary>, then the main chain goes on (more blocks, EOS)
     _finish       EOS or budget: each open path gets its </Path> (its reserved last token)
 
-The response is written out in the training layout (path 1, then path 2, ...): attention depends on the mask
-and on the positions baked into the cached keys, not on the order of the slots, so each sampled token has the
-context `attention.build_mask_and_positions(mode="unseen")` gives it in training, and the recorded log-probs
-equal the training forward's (tests/test_sample.py: 1e-4). The official code samples paths causally and
-trains under another mask (NOTES.md §8). Seen: the paths follow one another in the row, causally.
-"sequential": plain sampling; `allow_parallel=False` masks <Parallel> out.
-
-A decode step feeds q queries per row (q = the most open paths of any row; fewer: hidden dummies). `SlotCache`
-is preallocated and written in place; the prefill is the only copy (fanned out to group_size rows); finished
-rows are dropped (one index_select) once half the batch is done. Speed: `python scripts/bench_sample.py`.
+The response is written in the training layout (path 1, then path 2, ...): attention depends on the mask and the
+positions baked into the cached keys, not on the order of the slots, so each sampled token has the context
+`attention.build_mask_and_positions(mode="unseen")` gives it in training and the recorded log-probs equal the
+training forward's (tests/test_sample.py: 1e-4). The official code samples paths causally and trains under
+another mask (NOTES.md §8). Seen: the paths follow one another in the row, causally. "sequential": plain
+sampling; `allow_parallel=False` masks <Parallel> out. A decode step feeds q queries per row (q: the most open
+paths of any row; fewer: hidden dummies) into a `SlotCache` written in place; the prefill is the only copy
+(fanned out to group_size rows); finished rows are dropped once half the batch is done.
+Speed: `python scripts/bench_sample.py`.
 """
-
 import os
+import sys
 from dataclasses import dataclass, field
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads sleep (see sft.py)
@@ -56,12 +55,9 @@ class Rollout:
     text: str = ""                  # decoded response with the tags, without a final EOS
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(logits / temperature) at `tokens`.
-
-    logits: (..., V) any float dtype (computed in float32); tokens: (...) long. Returns (...) float32.
-    The same function scores the sampler's choices and the training forward's targets, so the two
-    agree by construction. `temperature` <= 0 is treated as 1 (greedy decoding has no temperature).
-    """
+    """log softmax(logits / temperature) at `tokens`: logits (..., V) any float dtype, tokens (...) long ->
+    (...) float32. It scores the sampler's choices and the training forward's targets, so the two agree by
+    construction; `temperature` <= 0 counts as 1 (greedy decoding has no temperature)."""
     t = temperature if temperature > 0 else 1.0
     logits = logits.float() / t
     return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -83,15 +79,12 @@ def _choose(logits, banned, temperature: float, top_p: float, top_k: int, greedy
     return torch.multinomial(logits.softmax(-1).cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
 
 class SlotCache:
-    """A KV cache written in place, for decoding under a custom mask (any Hugging Face causal LM).
-
-    It has the one method the attention layers call, `update(key, value, layer_idx)`. Per layer it holds
-    keys and values (R, kv_heads, capacity, head_dim), made at the first forward in the keys' dtype and
-    zero-filled (a hidden slot must still be finite: 0 * NaN is NaN). Before a forward the caller sets
-    `slots` (R, q) long, the slots the q new keys of each row go to, and calls `reserve(width)`:
-    attention spans slots [0, width) only. `owner` (R, capacity) long says who sees a slot (HIDDEN,
-    SHARED, 2 + j for path j); `mask` turns it into the additive 4-D mask the model gets.
-    """
+    """A KV cache written in place for decoding under a custom mask (any Hugging Face causal LM): the one method
+    the attention layers call, `update(key, value, layer_idx)`. Per layer keys and values (R, kv_heads, capacity,
+    head_dim), made at the first forward in the keys' dtype, zero-filled (a hidden slot must be finite: 0 * NaN
+    is NaN). Before a forward the caller sets `slots` (R, q) long, where the q new keys of each row go, and calls
+    `reserve(width)`: attention spans slots [0, width). `owner` (R, capacity) long says who sees a slot (HIDDEN,
+    SHARED, 2 + j for path j); `mask` makes it the additive 4-D mask the model gets."""
 
     def __init__(self, rows: int, capacity: int, device):
         self.keys, self.values, self.slots, self.width = [], [], None, 0
@@ -358,18 +351,15 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
              allow_parallel: bool = True, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
              greedy: bool = False, seed: int | None = None, min_new_tokens: int = 0) -> list[Rollout]:
     """`group_size` responses per prompt (strings, tokenized without special tokens, or id lists), prompt-major.
-
-    model: any causal LM with the Hugging Face call (4-D `attention_mask`, `position_ids`, `cache`), eval mode.
-    mode: "unseen" (paths side by side, isolated, multiverse positions), "seen" (paths one after another,
-    causal) or "sequential" (no injection). max_new_tokens: the budget of a response, paths, summaries and
-    injected tags included (paper: 3000); max_path_tokens: of one path with its tags (default max_new_tokens),
-    closed by an injected </Path>. num_paths: N >= 2 per block (paper: 2). max_blocks: then <Parallel> is
-    masked out so the answer can follow (the official code ends the episode, NOTES.md §8). top_k=0, top_p=1:
-    no truncation. seed: the same seed and inputs give the same rollouts. min_new_tokens: no EOS before.
-    `Rollout.logprobs` is log softmax(logits / temperature) of each sampled token, before truncation and the
-    runtime's tag masking: what the training forward computes, so PPO's ratio is exactly 1 on-policy.
-    Raises ValueError for an unknown mode, num_paths < 2, or no (or an empty) prompt.
-    """
+    model: a causal LM with the Hugging Face call (4-D `attention_mask`, `position_ids`, `cache`), eval mode.
+    mode: "unseen" (paths side by side, isolated, multiverse positions), "seen" (one after another, causal) or
+    "sequential" (no injection). max_new_tokens: a response's budget, paths, summaries and injected tags
+    included (paper: 3000); max_path_tokens: a path's with its tags (default max_new_tokens), then </Path> is
+    injected. num_paths: N >= 2 per block. max_blocks: then <Parallel> is masked out so the answer can follow
+    (the official code ends the episode, NOTES.md §8). seed: the same seed and inputs, the same rollouts.
+    min_new_tokens: no EOS before. `Rollout.logprobs`: log softmax(logits / temperature) of each sampled token
+    before truncation and tag masking, the training forward's quantity (PPO's ratio is 1 on-policy).
+    ValueError for an unknown mode, num_paths < 2, or no (or an empty) prompt."""
     if mode not in ("unseen", "seen", "sequential"):
         raise ValueError(f"mode must be 'unseen', 'seen' or 'sequential', got {mode!r}")
     if num_paths < 2:
@@ -410,13 +400,13 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
 # ----------------------------------------------------------------------------------------------------
 # python sample.py --model=<checkpoint>: a few responses, each block laid out
 
-PROBLEMS = ("Which two of 4 9 5 make 9?", "Which two of 3 1 2 8 make 5?", "Which two of 4 6 8 3 5 make 8?")  # test
+PROBLEMS = ("Which two of 4 9 5 1 make 9?", "Which two of 3 1 2 8 6 make 5?", "Which two of 4 6 8 3 5 9 make 8?")
 
 @dataclass
 class SampleConfig:
     """python sample.py --model=runs/sft/checkpoint-400: sample a few responses and print their paths."""
     model: str = "tiny"                    # a checkpoint folder, a hub name, or tiny (random weights)
-    prompt: str = ""                       # the prompt text as the model reads it; "" = three synthetic test problems
+    prompt: str = ""                       # the prompt text as the model reads it; "" = three synthetic problems
     n: int = 3                             # responses per prompt
     mode: Mode | None = None               # None = the checkpoint's training mode, else unseen
     max_new_tokens: int = 128
@@ -433,14 +423,15 @@ def layout(rollout: Rollout, tokenizer) -> str:
     for b in rollout.structure.blocks:
         out += [text(i, b.start).strip("\n"), "<Parallel>"] + [f"    <Path> {line(s, e)}" for s, e in b.paths]
         out += [f"<Summary> {line(*b.summary)}"] if b.summary else []
-        i = b.summary[1] if b.summary else b.end + 1 if b.end is not None else max([b.start + 1] + [e for _, e in b.paths])
+        i = b.summary[1] if b.summary else b.end + 1 if b.end is not None else \
+            max([b.start + 1] + [e for _, e in b.paths])
     return "\n".join(x for x in out + [text(i, len(ids)).strip("\n")] if x)
 
 def main(argv: list[str]) -> None:
     cfg = config.parse(SampleConfig, argv)
     mode = cfg.mode or mode_from_config(read_checkpoint_config(cfg.model)[0]) or "unseen"
     model, tokenizer = load_model(cfg.model)
-    prompts = [cfg.prompt] if cfg.prompt else [p + "\n" for p in PROBLEMS]   # the tiny model's prompt: problem + newline
+    prompts = [cfg.prompt] if cfg.prompt else [p + "\n" for p in PROBLEMS]   # the tiny model's prompt layout
     rollouts = generate(model, tokenizer, prompts, group_size=cfg.n, mode=mode, max_new_tokens=cfg.max_new_tokens,
                         temperature=cfg.temperature, seed=cfg.seed)
     for j, r in enumerate(rollouts):
@@ -451,5 +442,4 @@ def main(argv: list[str]) -> None:
         print(layout(r, tokenizer))
 
 if __name__ == "__main__":
-    import sys
     main(sys.argv[1:])

@@ -422,7 +422,7 @@ def prepare(run: Run, lr_lambda) -> Run:
             fully_shard(layer, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
     elif d.world_size > 1:
-        run.train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[d.device.index] if cuda else None)
+        run.train_model = torch.nn.parallel.DistributedDataParallel(model, [d.device.index] if cuda else None)
     run.optimizer = torch.optim.AdamW(run.train_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                                       betas=tuple(cfg.betas))
     run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, lr_lambda)
@@ -443,7 +443,7 @@ def prepare(run: Run, lr_lambda) -> Run:
         for p in old:
             shutil.rmtree(p, ignore_errors=True)
         if old:
-            run.log(f"removed {len(old)} checkpoint(s) of an earlier run in {cfg.out_dir} (--resume=True continues one)")
+            run.log(f"removed {len(old)} checkpoint(s) of an earlier run in {cfg.out_dir} (--resume=True continues)")
         kept = [line for line in open(log_path) if json.loads(line)["step"] <= run.step] \
             if run.resume and os.path.isfile(log_path) else []   # a resumed log: the lines up to its step
         run.log_file = open(log_path, "w")

@@ -1,6 +1,6 @@
 """Tests of attention.py: the parser, the Seen/Unseen masks and positions, and cached branching decode.
 
-The expected values come from outside the code under test: the worked example of PAPER_NOTES §2.4
+The expected values come from outside the code under test: the worked example of NOTES.md §2
 (written out literally below), hand-computed positions for malformed responses, and reference runs of
 tiny random models (an ordinary causal forward of prefix + one path, and a cached branching decode
 that feeds the paths of a block side by side into one `sample.SlotCache` row, the way the sampler
@@ -27,14 +27,14 @@ MIN = torch.finfo(torch.float32).min
 
 
 # ----------------------------------------------------------------------------------------------------
-# The worked example of PAPER_NOTES §2.4
+# The worked example of NOTES.md §2
 
 
 # q0 q1 q2 a <P> <A> x1 x2 </A> <A> y1 </A> </P> \n <S> s1 </S> b eos
 EXAMPLE_PROMPT = [21, 22, 23]
 EXAMPLE_RESPONSE = [24, P, A, 25, 26, EA, A, 27, EA, EP, NL, S, 28, ES, 29, EOS]
 EXAMPLE_POS_UNSEEN = [0, 1, 2, 3, 4, 5, 6, 7, 8, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15]
-# The table of PAPER_NOTES §2.4 ("nl 1 ... (full causal from here on)" written out).
+# The table of NOTES.md §2 ("nl 1 ... (full causal from here on)" written out).
 EXAMPLE_UNSEEN_MASK = """
 1 . . . . . . . . . . . . . . . . . .
 1 1 . . . . . . . . . . . . . . . . .
@@ -215,7 +215,7 @@ def text(rng, n):
 
 
 def make_response(rng, blocks, main_len=3, summary_len=2, tail_len=3):
-    """A canonical response (PAPER_NOTES §1.3) with len(blocks) parallel blocks; blocks[i] = the body
+    """A canonical response (NOTES.md §1) with len(blocks) parallel blocks; blocks[i] = the body
     lengths of block i's paths. Returns (response ids, [(index of <Parallel>, [(s, e) per path incl. tags])]),
     spans in response coordinates, recorded while building (independent of parse_structure)."""
     resp, layout = [], []

@@ -39,7 +39,7 @@ def test_tiny_model_size_and_vocabulary(tiny):
     assert model.get_input_embeddings().weight.shape == (vocab, TINY_CONFIG["hidden_size"])
     n = sum(p.numel() for p in model.parameters())
     assert n == tiny_param_count(vocab)
-    assert 0.95e6 < n < 2e6                                # "~1M" (ENV_NOTES §3); exactly 997,888
+    assert 0.95e6 < n < 2e6                                # "~1M" (the README and model.py say so); exactly 997,888
     assert type(model).__name__ == "Qwen3ForCausalLM" and not model.training
     assert next(model.parameters()).dtype == torch.float32
     assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
