@@ -11,7 +11,7 @@ format reward, the SFT data filter) calls `parse_structure`: one definition of t
   starts at p+1 (p: the position of <Parallel>), </Parallel> sits at p + longest path + 1, then +1 per token.
 
 The prompt is never parsed and always numbered 0..n-1 (the paper's instruction contains the tags; parsing it
-shifted every position in the official SFT code, NOTES.md §8). `python attention.py` prints NOTES.md §2's
+shifted every position in the official SFT code, NOTES.md §8). `python scripts/show_mask.py` prints NOTES.md §2's
 worked example: its positions and the Unseen mask.
 """
 from dataclasses import dataclass, field
@@ -215,19 +215,3 @@ def structured_forward(model, input_ids, attention_mask_2d, prompt_lengths, tag_
                                          "seen" if mode == "sequential" else mode,
                                          dtype=dtype or next(model.parameters()).dtype)
     return model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
-
-if __name__ == "__main__":                        # the worked example of NOTES.md §2
-    tags = TagIds(100, 101, 102, 103, 104, 105, newline=(106,), eos=107)
-    response = [4, 100, 102, 5, 6, 103, 102, 7, 103, 101, 106, 104, 8, 105, 9, 107]
-    labels = "q0 q1 q2 a <P> <A> x1 x2 </A> <A> y1 </A> </P> \\n <S> s1 </S> b eos".split()
-    ids = torch.tensor([[1, 2, 3] + response])
-    for mode in ("seen", "unseen"):
-        mask, pos = build_mask_and_positions(ids, [3], torch.ones_like(ids), tags, mode)
-        print(f"{mode:>7} positions: " + " ".join(f"{p:>4}" for p in pos[0].tolist()))
-    print("         tokens:    " + " ".join(f"{t:>4}" for t in labels))
-    print("\nUnseen mask ('1': the row's token attends to the column's; Seen is the full lower triangle):")
-    print("      " + "".join(f"{t:>5}" for t in labels))
-    for i, t in enumerate(labels):
-        print(f"{t:>5} " + "".join(f"{'1' if mask[0, 0, i, j] == 0 else '.':>5}" for j in range(len(labels))))
-    s = parse_structure(response, tags)
-    print(f"\nparse_structure: valid={s.valid}, blocks={[(b.start, b.paths, b.end, b.summary) for b in s.blocks]}")

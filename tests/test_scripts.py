@@ -1,5 +1,5 @@
 """The tools in scripts/: training curves, the table of several evaluations, the reward benchmark's batch, the
-data viewer."""
+data viewer, the mask example."""
 import json
 import os
 import subprocess
@@ -87,3 +87,9 @@ def test_show_data(capsys):
     show_data.main(["--show", "synthetic:hard", "--n=1", "--limit=20"])
     out = capsys.readouterr().out
     assert out.startswith("--- synthetic:hard-0") and "Final Answer:" in out and "20 records" in out
+
+
+def test_show_mask_prints_the_worked_example():
+    out = run_script("show_mask.py")
+    assert " unseen positions:    0    1    2    3    4    5    6    7    8    5    6    7    9" in out
+    assert "parse_structure: valid=True" in out
