@@ -1,6 +1,6 @@
 """GRPO: reinforcement learning of parallel thinking (NOTES.md §5, §6).
 
-    python grpo.py                                     # tiny model from runs/sft: 45 steps, ~7 min on 2 cores
+    python grpo.py                                     # tiny model from runs/sft: 100 steps, ~7 min on 2 cores
     python grpo.py --recipe=unseen-s2 --max_steps=50   # any config field: --key=value or --key value
     python grpo.py --resume=True                       # continue the latest checkpoint in out_dir, exactly
     torchrun --nproc_per_node=8 grpo.py --recipe=unseen-s2 --model=runs/sft_qwen3_4b/checkpoint-230 --data=dapo \\
@@ -117,7 +117,7 @@ class GRPOConfig:
 TINY = dict(data="synthetic:easy:rl,synthetic:medium:rl,synthetic:hard:rl",
             eval_data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test", easy_data="synthetic:easy",
             batch_size=16, group_size=8, max_new_tokens=128, lr=3e-4, warmup_steps=10, lr_schedule="cosine",
-            kl_coef=0.3, micro_batch_size=16, generate_batch_size=0, max_steps=45, max_time=0.0, eval_every=15,
+            kl_coef=0.3, micro_batch_size=16, generate_batch_size=0, max_steps=100, max_time=0.0, eval_every=50,
             eval_samples=64, eval_k=8, easy_steps=10, scaffold_steps=20)
 PAPER = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_size=256, group_size=8,
              max_new_tokens=3000, lr=1e-6, warmup_steps=0, lr_schedule="constant", kl_coef=0.0, micro_batch_size=2,

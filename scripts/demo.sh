@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make demo [SEED=1]`: the whole curriculum on the embedded default (a ~1M-parameter model, CPU):
-#   1. cold-start SFT on the pair search, half its rounds written as parallel blocks (Unseen mask)
-#   2. GRPO on all three difficulties with the Unseen S2 recipe (accuracy reward, every 10th and 9th
+#   1. cold-start SFT on easy pair searches (4 numbers), half its rounds written as parallel blocks (Unseen mask)
+#   2. 100 GRPO steps on held-out patterns of all three difficulties (4, 5, 6 numbers) with the Unseen S2 recipe (accuracy reward, every 10th and 9th
 #      step the tiered parallel reward)
 #   3. both checkpoints evaluated on held-out problems of each difficulty, same seeds
 # then a before/after table (results.md) and one problem answered before and after RL.

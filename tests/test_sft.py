@@ -158,7 +158,7 @@ def test_parse_config(capsys):
 
 def test_tiny_and_real_defaults():
     tiny = sft.resolve_defaults(sft.SFTConfig())
-    assert (tiny.lr, tiny.batch_size, tiny.micro_batch_size, tiny.warmup_ratio, tiny.max_steps) == (1e-3, 32, 8, 0.05, 700)
+    assert (tiny.lr, tiny.batch_size, tiny.micro_batch_size, tiny.warmup_ratio, tiny.max_steps) == (1e-3, 32, 8, 0.05, 400)
     real = sft.resolve_defaults(sft.SFTConfig(model="Qwen/Qwen3-4B-Base"), world_size=8)
     assert (real.lr, real.batch_size, real.micro_batch_size, real.warmup_ratio, real.epochs, real.betas,
             real.weight_decay, real.grad_clip) == (1e-5, 128, 1, 0.1, 5.0, (0.9, 0.95), 0.01, 1.0)
