@@ -6,22 +6,16 @@
     torchrun --nproc_per_node=8 grpo.py --recipe=unseen-s2 --model=runs/sft_qwen3_4b/checkpoint-230 --data=dapo \\
         --fsdp=True --grad_checkpointing=True --out_dir=runs/grpo_qwen3_4b_s2      # the paper's S2 run
 
-One step of `train`: draw prompts (each rank its share) -> `sample_rollouts` (group_size responses each, with the
-sampler's log-probs) -> `score_batch` (the recipe's reward at this step) -> `compute_advantages` ((r - mean) /
-(std + 1e-6) per group) -> `ppo_update` (ppo_mini_batches optimizer steps) -> log, evaluate, save. Per token:
-
-    ratio = exp(clamp(logp - logp_old, -20, 20))
-    l     = max(-A ratio, -A clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)), then min(l, -A clip_ratio_c) if A<0
-    loss  = sum_{i,t} w_{i,t} l_{i,t} / D   (+ kl_coef times the same mean of a KL estimate against the initial weights)
-
-with the weights w and denominator D of `loss_agg_mode` over the whole mini-batch (all micro-batches and ranks).
+One step of `train`: draw prompts -> `sample_rollouts` -> `score_batch` (the recipe's reward at this step) ->
+`compute_advantages` ((r - mean) / (std + 1e-6) per group) -> `ppo_update` (ppo_mini_batches optimizer steps of
+the PPO-clip loss with clip-higher and dual clip, plus kl_coef times a KL estimate against the initial weights,
+aggregated by `loss_agg_mode` over the whole mini-batch) -> log, evaluate, save.
 Unlike the official code, on purpose (NOTES.md §8): logp_old is the sampler's own log-prob (the training forward's
 quantity: the ratio is 1 on-policy and a forward is saved; --recompute_logprobs=True checks it); injected tokens are
 not trained (--train_injected=True trains them); the loss is normalised per mini-batch, not per micro-batch.
-Recipes (NOTES.md §6): seen (parallel_gated on easy problems for easy_steps, then accuracy), unseen-s1 (accuracy),
-unseen-s2 (alternating accuracy/tiered, clip-higher 0.28), scaffold (S2 up to scaffold_steps, then S1), baseline
-(sequential prompt, <Parallel> masked), each from the SFT checkpoint of its mode (`DEFAULT_INIT`). Every rank runs as
-many micro-batches (empty ones pad), so collectives never hang; under FSDP the sampler runs on a plain copy.
+Recipes (NOTES.md §6): seen, unseen-s1, unseen-s2, scaffold, baseline (`stage_at`), each from the SFT checkpoint of
+its mode (`DEFAULT_INIT`). Every rank runs as many micro-batches (empty ones pad), so collectives never hang; under
+FSDP the sampler runs on a plain copy.
 """
 import copy
 import dataclasses
@@ -165,15 +159,8 @@ def stage_at(cfg: GRPOConfig, step: int) -> Stage:
 def compute_advantages(rewards, group_size: int, norm_adv_by_std: bool = True, eps: float = 1e-6):
     """Group-relative advantages of prompt-major rewards (n,): (r - mean) / (std + eps) with the unbiased std (as
     the official code), or r - mean (Dr. GRPO). Returns (advantages (n,) float32, has_variance (n // G,) bool);
-    a group of equal rewards gets exactly 0, never NaN (also for G = 1).
-
-        >>> compute_advantages([1., -1., -1., -1.], 4)[0]     # mean -0.5, unbiased std 1
-        tensor([ 1.5000, -0.5000, -0.5000, -0.5000])
-    """
-    r = torch.as_tensor(rewards, dtype=torch.float32).flatten()
-    if group_size < 1 or r.numel() % group_size:
-        raise ValueError(f"{r.numel()} rewards do not form groups of {group_size}")
-    g = r.view(-1, group_size)
+    a group of equal rewards gets exactly 0, never NaN (also for G = 1)."""
+    g = torch.as_tensor(rewards, dtype=torch.float32).flatten().view(-1, group_size)
     has_variance = g.max(dim=1).values > g.min(dim=1).values
     adv = g - g.mean(dim=1, keepdim=True)
     if norm_adv_by_std and group_size > 1:
@@ -182,9 +169,9 @@ def compute_advantages(rewards, group_size: int, norm_adv_by_std: bool = True, e
 
 def policy_loss(logprobs, old_logprobs, advantages, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
                 clip_ratio_c: float = 3.0):
-    """The PPO-clip loss per token (B, T) with clip-higher and dual clip (advantages (B, T) or (B, 1)), and whether
-    the clipped term was the larger (gradient 0) and the dual bound -A c applied (A < 0). Clip 0.2 / 0.28, c = 3:
-    A = +1, ratio 1.5 -> -1.28; A = -1: ratio 0.5 -> 0.8, ratio 2 -> 2, ratio 5 -> 3."""
+    """The PPO-clip loss per token (B, T): max(-A ratio, -A clip(ratio, 1 - low, 1 + high)), then at most -A c
+    where A < 0 (dual clip); ratio = exp(clamp(logp - logp_old, ±20)). Also whether the clipped term was the
+    larger (gradient 0) and whether the dual bound applied. advantages: (B, T) or (B, 1)."""
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))   # clamped: a stale token cannot overflow
     advantages = advantages.expand_as(ratio)
     pg1, pg2 = -advantages * ratio, -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
@@ -209,9 +196,7 @@ def loss_weights(loss_mask: torch.Tensor, loss_agg_mode: str, max_new_tokens: in
         return loss_mask, float(n.sum())
     if loss_agg_mode == "seq-mean-token-mean":
         return loss_mask / n.clamp(min=1), float((n > 0).sum())
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        return loss_mask, float((n > 0).sum()) * max_new_tokens
-    raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}")
+    return loss_mask, float((n > 0).sum()) * max_new_tokens     # seq-mean-token-sum-norm
 
 def agg_loss(loss_mat, loss_mask, loss_agg_mode: str = "token-mean", max_new_tokens: int | None = None):
     """sum(w * loss_mat) / D of one table (`loss_weights`); 0 when nothing is in the loss."""
@@ -237,8 +222,6 @@ class RolloutBatch:
 def collate_rollouts(rollouts: list[Rollout], advantages, pad_id: int, train_injected: bool = False) -> RolloutBatch:
     """prompt [5, 6] + response [7, 8, 1], sampled [1, 0, 1] -> input_ids [5, 6, 7, 8, 1], response_mask
     [0, 1, 1, 1], sampled_mask [0, 1, 0, 1]; loss_mask = sampled_mask, or response_mask with train_injected."""
-    if len(advantages) != len(rollouts):
-        raise ValueError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
     B, L = len(rollouts), max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
     input_ids, attention_mask = torch.full((B, L), pad_id, dtype=torch.long), torch.zeros(B, L, dtype=torch.long)
     response_mask, sampled_mask, old_logprobs = torch.zeros(B, L - 1), torch.zeros(B, L - 1), torch.zeros(B, L - 1)
@@ -339,16 +322,12 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
                device=None) -> dict:
     """cfg.ppo_mini_batches optimizer steps of the PPO-clip loss on this rank's rollouts (any number, also 0).
     model: plain, DDP- or FSDP-wrapped; ref_model: the KL term's frozen reference; clip_ratio_high: this step's
-    (default cfg's, else 0.2). Returns global statistics: loss, pg_loss (means over mini-batches), kl, clip_frac,
-    dual_clip_frac, entropy, ratio_mean (token means), grad_norm (mean, before clipping), loss_tokens,
-    optimizer_steps, micro_batches (this rank's), logprob_max_diff (if recomputed). One process on the union of
-    the ranks' rollouts (mini-batch k = every rank's k-th slice) gives the same weights (tests/test_grpo.py)."""
+    (default cfg's, else 0.2). Returns global statistics (loss and pg_loss: means over mini-batches; kl, clip_frac,
+    dual_clip_frac, entropy, ratio_mean: token means; grad_norm: mean before clipping; counts)."""
     device = device or next(model.parameters()).device
     mode = cfg.mode or RECIPE_MODE[cfg.recipe]            # also for a config that skipped resolve_defaults
     high = next(x for x in (clip_ratio_high, cfg.clip_ratio_high, 0.2) if x is not None)
     advantages = torch.as_tensor(advantages, dtype=torch.float32).flatten()
-    if len(advantages) != len(rollouts):
-        raise ValueError(f"{len(rollouts)} rollouts but {len(advantages)} advantages")
     minis = mini_batches(rollouts, advantages, cfg, pad_id, device)
     max_diff = recompute_logprobs(minis, model, ref_model, cfg, tags, mode, device)
     model.train()
@@ -440,12 +419,8 @@ def evaluate_now(run, tag: str) -> dict:
         by_bench.setdefault(s["benchmark"] or "held_out", []).append(s)
     metrics = {b: {k: m[k] for k in EVAL_KEYS} for b, ss in by_bench.items() for m in [summarize(ss, cfg.eval_k)]}
     avg = sum(m["mean_at_k"] for m in metrics.values()) / len(metrics)
-    pct, num = (lambda x: "n/a" if x is None else f"{100 * x:.1f}%"), (lambda x: "n/a" if x is None else f"{x:.2f}")
     for b, m in metrics.items():
-        run.log(f"[eval {tag}] {b}: Mean@{cfg.eval_k} {pct(m['mean_at_k'])}  Pass@{cfg.eval_k} {pct(m['pass_at_k'])}  "
-                f"format valid {pct(m['format_valid'])}  parallel {pct(m['parallel_ratio'])}  blocks "
-                f"{num(m['mean_blocks'])}  <Parallel> at {num(m['mean_parallel_position'])}  T {num(m['mean_T'])}  "
-                f"D {num(m['mean_D'])}")
+        run.log(f"[eval {tag}] {b} (k={cfg.eval_k}): " + " ".join(f"{k} {v:.3f}" for k, v in m.items() if v is not None))
     run.log(f"[eval {tag}] Avg Mean@{cfg.eval_k} {100 * avg:.1f}% ({time.time() - t0:.0f}s)")
     run.write({"step": run.step, "eval/avg_mean_at_k": avg,
                **{f"eval/{b}/{k}": v for b, m in metrics.items() for k, v in m.items()}})
@@ -574,8 +549,12 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
                    "log": os.path.join(cfg.out_dir, "log.jsonl"), "seconds": time.time() - t_start}
         if d.is_main:
             run.log_file.close()
-            print_summary(summary, cfg)
+        run.log(f"GRPO done: {run.step} steps in {summary['seconds']:.0f}s. checkpoint: {ckpt} (python eval.py "
+                f"--model={ckpt}); log: {summary['log']} (before/after: python scripts/summary.py {cfg.out_dir})")
         return summary
+
+LOG_KEYS = ("reward_mean", "accuracy", "format_valid", "parallel_ratio", "groups_with_variance", "loss", "clip_frac",
+            "entropy", "grad_norm", "time_sample", "time_reward", "time_update")
 
 def log_step(run, row: dict, bar):
     """A step's row into log.jsonl and the progress bar, and a line every log_every steps."""
@@ -586,30 +565,7 @@ def log_step(run, row: dict, bar):
     bar.set_postfix(reward=f"{row['reward_mean']:+.2f}", acc=f"{row['accuracy']:.2f}",
                     var=f"{row['groups_with_variance']:.2f}")
     if run.cfg.log_every and row["step"] % run.cfg.log_every == 0:
-        bar.write(f"step {row['step']}: reward {row['reward_mean']:+.3f} acc {row['accuracy']:.3f} format "
-                  f"{row['format_valid']:.2f} parallel {row['parallel_ratio']:.2f} groups w/ variance "
-                  f"{row['groups_with_variance']:.2f} loss {row['loss']:+.4f} clip {row['clip_frac']:.3f} entropy "
-                  f"{row['entropy']:.3f} grad {row['grad_norm']:.3f} | {row['time_sample']:.1f}s sample, "
-                  f"{row['time_reward']:.1f}s reward, {row['time_update']:.1f}s update")
-
-def print_summary(summary: dict, cfg: GRPOConfig):
-    """The end-of-run report: the held-out metrics before and after training, and where things are."""
-    s, b, a, k = summary, summary.get("eval_before"), summary.get("eval_after"), cfg.eval_k
-    stop = (f"stopped by --max_time={cfg.max_time:.0f}s before --max_steps={cfg.max_steps}"
-            if cfg.max_time and s["steps"] < cfg.max_steps else f"--max_steps={cfg.max_steps}")
-    print("\n" + "=" * 78 + f"\nGRPO done: {s['steps']} steps in {s['seconds']:.0f}s, {stop} (recipe {cfg.recipe}, "
-          f"mode {cfg.mode})")
-    if b and a:
-        f = lambda v: "n/a" if v is None else f"{100 * v:.1f}"   # noqa: E731
-        print(f"held-out {cfg.eval_data}, {cfg.eval_samples or 'all'} problems each x {k} samples at "
-              f"T={cfg.eval_temperature} (Mean@{k} and parallel ratio, %):\n  {'':28}{'before':>10}{'after':>10}")
-        for bench in a["benchmarks"]:
-            for key, label in (("mean_at_k", f"Mean@{k}"), ("parallel_ratio", "parallel")):
-                print(f"  {bench + ' ' + label:28}{f(b['benchmarks'].get(bench, {}).get(key)):>10}"
-                      f"{f(a['benchmarks'][bench][key]):>10}")
-        print(f"  {'Avg Mean@' + str(k):28}{100 * b['avg_mean_at_k']:>10.1f}{100 * a['avg_mean_at_k']:>10.1f}")
-    print(f"checkpoint: {s['checkpoint']}    (eval: python eval.py --model={s['checkpoint']})")
-    print(f"log: {s['log']}    (curves: python scripts/plot.py {cfg.out_dir})\n" + "=" * 78)
+        bar.write(f"step {row['step']}: " + " ".join(f"{k} {row[k]:.3f}" for k in LOG_KEYS))
 
 if __name__ == "__main__":
     try:

@@ -7,13 +7,11 @@ grpo.py builds on (ranks, optimizer and schedule, checkpoints with an exact resu
     torchrun --nproc_per_node=8 sft.py --model=Qwen/Qwen3-4B-Base --data=parallel_gsm8k --fsdp=True \\
         --grad_checkpointing=True --out_dir=runs/sft_qwen3_4b     # the paper's Unseen SFT (NOTES.md §5)
 
-One example is the prompt (data.build_prompt; no loss) and the trace + EOS (loss on every token, the tags the
-sampler will inject included), forwarded under the mode's mask and positions (attention.py). The loss is the sum
-of the response tokens' NLL over the response tokens of the *whole global batch*: the global token count is
-all-reduced before the first backward and each micro-batch backpropagates sum(NLL) * world_size / global_tokens
-(DDP and FSDP average gradients over ranks). The official trainer backpropagated each micro-batch's own mean,
-16x too large before clipping (NOTES.md §8). Checkpoints out_dir/checkpoint-<step> are Hugging Face folders plus
-trainer_state.pt (optimizer, schedule, RNG states, data position, step, config): --resume continues bit for bit.
+One example is the prompt (no loss) and the trace + EOS (loss on every token, the tags the sampler will inject
+included), forwarded under the mode's mask and positions (attention.py). The loss is the response tokens' summed
+NLL over the response tokens of the *whole global batch* (the official trainer backpropagated each micro-batch's
+own mean, 16x too large before clipping, NOTES.md §8). Checkpoints out_dir/checkpoint-<step> are Hugging Face
+folders plus trainer_state.pt (optimizer, schedule, RNGs, data position, step, config): --resume is bit-exact.
 """
 import dataclasses
 import glob
@@ -52,7 +50,7 @@ class SFTConfig:
     """python sft.py: cold-start SFT. None = the preset of the model (TINY or PAPER below)."""
     model: str = "tiny"                  # "tiny", a Hugging Face hub name, or a checkpoint folder
     tokenizer: str = ""                  # model "tiny" only: build it on this tokenizer instead of characters
-    data: str = "synthetic:easy"         # a data.load_data spec (parallel_gsm8k, a file); the cold start is easy problems
+    data: str = "synthetic:easy"         # a data.load_data spec (parallel_gsm8k, a file); the tiny cold start: easy
     data_dir: str = ""                   # folder of the real data sets ("" = data.py's default)
     style: Style = "parallel"            # parallel, or sequential (plain CoT): the prompt and the synthetic traces
     parallel_fraction: float = 0.5       # synthetic traces: the chance that a round is a block, else one attempt
@@ -173,8 +171,6 @@ def tokenize_records(records: list[dict], tokenizer, style: str, max_length: int
     """`Example`s of the records, without (and counting) those longer than max_length (never truncated: a cut
     block would be mis-masked) and those parse_structure rejects. ValueError: no tags, no solution, none left."""
     tags = TagIds.from_tokenizer(tokenizer)
-    if not records:
-        raise ValueError("no records to train on: check --data")
     prompts = tokenizer([build_prompt(tokenizer, r["problem"], style, prompt_file) for r in records],
                         add_special_tokens=False)["input_ids"]        # batched: the prompt ids the sampler gets
     solutions = tokenizer([format_response(r) for r in records], add_special_tokens=False)["input_ids"]
@@ -187,11 +183,9 @@ def tokenize_records(records: list[dict], tokenizer, style: str, max_length: int
             malformed, first_reason = malformed + 1, first_reason or f"{r.get('id', '?')}: {structure.reason}"
         else:
             examples.append(Example(prompt, response))
-    if too_long:
-        log(f"dropped {too_long} of {len(records)} examples longer than max_length={max_length} tokens")
-    if malformed:
-        log(f"dropped {malformed} of {len(records)} examples with a malformed parallel structure "
-            f"(first: {first_reason})")
+    if too_long or malformed:
+        log(f"dropped {too_long} of {len(records)} examples longer than max_length={max_length} tokens and "
+            f"{malformed} with a malformed parallel structure{f' (first: {first_reason})' if malformed else ''}")
     if not examples:
         raise ValueError(f"no training examples left out of {len(records)} records "
                          f"({too_long} too long, {malformed} malformed): check --data and --max_length")
@@ -550,24 +544,14 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
             summary["eval"] = {"notes": ["FSDP run: no greedy samples here; evaluate the checkpoint with eval.py"]}
         if d.is_main:
             run.log_file.close()
-            print_summary(summary, cfg)
+        e = summary["eval"] or {}
+        run.log(f"SFT done: {run.step} steps{' (stopped by max_time)' if stopped_early else ''} in {seconds:.0f}s, "
+                f"final loss {summary['final_loss']}\ncheckpoint: {ckpt}\nlog: {os.path.join(cfg.out_dir, 'log.jsonl')}"
+                + (f"\ngreedy samples on {e['n']} problems of {e['data']}: format valid {e['format_valid']:.0%}, "
+                   f"parallel {e['parallel']:.0%}, accuracy {e['accuracy']:.0%}; first: {e['example'][:300]!r}"
+                   if e.get("n") else "")
+                + "".join(f"\nnote: {n}" for n in e.get("notes", [])))
         return summary
-
-def print_summary(s: dict, cfg: SFTConfig):
-    e, pct = s.get("eval") or {}, lambda x: "n/a" if x is None else f"{100 * x:.0f}%"
-    how = (f"stopped by max_time={cfg.max_time:.0f}s at step {s['steps']} of {s['total_steps']} (the cosine schedule "
-           "did not finish)") if s["stopped_early"] else f"{s['steps']} steps"
-    print("\n" + "=" * 78 + f"\nSFT done: {how} in {s['seconds']:.0f}s, {s['tokens_per_s']:,.0f} tokens/s")
-    print(f"final loss (mean of the last 10 steps): {s['final_loss']:.4f}" if s["final_loss"] is not None else "")
-    print(f"checkpoint: {s['checkpoint']}    (load: model.load_model(path); continue: --resume=True)")
-    print(f"log: {os.path.join(cfg.out_dir, 'log.jsonl')}")
-    if e.get("n"):
-        print(f"greedy samples on {e['n']} problems of {e.get('data')}: format valid {pct(e['format_valid'])}, "
-              f"with a parallel block {pct(e['parallel'])}, accuracy {pct(e['accuracy'])}")
-        print("first sample: " + e["example"][:300].replace("\n", "\\n"))
-    for note in e.get("notes", []):
-        print(f"note: {note}")
-    print("=" * 78)
 
 def main(argv: list[str]) -> dict:
     hf_logging.disable_progress_bar()                     # our own bar is enough

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from scripts import bench_rewards, plot, show_data, table
+from scripts import bench_rewards, plot, show_data, summary, table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,6 +28,19 @@ def _write_log(run_dir):
     rows.append({"step": 6, "eval/synthetic:hard:test/mean_at_k": 0.4, "eval/synthetic:hard:test/parallel_ratio": 0.5})
     with open(os.path.join(run_dir, "log.jsonl"), "w") as f:
         f.write("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+
+
+def test_summary_shows_before_and_after(tmp_path):
+    rows = [{"step": 0, "eval/avg_mean_at_k": 0.25, "eval/hard/mean_at_k": 0.25, "eval/hard/parallel_ratio": 0.5},
+            {"step": 1, "reward_mean": 0.1, "loss": 0.3},
+            {"step": 1, "eval/avg_mean_at_k": 0.5, "eval/hard/mean_at_k": 0.5, "eval/hard/parallel_ratio": 1.0}]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = run_script("summary.py", str(tmp_path))
+    assert "1 steps logged" in out and "hard/mean_at_k" in out and "25.0" in out and "100.0" in out
+    (tmp_path / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
+    assert "final loss (mean of the last 1 steps): 2.0000" in summary.summary(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no log.jsonl"):
+        summary.summary(str(tmp_path / "nope"))
 
 
 def test_plot_writes_a_png_from_a_partial_log(tmp_path):
