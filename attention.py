@@ -2,8 +2,7 @@
 
     main ... <Parallel><Path> p1 </Path><Path> p2 </Path></Parallel>\\n<Summary> s </Summary> main ... Final Answer: 7
 
-Everything that needs to know where blocks, paths and summaries are (the training mask, the sampler, the
-format reward, the SFT data filter) calls `parse_structure`: one definition of the format.
+Everything that needs to know where blocks, paths and summaries are calls `parse_structure`: one definition.
 
 * Seen:   causal attention, positions 0..L-1; path 2 reads path 1.
 * Unseen: a path's tokens (its <Path> and </Path> included) see the shared prefix and their own path only;
@@ -11,8 +10,7 @@ format reward, the SFT data filter) calls `parse_structure`: one definition of t
   starts at p+1 (p: the position of <Parallel>), </Parallel> sits at p + longest path + 1, then +1 per token.
 
 The prompt is never parsed and always numbered 0..n-1 (the paper's instruction contains the tags; parsing it
-shifted every position in the official SFT code, NOTES.md §8). `python scripts/show_mask.py` prints NOTES.md §2's
-worked example: its positions and the Unseen mask.
+shifted every position in the official SFT code, NOTES.md §8). `python scripts/show_mask.py` prints an example.
 """
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -47,8 +45,6 @@ class TagIds:
                 raise ValueError(f"tokenizer does not have {tag!r} as one token (it encodes to {enc}); "
                                  "load the model with model.load_model(), which adds the six parallel tags")
             ids.append(enc[0])
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"the six tags do not have distinct ids: {ids}")
         if tokenizer.eos_token_id is None:
             raise ValueError("tokenizer has no eos_token_id; set one before sampling or training")
         return cls(*ids, newline=tuple(tokenizer.encode("\n", add_special_tokens=False)), eos=tokenizer.eos_token_id)
@@ -70,11 +66,9 @@ class Structure:
 
 def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
     """The blocks of one *response* (ids: list or 1-D tensor, no padding) and whether it is well-formed: every
-    block closed with >= 2 paths, only the newline between </Parallel> and its <Summary>, every summary closed,
-    no tag inside a path or summary, no text between paths, no stray tag in the main chain. Never raises on
-    model output. Recovery (what the mask builder uses): a tag out of place is an ordinary token of its segment;
-    an unclosed <Path> runs to the end, an unclosed block ends with its last path; tokens in a block outside
-    every path belong to no path; after </Parallel>, anything but the newline or <Summary> ends the block."""
+    block closed with >= 2 paths, only the newline before its <Summary>, every summary closed, no tag inside a
+    path or summary, no text between paths, no stray tag in the main chain. Never raises. Recovery (what the
+    mask builder uses): a tag out of place is an ordinary token; an unclosed <Path> runs to the end."""
     if isinstance(ids, torch.Tensor):
         ids = ids.tolist()
     P, EP, A, EA, S, ES = tags.parallel, tags.end_parallel, tags.path, tags.end_path, tags.summary, tags.end_summary
@@ -167,16 +161,11 @@ def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths, attention_
     Returns mask (B, 1, L, L) additive in `dtype`, 0 visible and finfo(dtype).min hidden (never bool: eager
     attention in transformers would silently add a bool mask as 0/1; a padding query sees itself, so no row is
     all hidden and nothing is NaN), and position_ids (B, L) long (padding at 0). ValueError for an unknown mode,
-    shapes that disagree, a row that is not one run, a prompt longer than its row; never for a bad response."""
+    a row that is not one run, a prompt longer than its row; never for a bad response."""
     if mode not in ("seen", "unseen"):
         raise ValueError(f"mode must be 'seen' or 'unseen', got {mode!r}")
-    if input_ids.dim() != 2 or attention_mask_2d.shape != input_ids.shape:
-        raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask_2d "
-                         f"{tuple(attention_mask_2d.shape)} must both be (B, L)")
     B, L = input_ids.shape
     prompt_lengths = torch.as_tensor(prompt_lengths).tolist()
-    if len(prompt_lengths) != B:
-        raise ValueError(f"prompt_lengths has {len(prompt_lengths)} entries for a batch of {B} rows")
     device = input_ids.device
     allowed = torch.zeros(B, L, L, dtype=torch.bool, device=device)
     positions = torch.zeros(B, L, dtype=torch.long)

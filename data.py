@@ -1,16 +1,10 @@
 """Data: prompts, the embedded synthetic task (NOTES.md §9), and loaders for the real math sets (NOTES.md §6).
 
-Every loader returns one dict per problem:
-
-    {"id": "synthetic:hard-0", "problem": "Which two of 2 8 4 7 1 3 make 6?", "answer": "2, 4",
-     "solution": "<Parallel>...Final Answer: 4, 2" or None (the SFT target, tags as text, no EOS), "source": ...}
-
-Names `load_data` takes: synthetic:easy / :medium / :hard (4, 5, 6 numbers; "...:rl" for RL's number patterns,
-"...:test" for the held-out ones: three disjoint parts, `problem_part`), gsm8k:train, gsm8k:test, dapo
-(DAPO-Math-17k, the authors' dedup), math500 (LaTeX answers), aime24, aime25, amc23, parallel_gsm8k (the cold-start
-traces, canonicalised and filtered), a comma list of names, or a .jsonl / .json / .parquet file with a problem and
-an answer per row. The real sets are read from a local folder laid out as `KNOWN_DATASETS` says (`data_dir`, else
-$PARALLEL_R1_DATA, else ../shared/data next to the repository), else fetched with `datasets.load_dataset`.
+Every loader returns one dict per problem: {"id", "problem", "answer", "solution" (the SFT target with the tags
+as text, no EOS; or None), "source"}. `load_data` takes synthetic:easy / :medium / :hard (4, 5, 6 numbers; ":rl" and
+":test" name the disjoint parts of RL's and the held-out number patterns), the real sets of `KNOWN_DATASETS` (read
+from `data_dir`, else $PARALLEL_R1_DATA, else ../shared/data, else `datasets.load_dataset`), a comma list of
+names, or a .jsonl / .json / .parquet file with a problem and an answer per row.
 
     python scripts/show_data.py --show=synthetic:hard --n=2 [--style=sequential]     # problems, traces, lengths
 """
@@ -27,9 +21,7 @@ from typing import Literal
 from attention import TagIds, parse_structure
 from model import load_model
 
-# ----------------------------------------------------------------------------------------------------
-# Prompts. Our own words for what the paper's prompt asks (its exact text: save it to a file with {problem}
-# and pass prompt_file=). Tags in a prompt are ordinary prompt tokens, never parsed (NOTES.md §8).
+# Prompts: our own words for what the paper's prompt asks (its exact text: a file with {problem}, prompt_file=).
 
 PARALLEL_TEMPLATE = """\
 Solve the problem below step by step.
@@ -45,19 +37,15 @@ Problem: {problem}"""
 SEQUENTIAL_TEMPLATE = """\
 {problem}
 Think step by step, then give the result on a last line of the form "Final Answer: <answer>"."""
-# The tiny model learns the format from SFT, not from an instruction: it gets the bare problem in every style,
-# so whether to open a block is its own choice.
+# The tiny model learns the format from SFT, not from an instruction: the bare problem in every style.
 SHORT_TEMPLATE = "{problem}\n"
 TINY_VOCAB_LIMIT = 1000        # fewer entries: the tiny character tokenizer of model.py (105)
-STYLES = ("parallel", "sequential")
 Style = Literal["parallel", "sequential"]
 _PLACEHOLDER = re.compile(r"\{problem\}|\{Problem\}")
 
 def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: str | None = None) -> str:
-    """The prompt text of one problem: `prompt_file`'s template (with {problem} or {Problem}), else the bare
-    problem and a newline for the tiny tokenizer ("Which two of 6 2 5 3 make 8?\\n"), else PARALLEL_ or
-    SEQUENTIAL_TEMPLATE; in the chat template (add_generation_prompt) when the tokenizer has one.
-    FileNotFoundError for a missing prompt file, ValueError for one without the placeholder."""
+    """The prompt of one problem: `prompt_file`'s template (with {problem}), else SHORT_TEMPLATE for the tiny
+    tokenizer, else the style's template; in the chat template when the tokenizer has one."""
     if prompt_file is not None:
         if not os.path.isfile(prompt_file):
             raise FileNotFoundError(f"prompt file not found: {prompt_file}")
@@ -76,21 +64,10 @@ def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: 
                                              add_generation_prompt=True)
     return text
 
-# ----------------------------------------------------------------------------------------------------
-# The embedded task: pair search. "Which two of 6 2 5 3 make 8?" One attempt checks a pair against the target
-# in a few tokens, copying the target next to the sum so the check compares neighbouring tokens:
-#
-#   6+3=9 vs 8: no
-#   <Parallel><Path>2+5=7 vs 8: no</Path><Path>5+3=8 vs 8: ok</Path></Parallel>
-#   <Summary>5, 3</Summary>
-#   Final Answer: 5, 3
-#
-# The tiny model cannot see the answer at a glance (RL and test problems use patterns the cold start never shows),
-# but a checked guess is certain, so N attempts beat one. A round of the search is one attempt in the main
-# chain or a block of attempts whose summary keeps the pair that checked ("none" if none did). The teacher
-# guesses right with probability guess_accuracy, else any other pair in either order (two paths may try the
-# same pair, as two Unseen paths would); the last allowed round always holds the right pair. A round is a block
-# with probability parallel_fraction: the cold start mixes both, and RL moves the model's own ratio.
+# The embedded task, pair search (NOTES.md §9). "Which two of 6 2 5 3 make 8?" A round is one attempt in the main
+# chain ("6+3=9 vs 8: no") or, with probability parallel_fraction, a block of attempts whose summary keeps the pair
+# that checked ("none" if none did); "Final Answer: 5, 3" ends the trace. A checked guess is certain, so N attempts
+# beat one. The teacher guesses right with probability guess_accuracy; the last allowed round always does.
 
 SYNTHETIC_SPLITS = {"easy": 4, "medium": 5, "hard": 6}   # difficulty -> numbers in the list
 SYNTHETIC_SIZES = {"train": 20_000, "rl": 20_000, "test": 500}   # records per part when `limit` is not given
@@ -125,19 +102,13 @@ def make_problem(rng: random.Random, size: int) -> PairProblem:
             return PairProblem(numbers, target, sums[target][0])
 
 def problem_part(problem: PairProblem) -> str:
-    """The part of a problem's number pattern (the list as a set, the target) by a fixed hash: "train" (the cold
-    start's, 3 in 5 patterns), "rl" (RL's, 1 in 5) or "test" (1 in 5). No two parts share a pattern, so RL
-    trains on problems the cold start never saw (the paper's RL data, DAPO, is not its SFT data) and the test
-    problems are new to both."""
+    """The part of a problem's number pattern (the list as a set, the target) by a fixed hash: "train" (3 in 5),
+    "rl" or "test" (1 in 5 each). No two parts share a pattern: RL and test problems are new to the cold start."""
     key = repr((sorted(problem.numbers), problem.target)).encode()
     return SYNTHETIC_PARTS[int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % len(SYNTHETIC_PARTS)]
 
 def synthetic_problems(split: str, part: str = "train", n: int | None = None, seed: int = 0) -> list[PairProblem]:
-    """`n` problems of difficulty `split`, part "train", "rl" or "test": the same on every machine (a string seed),
-    and a shorter list is a prefix of a longer one. Raises ValueError for an unknown split or part."""
-    if split not in SYNTHETIC_SPLITS or part not in SYNTHETIC_SIZES:
-        raise ValueError(f"unknown synthetic set {split}:{part}; splits {sorted(SYNTHETIC_SPLITS)}, parts "
-                         f"{sorted(SYNTHETIC_SIZES)}")
+    """`n` problems of difficulty `split` and `part`, the same on every machine; a shorter list is a prefix."""
     rng, out = random.Random(f"synthetic:{split}:{part}:{seed}"), []
     while len(out) < (SYNTHETIC_SIZES[part] if n is None else n):
         p = make_problem(rng, SYNTHETIC_SPLITS[split])
@@ -170,8 +141,7 @@ def render_trace(problem: PairProblem, rng: random.Random, parallel_fraction: fl
 
 def synthetic_records(split: str, part: str, style: str, limit: int | None, seed: int,
                       parallel_fraction: float) -> list[dict]:
-    """Records with teacher traces (style "sequential": every round one attempt); each record's trace has its own
-    seed, so the problems do not depend on the style. Raises ValueError for a parallel_fraction outside [0, 1]."""
+    """Records with teacher traces (style "sequential": every round one attempt), each with its own seed."""
     if not 0 <= parallel_fraction <= 1:
         raise ValueError(f"parallel_fraction must be in [0, 1], got {parallel_fraction}")
     fraction = 0.0 if style == "sequential" else parallel_fraction
@@ -180,12 +150,11 @@ def synthetic_records(split: str, part: str, style: str, limit: int | None, seed
              "solution": render_trace(p, random.Random(f"{source}:{seed}:{i}"), fraction)}
             for i, p in enumerate(synthetic_problems(split, part, limit, seed))]
 
-# ----------------------------------------------------------------------------------------------------
 # Answers, problems and traces of the real sets
 
 def normalize_answer(value, latex: bool = False) -> str:
-    """The gold answer as a string without the source's format accidents: 27.0 -> "27" (AMC floats), "025" -> "25"
-    (AIME), "1,450" -> "1450" (GSM8K). With `latex` (MATH-500) a string is only stripped."""
+    """The gold answer without the source's format accidents: 27.0 -> "27", "025" -> "25", "1,450" -> "1450"
+    (with `latex`, MATH-500, a string is only stripped)."""
     if isinstance(value, (bool, int)):
         return str(value)
     if isinstance(value, float):
@@ -212,10 +181,8 @@ def gsm8k_sequential_solution(text: str) -> str:
 _BASELINE_SUFFIX = re.compile(r"\s*Let's think step by step and output the final answer after \"Final Answer: \"\.\s*$")
 
 def extract_problem(text: str) -> str:
-    """The bare problem inside a source's instruction prompt: after the last "Problem:" (Parallel-R1 v2/v3), before
-    the baseline's "Let's think step by step ..." sentence, or DAPO's paragraph between the first two blank lines.
-    Also repairs AIME 2025's JSON-escape accidents (a form feed for the "\\f" of "\\frac", a tab for the "\\t" of
-    "\\triangle")."""
+    """The bare problem inside a source's instruction prompt (after the last "Problem:", before the baseline's
+    "Let's think step by step", or DAPO's second paragraph); repairs AIME 2025's "\\f" and "\\t" escapes."""
     text = re.sub(r"\t(?=riangle)", r"\\t", text.replace("\x0c", "\\f"))
     if "Final Answer" in text and re.search(r"(^|\n)Problem:", text):
         return re.split(r"(?:^|\n)Problem:", text)[-1].strip()
@@ -225,8 +192,7 @@ def extract_problem(text: str) -> str:
         return text.split("\n\n")[1].strip()
     return text.strip()
 
-# The sampler writes the text at the junctions of the tags: nothing between <Parallel> and the first <Path>,
-# between paths or after the last one; exactly one "\n" between </Parallel> and <Summary> (NOTES.md §1).
+# The sampler's text at the junctions of the tags: nothing between them, one "\n" before <Summary> (NOTES.md §1).
 _JUNCTIONS = [(re.compile(a + r"\s*" + b), a + sep + b) for a, sep, b in
               (("<Parallel>", "", "<Path>"), ("</Path>", "", "<Path>"), ("</Path>", "", "</Parallel>"),
                ("</Parallel>", "\n", "<Summary>"))]
@@ -239,14 +205,12 @@ def canonicalize_trace(text: str) -> str:
     return text.strip()
 
 def check_trace(solution: str, tokenizer, tags: TagIds) -> str:
-    """"" for a usable parallel SFT target (valid, with a Final Answer line), else why not, numbers as N so that
-    reasons group: "unclosed <Summary> at token N"."""
+    """"" for a usable parallel SFT target (valid, with a Final Answer line), else why not (numbers as N)."""
     structure = parse_structure(tokenizer.encode(solution, add_special_tokens=False), tags)
     if not structure.valid:
         return re.sub(r"\d+", "N", structure.reason)
     return "" if re.search(r"Final Answer\s*:\s*\S", solution) else "no 'Final Answer:' line"
 
-# ----------------------------------------------------------------------------------------------------
 # Known datasets: the file inside the data folder, and the hub candidates (path, config, split) tried in order
 
 KNOWN_DATASETS = {
@@ -309,8 +273,8 @@ def _first(row: dict, *keys):
     return None
 
 def _row_record(row: dict, latex: bool, style: str) -> tuple[str | None, str | None, str | None]:
-    """(problem, answer, solution) of one row, whatever the source's field names; a GSM8K worked solution is the
-    solution of the sequential style only (it has no blocks)."""
+    """(problem, answer, solution) of one row, whatever the source's field names (a GSM8K worked solution: only
+    for the sequential style)."""
     prompt = _first(row, "problem", "question", "extra_info.question", "prompt")
     if isinstance(prompt, (list, tuple)):                  # chat messages: the last user turn
         users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
@@ -334,7 +298,7 @@ def _row_record(row: dict, latex: bool, style: str) -> tuple[str | None, str | N
 
 def _records_from_rows(rows, name: str, style: str, strict: bool, where: str, tokenizer) -> list[dict]:
     """Records of one file's rows: incomplete rows skipped (or, strict, refused); parallel traces canonicalised
-    and checked (`check_trace` under `tokenizer`, default the tiny one), with the counts printed."""
+    and checked (`check_trace`), with the counts printed."""
     label = name if name in KNOWN_DATASETS else os.path.splitext(os.path.basename(name))[0]
     records, skipped = [], 0
     for i, row in enumerate(rows):
@@ -395,14 +359,10 @@ def _load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
 
 def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: int | None = None, seed: int = 0,
               data_dir: str | None = None, tokenizer=None, parallel_fraction: float = 0.5) -> list[dict]:
-    """The records of `spec` (a name, a comma list, or a file). `style`: of the solutions (synthetic sets render
-    both; a real set gives one only where it has one in that style, else None). `strict`: refuse a row without a
-    problem or an answer instead of skipping it. `limit`: the first this-many of each part. `seed`,
-    `parallel_fraction`: of the synthetic sets. `tokenizer`: for the format check of traces from files.
-    Raises ValueError (an unknown name, with the known ones; an unknown style; nothing loaded) and
-    FileNotFoundError (a missing file or folder, or a set with neither a local file nor the hub)."""
-    if style not in STYLES:
-        raise ValueError(f"unknown style {style!r}; use one of {STYLES}")
+    """The records of `spec` (a name, a comma list, or a file), solutions in `style` (None where a real set has
+    none). `strict`: refuse a row without a problem or an answer. `limit`: the first this-many of each part.
+    ValueError: an unknown name (listing the known ones), nothing loaded; FileNotFoundError: a missing file or
+    folder, or a set with neither a local file nor the hub."""
     records = []
     for name in filter(None, (n.strip() for n in spec.split(","))):
         records += _load_one(name, style, strict, limit, seed, data_dir, tokenizer, parallel_fraction)

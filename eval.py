@@ -3,19 +3,13 @@
     python eval.py --model=runs/grpo/checkpoint-45              # tiny checkpoint: the synthetic test sets, k = 8
     python eval.py --model=runs/grpo/checkpoint-200 --data=aime24,aime25,amc23,math500 --k=16 --k_overrides=math500=1
 
-Every problem gets k responses from the sampler in the model's mode (--mode, else the one the checkpoint was
-trained in), each scored by `rewards.score_batch`, and every benchmark reports
-    Mean@k   mean over problems of c/n: the expected accuracy of one response
-    Pass@k   mean over problems of the unbiased 1 - C(n-c, k) / C(n, k). The official code reports verl's bootstrap
-             with replacement, whose expectation 1 - (1 - c/n)^k is biased low (one correct of 16: 0.644, not 1.0);
-             summary.json keeps it as pass_at_k_verl
-    Parallel % (responses with a block), blocks, the relative <Parallel> position (Figure 3), T and D (critical path)
-    Avg      the mean of the Mean@ columns, as in Table 2
-into out_dir: results.md (Table 2's layout), samples.jsonl (every response, scored) and summary.json. A checkpoint
-whose tokenizer lacks the tags never learned them: refused in the parallel modes (--allow_untrained_tags=True
-samples anyway). A problem whose prompt + max_new_tokens exceeds the model's context is skipped and listed
-(--skip_long_prompts=False samples it past the trained positions). One table of several evaluations:
-scripts/table.py; training curves: scripts/plot.py.
+Every problem gets k responses from the sampler in the model's mode (--mode, else the checkpoint's), scored by
+`rewards.score_batch`. Per benchmark: Mean@k (mean c/n), the unbiased Pass@k 1 - C(n-c, k) / C(n, k) (the
+official code reports verl's bootstrap, biased low: summary.json keeps it as pass_at_k_verl), Parallel %, blocks,
+the relative <Parallel> position (Figure 3), T and D (critical path); Avg = the mean of the Mean@ columns. Written
+to out_dir: results.md (Table 2's layout), samples.jsonl and summary.json. A checkpoint whose tokenizer lacks the
+tags is refused in the parallel modes (--allow_untrained_tags=True samples anyway); a problem whose prompt +
+max_new_tokens exceeds the context is skipped (--skip_long_prompts=False keeps it). scripts/table.py joins evals.
 """
 import dataclasses
 import json
@@ -39,13 +33,7 @@ from sample import generate
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """1 - C(n-c, k) / C(n, k): the chance that k of the n responses, drawn without replacement, hold a correct one
-    (as 1 - prod (n-c-i)/(n-i), no huge binomials). Raises ValueError unless 0 <= c <= n and 1 <= k <= n.
-
-        >>> pass_at_k(16, 1, 16), pass_at_k(16, 1, 1), pass_at_k(5, 2, 2)
-        (1.0, 0.0625, 0.7)
-    """
-    if not (0 <= c <= n and 1 <= k <= n):
-        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    (as 1 - prod (n-c-i)/(n-i), no huge binomials)."""
     if n - c < k:                                   # every k-subset holds a correct sample
         return 1.0
     miss = 1.0
@@ -55,8 +43,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def pass_at_k_verl(n: int, c: int, k: int) -> float:
     """The expectation of verl's bootstrap best@k (k draws with replacement): 1 - (1 - c/n)^k."""
-    if not (0 <= c <= n and k >= 1 and n >= 1):
-        raise ValueError(f"pass_at_k_verl needs 0 <= c <= n, n >= 1, k >= 1, got n={n}, c={c}, k={k}")
     return 1.0 - (1.0 - c / n) ** k
 
 def _mean(xs) -> float | None:
@@ -65,11 +51,7 @@ def _mean(xs) -> float | None:
 
 def summarize(samples: list[dict], k: int) -> dict:
     """The metrics of per-response records (as `evaluate` returns; a problem is its (benchmark, id), with >= k
-    responses): mean_at_k, pass_at_k, pass_at_k_verl, parallel_ratio, mean_blocks, mean_parallel_position (every
-    block once; None without blocks), mean_T, mean_D, format_valid (a response without a block is valid),
-    format_valid_parallel (among responses with a block; None if none), k, num_problems, num_responses."""
-    if not samples:
-        raise ValueError("summarize: no samples")
+    responses). A mean over nothing (e.g. the <Parallel> position without blocks) is None."""
     groups: dict[tuple, list[dict]] = {}
     for s in samples:
         groups.setdefault((s.get("benchmark"), s["id"]), []).append(s)
@@ -95,17 +77,11 @@ def evaluate(model, tokenizer, records: list[dict], mode: str, k: int = 1, max_n
              temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
              prompt_style: str | None = None, prompt_file: str | None = None, num_paths: int = 2,
              max_blocks: int = 4, verifier: str = "default", progress=None, greedy: bool = False):
-    """Sample k responses per record (`data.load_data` records) with `sample.generate`, batch b of `batch_size`
-    problems with seed + b, score them, and return (summarize(samples, k), samples): one dict per response,
-    problem-major, {"benchmark", "id", "sample_index", "prompt", "response" (with the tags), "extracted_answer",
-    "gold", "correct", "reward" (accuracy, ±1), "has_parallel", "num_blocks", "parallel_positions",
-    "format_valid", "format_reason", "T", "D", "finish_reason"}. The prompt style follows the mode unless given;
-    `progress`: a tqdm bar. The model's train/eval state is restored. Raises ValueError for k or batch_size < 1
-    or no records (and an unknown mode, from the sampler)."""
+    """Sample k responses per record with `sample.generate` (batch b of `batch_size` problems: seed + b), score
+    them, and return (summarize(samples, k), samples): one dict per response, problem-major. The prompt style
+    follows the mode unless given; `progress`: a tqdm bar; the model's train/eval state is restored."""
     if k < 1 or batch_size < 1:
         raise ValueError(f"k and batch_size must be >= 1, got k={k}, batch_size={batch_size}")
-    if not records:
-        raise ValueError("evaluate: no records")
     style = prompt_style or ("sequential" if mode == "sequential" else "parallel")
     was_training, samples = model.training, []
     model.eval()
@@ -143,9 +119,9 @@ def average_mean_at_k(benches: dict[str, dict]) -> float | None:
     return _mean(m["mean_at_k"] for m in benches.values())
 
 def format_table(rows: dict[str, dict[str, dict]]) -> str:
-    """A Markdown table in Table 2's layout from {method: {benchmark: summarize() metrics}}: a Mean@k and a
-    Pass@k column per benchmark (k = 1: Mean@1 only, like MATH), Parallel % pooled over the row's responses,
-    Avg of the Mean@ columns; a benchmark a row lacks shows "-". Raises ValueError for two k of one benchmark."""
+    """A Markdown table in Table 2's layout from {method: {benchmark: summarize() metrics}}: Mean@k and (k > 1)
+    Pass@k per benchmark, Parallel % pooled over the row, Avg; "-" where a row lacks a benchmark. ValueError for
+    two k of one benchmark."""
     ks: dict[str, int] = {}
     for method, benches in rows.items():
         for bench, m in benches.items():
@@ -180,8 +156,8 @@ def own_tokenizer(name_or_path: str):
                       f"available offline, or tiny): {e}") from None
 
 def check_tags(tokenizer, name: str, mode: str, allow_untrained_tags: bool = False) -> bool:
-    """Whether the checkpoint's own tokenizer has the six tags (None, "tiny": yes). If not, the model never learned
-    them: ValueError in the parallel modes unless allow_untrained_tags (a warning then), a note in sequential."""
+    """Whether the checkpoint's own tokenizer has the six tags (None: yes). If not: ValueError in the parallel
+    modes unless allow_untrained_tags (a warning then), a note in sequential."""
     missing = [t for t in TAGS if tokenizer is not None and t not in tokenizer.get_vocab()]
     if not missing:
         return True
@@ -197,19 +173,15 @@ def check_tags(tokenizer, name: str, mode: str, allow_untrained_tags: bool = Fal
     return False
 
 def split_by_context(prompt_lengths: list[int], max_new_tokens: int, context: int | None) -> tuple[list, list]:
-    """(indices that fit, indices that do not): prompt + max_new_tokens <= context (None or 0: all fit).
-
-        >>> split_by_context([100, 256, 257], 256, 512)
-        ([0, 1], [2])
-    """
+    """(indices that fit, indices that do not): prompt + max_new_tokens <= context (None or 0: all fit)."""
     fit = [i for i, n in enumerate(prompt_lengths) if not context or n + max_new_tokens <= context]
     return fit, sorted(set(range(len(prompt_lengths))) - set(fit))
 
 def fit_context(records: list[dict], tokenizer, style: str, prompt_file: str | None, max_new_tokens: int, context,
                 name: str, log, required: bool = True, keep_long: bool = False, hint: str = "") -> tuple[list, ...]:
     """(records, their prompt ids, the ids left out): without the problems whose prompt + max_new_tokens exceed
-    the model's context (they would be sampled at positions it never trained), each reported through `log`;
-    `keep_long` keeps them with a warning. None fitting is a ValueError (ending with `hint`) when `required`."""
+    the model's context (positions it never trained), reported through `log`; `keep_long` keeps them with a
+    warning. None fitting is a ValueError (ending with `hint`) when `required`."""
     prompts = [tokenizer(build_prompt(tokenizer, r["problem"], style, prompt_file),
                          add_special_tokens=False)["input_ids"] for r in records]
     fit, over = split_by_context([len(p) for p in prompts], max_new_tokens, context)

@@ -153,7 +153,6 @@ def stage_at(cfg: GRPOConfig, step: int) -> Stage:
         schedule = RewardSchedule(cfg.reward, switch_step=K)
     return Stage(schedule, data, cfg.clip_ratio_high if cfg.clip_ratio_high is not None else high)
 
-# ----------------------------------------------------------------------------------------------------
 # Advantages and the loss, token by token
 
 def compute_advantages(rewards, group_size: int, norm_adv_by_std: bool = True, eps: float = 1e-6):
@@ -203,7 +202,6 @@ def agg_loss(loss_mat, loss_mask, loss_agg_mode: str = "token-mean", max_new_tok
     w, d = loss_weights(loss_mask, loss_agg_mode, max_new_tokens)
     return (w * loss_mat).sum() / max(d, 1e-12)
 
-# ----------------------------------------------------------------------------------------------------
 # Rollouts -> padded, target-aligned tables, and the loss of one micro-batch
 
 @dataclass
@@ -256,9 +254,8 @@ def policy_logits(model, mb: RolloutBatch, tags: TagIds, mode: str) -> torch.Ten
 def micro_batch_loss(logits, mb: RolloutBatch, cfg: GRPOConfig, clip_ratio_high: float, denominator: float,
                      world_size: int = 1) -> tuple[torch.Tensor, dict]:
     """This micro-batch's part of the mini-batch loss, sum(w * l) * world_size / D (D over every micro-batch of
-    every rank; DDP and FSDP average gradients over ranks), and sums to all-reduce (loss without world_size,
-    pg_loss, kl, tokens, clipped, dual, entropy, ratio). Only the N loss tokens are scored, an (N, V) slice of the
-    logits: prompt, padding and (unless train_injected) the injected tokens get no gradient."""
+    every rank; the ranks' gradients are averaged), and the sums to all-reduce for the step's statistics. Only
+    the N loss tokens are scored, an (N, V) slice of the logits."""
     sel = mb.loss_mask.bool()                                                       # (B, L-1)
     w = loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[0][sel]   # (N,)
     logits = logits[:, :-1][sel]                                                    # (N, V)
@@ -280,7 +277,6 @@ def micro_batch_loss(logits, mb: RolloutBatch, cfg: GRPOConfig, clip_ratio_high:
                  "ratio": torch.exp((logprobs - old).clamp(-20, 20)).sum().item()}
     return part * world_size, stats
 
-# ----------------------------------------------------------------------------------------------------
 # One policy update on a given list of rollouts
 
 def mini_batches(rollouts: list[Rollout], advantages, cfg: GRPOConfig, pad_id: int, device) -> list[list[RolloutBatch]]:
@@ -352,7 +348,6 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
             "loss_tokens": int(g["tokens"]), "optimizer_steps": steps, "micro_batches": sum(len(m) for m in minis),
             **({"logprob_max_diff": max_diff} if max_diff is not None else {})}
 
-# ----------------------------------------------------------------------------------------------------
 # Sampling, statistics, evaluation
 
 def sync_rollout_model(rollout_model, train_model):
@@ -420,13 +415,12 @@ def evaluate_now(run, tag: str) -> dict:
     metrics = {b: {k: m[k] for k in EVAL_KEYS} for b, ss in by_bench.items() for m in [summarize(ss, cfg.eval_k)]}
     avg = sum(m["mean_at_k"] for m in metrics.values()) / len(metrics)
     for b, m in metrics.items():
-        run.log(f"[eval {tag}] {b} (k={cfg.eval_k}): " + " ".join(f"{k} {v:.3f}" for k, v in m.items() if v is not None))
+        run.log(f"[eval {tag}] {b}, k={cfg.eval_k}: " + " ".join(f"{k} {v:.3f}" for k, v in m.items() if v is not None))
     run.log(f"[eval {tag}] Avg Mean@{cfg.eval_k} {100 * avg:.1f}% ({time.time() - t0:.0f}s)")
     run.write({"step": run.step, "eval/avg_mean_at_k": avg,
                **{f"eval/{b}/{k}": v for b, m in metrics.items() for k, v in m.items()}})
     return {"avg_mean_at_k": avg, "benchmarks": metrics}
 
-# ----------------------------------------------------------------------------------------------------
 # The training run
 
 @dataclass
@@ -439,9 +433,8 @@ class GRPORun(sft.Run):
     eval_records: list = field(default_factory=list)
 
 def setup(cfg: GRPOConfig, d, records, eval_records) -> GRPORun:
-    """The model (the SFT checkpoint, or the one --resume continues), the resolved config, the recipe's prompt
-    streams and held-out problems (those that fit the context with max_new_tokens), the reference and rollout
-    copies, the optimizer and the schedule."""
+    """The model, the resolved config, the recipe's prompt streams and held-out problems (those that fit the
+    context), the reference and rollout copies, the optimizer and the schedule."""
     init = default_init(cfg.mode or RECIPE_MODE[cfg.recipe], cfg.model)
     run = sft.load(cfg, d, init, cls=GRPORun)
     tiny = len(run.tokenizer) < TINY_VOCAB_LIMIT

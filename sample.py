@@ -16,14 +16,11 @@ One Unseen sample, and the method of `_Engine` that makes each transition:
     _finish       EOS or budget: each open path gets its </Path> (its reserved last token)
 
 The response is written in the training layout (path 1, then path 2, ...): attention depends on the mask and the
-positions baked into the cached keys, not on the order of the slots, so each sampled token has the context
-`attention.build_mask_and_positions(mode="unseen")` gives it in training and the recorded log-probs equal the
-training forward's (tests/test_sample.py: 1e-4). The official code samples paths causally and trains under
-another mask (NOTES.md §8). Seen: the paths follow one another in the row, causally. "sequential": plain
-sampling; `allow_parallel=False` masks <Parallel> out. A decode step feeds q queries per row (q: the most open
-paths of any row; fewer: hidden dummies) into a `SlotCache` written in place; the prefill is the only copy
-(fanned out to group_size rows); finished rows are dropped once half the batch is done.
-Speed: `python scripts/bench_sample.py`.
+positions baked into the cached keys, not on the slots' order, so each sampled token has the context
+`attention.build_mask_and_positions(mode="unseen")` gives it in training and the log-probs equal the training
+forward's (the official code samples paths causally and trains under another mask, NOTES.md §8). Seen: the
+paths follow one another, causally. "sequential": plain sampling. A decode step feeds q queries per row (fewer:
+hidden dummies) into a `SlotCache` written in place; finished rows are dropped once half the batch is done.
 """
 import os
 from dataclasses import dataclass, field
@@ -52,9 +49,8 @@ class Rollout:
     text: str = ""                  # decoded response with the tags, without a final EOS
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(logits / temperature) at `tokens`: logits (..., V) any float dtype, tokens (...) long ->
-    (...) float32. It scores the sampler's choices and the training forward's targets, so the two agree by
-    construction; `temperature` <= 0 counts as 1 (greedy decoding has no temperature)."""
+    """log softmax(logits / temperature) at `tokens`: logits (..., V), tokens (...) long -> (...) float32; the
+    sampler's and the training forward's log-probs both come from here. `temperature` <= 0 counts as 1."""
     t = temperature if temperature > 0 else 1.0
     logits = logits.float() / t
     return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -76,12 +72,10 @@ def _choose(logits, banned, temperature: float, top_p: float, top_k: int, greedy
     return torch.multinomial(logits.softmax(-1).cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
 
 class SlotCache:
-    """A KV cache written in place for decoding under a custom mask (any Hugging Face causal LM): the one method
-    the attention layers call, `update(key, value, layer_idx)`. Per layer keys and values (R, kv_heads, capacity,
-    head_dim), made at the first forward in the keys' dtype, zero-filled (a hidden slot must be finite: 0 * NaN
-    is NaN). Before a forward the caller sets `slots` (R, q) long, where the q new keys of each row go, and calls
-    `reserve(width)`: attention spans slots [0, width). `owner` (R, capacity) long says who sees a slot (HIDDEN,
-    SHARED, 2 + j for path j); `mask` makes it the additive 4-D mask the model gets."""
+    """A KV cache written in place for decoding under a custom mask: `update(key, value, layer_idx)` is what the
+    attention layers call. Per layer keys and values (R, kv_heads, capacity, head_dim), zero-filled (a hidden slot
+    must be finite: 0 * NaN is NaN). Before a forward the caller sets `slots` (R, q) long, where each row's q new
+    keys go, and calls `reserve(width)`. `owner` (R, capacity): who sees a slot (HIDDEN, SHARED, 2 + j: path j)."""
 
     def __init__(self, rows: int, capacity: int, device):
         self.keys, self.values, self.slots, self.width = [], [], None, 0
@@ -347,25 +341,14 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
              max_path_tokens: int | None = None, num_paths: int = 2, max_blocks: int = 4,
              allow_parallel: bool = True, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
              greedy: bool = False, seed: int | None = None, min_new_tokens: int = 0) -> list[Rollout]:
-    """`group_size` responses per prompt (strings, tokenized without special tokens, or id lists), prompt-major.
-    model: a causal LM with the Hugging Face call (4-D `attention_mask`, `position_ids`, `cache`), eval mode.
-    mode: "unseen" (paths side by side, isolated, multiverse positions), "seen" (one after another, causal) or
-    "sequential" (no injection). max_new_tokens: a response's budget, paths, summaries and injected tags
-    included (paper: 3000); max_path_tokens: a path's with its tags (default max_new_tokens), then </Path> is
-    injected. num_paths: N >= 2 per block. max_blocks: then <Parallel> is masked out so the answer can follow
-    (the official code ends the episode, NOTES.md §8). seed: the same seed and inputs, the same rollouts.
-    min_new_tokens: no EOS before. `Rollout.logprobs`: log softmax(logits / temperature) of each sampled token
-    before truncation and tag masking, the training forward's quantity (PPO's ratio is 1 on-policy).
-    ValueError for an unknown mode, num_paths < 2, or no (or an empty) prompt."""
-    if mode not in ("unseen", "seen", "sequential"):
-        raise ValueError(f"mode must be 'unseen', 'seen' or 'sequential', got {mode!r}")
+    """`group_size` responses per prompt (strings or id lists), prompt-major, from a Hugging Face causal LM in eval
+    mode. max_new_tokens: a response's budget, injected tags included; max_path_tokens: a path's (then </Path> is
+    injected); max_blocks: then <Parallel> is masked out (the official code ends the episode, NOTES.md §8); the
+    same seed and inputs give the same rollouts; no EOS before min_new_tokens. `Rollout.logprobs`: of each sampled
+    token before truncation and tag masking, the training forward's quantity. ValueError for num_paths < 2."""
     if num_paths < 2:
         raise ValueError(f"num_paths must be >= 2 (a block needs at least two paths), got {num_paths}")
-    if not prompts:
-        raise ValueError("prompts is empty")
     prompts = [tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p) for p in prompts]
-    if any(len(p) == 0 for p in prompts):
-        raise ValueError("a prompt has no tokens")
     tags = TagIds.from_tokenizer(tokenizer)
     gen = torch.Generator()
     gen.seed() if seed is None else gen.manual_seed(seed)   # no seed: fresh entropy, the global RNG untouched

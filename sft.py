@@ -93,7 +93,6 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
         raise ValueError(f"--batch_size={cfg.batch_size} does not split evenly over {world_size} ranks")
     return cfg
 
-# ----------------------------------------------------------------------------------------------------
 # Ranks (one process when RANK is not set)
 
 @dataclass
@@ -104,8 +103,8 @@ class Dist:
     is_main = property(lambda self: self.rank == 0)
 
 def setup_distributed() -> Dist:
-    """Join torchrun's process group (nccl, one GPU per process; gloo on CPU), reusing one that exists (a second
-    init after destroy can deadlock on torchrun's store); without RANK one process, the collectives no-ops."""
+    """Join torchrun's process group (nccl, one GPU per process; gloo on CPU), reusing one that exists; without
+    RANK one process, the collectives no-ops."""
     if "RANK" not in os.environ:
         return Dist(0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -158,7 +157,6 @@ def forward(model, input_ids, attention_mask, prompt_lengths, tags: TagIds, mode
         return structured_forward(model, input_ids, attention_mask, prompt_lengths, tags, mode,
                                   dtype=torch.bfloat16 if input_ids.device.type == "cuda" else torch.float32)
 
-# ----------------------------------------------------------------------------------------------------
 # Data: records -> token ids -> padded batches, and the shuffled stream of indices
 
 @dataclass
@@ -199,8 +197,7 @@ class Batch:
     loss_mask: torch.Tensor        # (B, L) float: 1 where the token is a response token (a target)
 
 def collate(examples: list[Example], pad_id: int) -> Batch:
-    """Right-pad to the longest: prompt [5, 6] + response [7, 1] -> input_ids [5, 6, 7, 1, pad], loss_mask
-    [0, 0, 1, 1, 0]."""
+    """Right-pad to the longest: prompt [5, 6] + response [7, 1] -> input_ids [5, 6, 7, 1, pad], loss 0 0 1 1 0."""
     B, L = len(examples), max(len(e.prompt_ids) + len(e.response_ids) for e in examples)
     input_ids, attention_mask, loss_mask = torch.full((B, L), pad_id), torch.zeros(B, L, dtype=torch.long), \
         torch.zeros(B, L)
@@ -212,8 +209,8 @@ def collate(examples: list[Example], pad_id: int) -> Batch:
 
 def shard_micro_batches(examples: list[Example], batch_indices: list[int], rank: int, world_size: int,
                         micro_batch_size: int, pad_id: int) -> list[Batch]:
-    """This rank's contiguous share of a global batch, shortest first (micro-batches then pad little; the loss is a
-    sum, so the grouping does not change it), cut into micro-batches: as many on every rank."""
+    """This rank's contiguous share of a global batch, shortest first (less padding; the loss is a sum), cut into
+    micro-batches: as many on every rank."""
     per_rank = len(batch_indices) // world_size
     mine = sorted(batch_indices[rank * per_rank:(rank + 1) * per_rank],
                   key=lambda i: len(examples[i].prompt_ids) + len(examples[i].response_ids))
@@ -246,7 +243,6 @@ class ShuffledStream:
     def position(self) -> dict:
         return {"epoch": self.epoch, "index": self.index}
 
-# ----------------------------------------------------------------------------------------------------
 # The loss, one optimizer step, the schedule
 
 def response_nll(model, batch: Batch, tags: TagIds, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,7 +292,6 @@ def sft_schedule(total_steps: int, warmup_ratio: float):
     """SFT's lr multiplier: warm-up over ceil(warmup_ratio * total) steps, then a cosine, 0 at the last step."""
     return lambda step: lr_factor(step, math.ceil(warmup_ratio * total_steps), total_steps - 1)
 
-# ----------------------------------------------------------------------------------------------------
 # Checkpoints with trainer state, and the training run both trainers share
 
 def rng_state() -> dict:
@@ -445,7 +440,6 @@ def prepare(run: Run, lr_lambda) -> Run:
         run.log_file.writelines(kept)
     return run
 
-# ----------------------------------------------------------------------------------------------------
 # The SFT run
 
 def sft_data(run: Run, records: list[dict] | None) -> tuple[list[Example], str, list[dict]]:
@@ -492,12 +486,9 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
         total_steps = cfg.max_steps or math.ceil(cfg.epochs * len(examples) / cfg.batch_size)
         prepare(run, sft_schedule(total_steps, cfg.warmup_ratio))
         stream = ShuffledStream(len(examples), cfg.seed, **run.state.get("data_position", {}))
-        micro = math.ceil(cfg.batch_size // d.world_size / cfg.micro_batch_size)
         run.log(f"SFT {cfg.model} ({sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M params) on "
-                f"{len(examples)} examples of {cfg.data}, mode={cfg.mode}, style={cfg.style} | {d.world_size} rank(s) "
-                f"on {d.device.type}, batch {cfg.batch_size} = {d.world_size} x {micro} micro-batch(es) of <= "
-                f"{cfg.micro_batch_size} | lr {cfg.lr}, {total_steps} steps"
-                + (f", max_time {cfg.max_time:.0f}s" if cfg.max_time else ""))
+                f"{len(examples)} examples of {cfg.data}, mode={cfg.mode}, style={cfg.style}, {d.world_size} rank(s) "
+                f"on {d.device.type}, batch {cfg.batch_size}, lr {cfg.lr}, {total_steps} steps")
         bar = tqdm(total=total_steps, initial=run.step, disable=not d.is_main, dynamic_ncols=True, desc="sft")
         if run.state:
             set_rng_state(run.state["rng"])
@@ -546,7 +537,8 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
             run.log_file.close()
         e = summary["eval"] or {}
         run.log(f"SFT done: {run.step} steps{' (stopped by max_time)' if stopped_early else ''} in {seconds:.0f}s, "
-                f"final loss {summary['final_loss']}\ncheckpoint: {ckpt}\nlog: {os.path.join(cfg.out_dir, 'log.jsonl')}"
+                f"final loss {summary['final_loss'] or 0:.4f}\ncheckpoint: {ckpt}\n"
+                f"log: {os.path.join(cfg.out_dir, 'log.jsonl')}"
                 + (f"\ngreedy samples on {e['n']} problems of {e['data']}: format valid {e['format_valid']:.0%}, "
                    f"parallel {e['parallel']:.0%}, accuracy {e['accuracy']:.0%}; first: {e['example'][:300]!r}"
                    if e.get("n") else "")

@@ -38,12 +38,6 @@ def test_pass_at_k_equals_binomial_formula():
                 assert ev.pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12), (n, c, k)
 
 
-@pytest.mark.parametrize("n,c,k", [(4, 5, 1), (4, -1, 1), (4, 1, 0), (4, 1, 5)])
-def test_pass_at_k_rejects_bad_counts(n, c, k):
-    with pytest.raises(ValueError, match="pass_at_k"):
-        ev.pass_at_k(n, c, k)
-
-
 # ----------------------------------------------------------------------------------------------------
 # Mean@k, Pass@k and the structure statistics over hand-made samples
 
@@ -176,12 +170,8 @@ def test_evaluate_is_the_sampler_scored_and_deterministic(tiny, records, mode, b
 
 def test_evaluate_rejects_bad_arguments(tiny, records):
     model, tok = tiny
-    with pytest.raises(ValueError, match="mode"):
-        ev.evaluate(model, tok, records, "causal")
     with pytest.raises(ValueError, match="k and batch_size"):
         ev.evaluate(model, tok, records, "unseen", k=0)
-    with pytest.raises(ValueError, match="no records"):
-        ev.evaluate(model, tok, [], "unseen")
 
 
 # ----------------------------------------------------------------------------------------------------
