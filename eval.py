@@ -291,12 +291,9 @@ def run(cfg: EvalConfig) -> dict:
             timings[bench], results[bench] = time.time() - t0, metrics
             for s in samples:
                 fh.write(json.dumps(dict(s, benchmark=bench), ensure_ascii=False) + "\n")
-            over = sum(s["finish_reason"] == "budget" for s in samples)
-            left_out = f", {len(skipped[bench])} too long skipped" if bench in skipped else ""
             bar.write(f"{bench}: Mean@{k} {100 * metrics['mean_at_k']:.1f}  Pass@{k} {100 * metrics['pass_at_k']:.1f}"
-                      f"  parallel {100 * metrics['parallel_ratio']:.1f}%  T {metrics['mean_T']:.0f}  "
-                      f"D {metrics['mean_D']:.0f}  hit the budget {over}/{len(samples)}  "
-                      f"({metrics['num_problems']} problems{left_out}, {timings[bench]:.0f}s)")
+                      f"  parallel {100 * metrics['parallel_ratio']:.1f}%  T {metrics['mean_T']:.0f}  D "
+                      f"{metrics['mean_D']:.0f}  ({metrics['num_problems']} problems, {timings[bench]:.0f}s)")
     table = format_table({name: results})
     summary = {"model": cfg.model, "name": name, "mode": mode, "mode_source": why, "prompt_style": style,
                "prompt_file": prompt_file or None, "avg_mean_at_k": average_mean_at_k(results),

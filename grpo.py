@@ -296,8 +296,8 @@ def mini_batches(rollouts: list[Rollout], advantages, cfg: GRPOConfig, pad_id: i
 
 @torch.no_grad()
 def recompute_logprobs(minis, model, ref_model, cfg: GRPOConfig, tags: TagIds, mode: str, device) -> float | None:
-    """Before the first optimizer step: the injected tokens' logp_old from a forward (train_injected), the largest
-    difference to the sampler's (recompute_logprobs), the reference model's log-probs (kl_coef > 0)."""
+    """Before the first optimizer step: logp_old of the injected tokens (train_injected) and the largest difference
+    to the sampler's (recompute_logprobs) from a forward; the reference log-probs (kl_coef > 0)."""
     want_ref = ref_model is not None and (cfg.kl_coef or 0) > 0
     if not (cfg.train_injected or cfg.recompute_logprobs or want_ref):
         return None
@@ -371,8 +371,7 @@ def sample_rollouts(model, tokenizer, prompts: list[list[int]], cfg: GRPOConfig,
     return out
 
 def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: torch.Tensor, device) -> dict:
-    """Means over every rank's rollouts: reward, accuracy, format, blocks, lengths, truncations, and the share of
-    groups whose rewards differ (the only ones with a gradient)."""
+    """Means over every rank's rollouts, and the share of groups whose rewards differ (the only ones to learn from)."""
     positions, st = [p for r in rollouts for p in parallel_positions(r.structure)], [r.structure for r in rollouts]
     rewards = [s["reward"] for s in scores]
     local = {"n": len(rollouts), "reward": sum(rewards), "reward_sq": sum(r ** 2 for r in rewards),
