@@ -60,8 +60,6 @@ def test_advantages_equal_groups_are_exactly_zero_never_nan():
     assert adv.tolist() == [0.0, 0.0, 0.0] and not var.any()
     adv, _ = compute_advantages([-1.0] * 8, 8, norm_adv_by_std=False)
     assert adv.tolist() == [0.0] * 8
-    with pytest.raises(ValueError, match="groups of 4"):
-        compute_advantages([1.0, 2.0, 3.0], 4)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -103,8 +101,6 @@ def test_loss_agg_modes_on_a_hand_table():
     assert agg_loss(loss, mask, "token-mean").item() == pytest.approx(10 / 4)
     assert agg_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx((6 / 3 + 4 / 1) / 2)
     assert agg_loss(loss, mask, "seq-mean-token-sum-norm", max_new_tokens=5).item() == pytest.approx(10 / (2 * 5))
-    with pytest.raises(ValueError, match="loss_agg_mode"):
-        agg_loss(loss, mask, "sum")
 
 
 def test_kl_estimators():
