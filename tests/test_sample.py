@@ -294,8 +294,7 @@ def test_samples_done_at_the_first_token(models, mode):
 
 
 def test_layout_puts_each_path_on_its_own_line():
-    from sample import Rollout
-    from scripts.show_samples import layout
+    from sample import Rollout, layout
     _, tok = tiny()
     text = "6+3=9\n<Parallel><Path>2+5=7\nno</Path><Path>5+3=8</Path></Parallel>\n<Summary>5, 3</Summary>\nFinal Answer: 5, 3"
     ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
@@ -309,7 +308,7 @@ def test_layout_puts_each_path_on_its_own_line():
 
 
 def test_sample_cli_prints_the_responses(capsys):
-    from scripts import show_samples
-    show_samples.main(["--model=tiny", "--n=2", "--max_new_tokens=12", "--mode=unseen"])
+    import sample
+    sample.main(["--model=tiny", "--n=2", "--max_new_tokens=12", "--mode=unseen"])
     out = capsys.readouterr().out
     assert out.count("=== ") == 3 and out.count("--- sample ") == 6 and "mode unseen" in out
