@@ -18,22 +18,22 @@ runs parse_expr, which evaluates Python, and is never used). math-verify's own t
 fails outside the main thread and cannot stop a big power computed in C: the deadline is a kill instead.
 On purpose unlike the official reward: the whole response is read, not its last 300 characters, and "0.5" equals
 "\\frac{1}{2}", "27.0" equals "27"; `verifier="paper"` keeps the official string comparison.
-attention and model are imported inside functions: the verifier workers run this file and must not load torch.
+attention and model are imported inside functions: the verifier workers need neither.
 """
 import atexit
-import json
 import logging
-import multiprocessing.connection
+import multiprocessing
 import os
 import re
-import subprocess
 import sys
 import threading
-import time
-from collections import deque
+from concurrent.futures import wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
+
+import pebble
 
 MAX_ANSWER_CHARS = 1000    # a longer extracted answer is wrong without being looked at
 _FINAL_ANSWER_RE = re.compile(r"final\s*answer\s*\**\s*:", re.IGNORECASE)   # "Final Answer:", "**Final Answer:**"
@@ -293,8 +293,7 @@ def normalize_paper(answer: str) -> str:
 # ----------------------------------------------------------------------------------------------------
 # The symbolic stage: math-verify in worker processes, each check under a deadline
 
-STARTUP_TIMEOUT = 120.0         # seconds a fresh worker may take to import sympy and math-verify
-WORKER_MEMORY_LIMIT = 4 << 30   # bytes of address space per worker (Linux): a runaway check gets MemoryError
+WORKER_MEMORY_LIMIT = 4 << 30   # bytes a worker may map beyond its start (Linux): a runaway check gets MemoryError
 _WARMUP = (("\\frac{1}{2}", "0.5"), ("x(x+1)", "x^2+x"), ("\\sqrt{8}", "2\\sqrt{2}"), ("\\{1,2\\}", "\\{2,1\\}"),
            ("[1,2)", "(1,2]"))
 
@@ -306,151 +305,81 @@ def _symbolic_equal(pred: str, gold: str) -> bool:
     p = parse(f"${pred}$", extraction_config=config, parsing_timeout=None)
     return bool(g) and bool(p) and bool(mv_verify(g, p, timeout_seconds=None))
 
-def _worker_main() -> None:
-    """`python rewards.py --worker`: [pred, gold] JSON lines in, "1"/"0" lines out on a private copy of stdout (what
-    libraries print goes to stderr); ends with its input, also when the parent dies."""
-    import signal
-    out = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl-C is the parent's business
+def _init_worker() -> None:
+    """A worker's set-up, before its first job (on no deadline): the memory limit, then a few checks that build
+    math-verify's parser and import sympy's simplifier (~2 s)."""
     try:
         import resource                        # Unix only
-        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_LIMIT, WORKER_MEMORY_LIMIT))
+        with open("/proc/self/statm") as f:    # with the forkserver, the worker already maps the main script's imports
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + WORKER_MEMORY_LIMIT,) * 2)
     except (ImportError, ValueError, OSError):
         pass
     logging.getLogger("math_verify").setLevel(logging.ERROR)   # "timeout is disabled" warnings: we know
-    for pred, gold in _WARMUP:                 # the first checks build the parser and import sympy's simplifier
-        _symbolic_equal(pred, gold)            # (~2 s): not on anyone's deadline
-    out.write(b"ready\n")
-    for line in sys.stdin.buffer:
-        try:
-            ok = _symbolic_equal(*map(str, json.loads(line)))
-        except Exception:                      # parse errors, RecursionError, MemoryError, ...
-            ok = False
-        out.write(b"1\n" if ok else b"0\n")
+    for pred, gold in _WARMUP:
+        _symbolic_equal(pred, gold)
 
 def default_workers() -> int:
     """The CPUs this process may run on, at most 8."""
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(8, n))
 
-class _Worker:
-    """One `python rewards.py --worker`: a fresh interpreter, without the caller's state, threads or torch."""
+_POOL, _POOL_LOCK, _KILLED = None, threading.Lock(), [0]    # (pebble pool, its size); checks killed at a deadline
 
-    def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.ready, self.job, self.deadline, self.started = False, None, 0.0, time.monotonic()
-
-    def send(self, job: tuple[str, str]):
-        self.proc.stdin.write((json.dumps(job) + "\n").encode())
-        self.proc.stdin.flush()
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                f.close()
-            except OSError:
-                pass
-
-class SymbolicPool:
-    """Worker processes answering one check at a time. `run(jobs, timeout)` hands jobs to idle workers and waits on
-    all at once; a worker that has not answered `timeout` s after its job is killed and replaced and the job counts
-    as not equal, so a hung check costs one worker its timeout. Thread-safe; workers start lazily and are reused."""
-
-    def __init__(self, workers: int):
-        self.size, self.workers, self.killed, self.started, self.lock = workers, [], 0, 0, threading.Lock()
-
-    def _start(self):
-        self.workers.append(_Worker())
-        self.started += 1
-
-    def _replace(self, w: _Worker, killed: bool):
-        w.kill()
-        self.workers.remove(w)
-        self.killed += killed
-        self._start()
-
-    def run(self, jobs: list[tuple[str, str]], timeout: float) -> list[bool]:
-        """[equal?] for each (pred, gold) job; False for a job past its deadline."""
-        results, todo = [False] * len(jobs), deque(range(len(jobs)))
-        with self.lock:
-            while len(self.workers) > self.size:
-                self.workers.pop().kill()
-            while jobs and len(self.workers) < self.size:
-                self._start()
-            while jobs:
-                now = time.monotonic()
-                for w in list(self.workers):
-                    if w.ready and w.job is None and todo:
-                        job = todo.popleft()
-                        try:
-                            w.send(jobs[job])
-                            w.job, w.deadline = job, now + timeout
-                        except OSError:               # died while idle: the job goes to a new worker
-                            todo.appendleft(job)
-                            self._replace(w, killed=False)
-                busy, starting = [w for w in self.workers if w.job is not None], [w for w in self.workers if not w.ready]
-                if not busy and not todo:
-                    break
-                if not busy and all(now - w.started > STARTUP_TIMEOUT for w in starting):
-                    raise RuntimeError(f"symbolic verifier workers did not start within {STARTUP_TIMEOUT:.0f} s")
-                wake = min([w.deadline for w in busy] + [now + 1.0])
-                ready = multiprocessing.connection.wait([w.proc.stdout for w in busy + starting], max(0.0, wake - now))
-                for w in [w for w in busy + starting if w.proc.stdout in ready]:
-                    line = w.proc.stdout.readline()
-                    if not line and not w.ready:
-                        raise RuntimeError(f"a symbolic verifier worker exited while starting (exit code "
-                                           f"{w.proc.wait()}; its error is on stderr)")
-                    if not line:                      # it died (crash, OOM kill): its result stays False
-                        w.job = None
-                        self._replace(w, killed=False)
-                    elif not w.ready:
-                        w.ready = line == b"ready\n"
-                    else:
-                        results[w.job], w.job = line == b"1\n", None
-                for w in [w for w in busy if w.job is not None and time.monotonic() >= w.deadline]:
-                    self._replace(w, killed=True)     # its result stays False
-        return results
-
-    def close(self):
-        with self.lock:
-            for w in self.workers:
-                w.kill()
-            self.workers = []
-
-_POOL: SymbolicPool | None = None
-_POOL_LOCK = threading.Lock()
+def _pool(workers: int | None):
+    """The module's pebble pool, started at first use and after close_pool; another `workers` restarts it. Workers
+    fork from multiprocessing's forkserver, a fresh process, so none inherits the caller's threads or CUDA state; it
+    imports the main script once, without its __main__ block (grpo.py: torch, ~8 s on 2 busy cores, once per
+    process). A daemonic multiprocessing process cannot use the pool: such processes may not have children."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or not _POOL[0].active or (workers and workers != _POOL[1]):
+            if _POOL is not None:
+                _POOL[0].stop()
+            n = workers or default_workers()
+            context = multiprocessing.get_context("forkserver")
+            _POOL = (pebble.ProcessPool(n, initializer=_init_worker, context=context), n)
+        return _POOL[0]
 
 def close_pool() -> None:
-    """Stop the module's workers (the next check starts new ones)."""
+    """Stop the module's workers, also those still checking (the next check starts new ones)."""
     global _POOL
     with _POOL_LOCK:
         pool, _POOL = _POOL, None
     if pool is not None:
-        pool.close()
+        pool[0].stop()
+        pool[0].join()
 
 atexit.register(close_pool)
 
 def pool_stats() -> dict:
-    """{workers: live, started: so far, killed: at a deadline}."""
-    p = _POOL
-    return {"workers": len(p.workers), "started": p.started, "killed": p.killed} if p else \
-        {"workers": 0, "started": 0, "killed": 0}
+    """{workers: the pool's size (0: none running), killed: checks stopped at their deadline}."""
+    return {"workers": _POOL[1] if _POOL else 0, "killed": _KILLED[0]}
 
 def symbolic_equal_many(pairs: list[tuple[str, str]], timeout: float = 1.0, workers: int | None = None) -> list[bool]:
-    """math-verify equality of each (pred, gold) in the module's pool, each under `timeout` s (no screen here)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = SymbolicPool(workers or default_workers())
-        elif workers:
-            _POOL.size = workers
-        pool = _POOL
-    return pool.run([(str(p), str(g)) for p, g in pairs], timeout)
+    """math-verify equality of each (pred, gold) in the module's pool (no screen here), each under `timeout` s from
+    its start in a worker: past it the worker is killed and replaced and the pair is not equal; so is a pair whose
+    check raised or whose worker died, or that close_pool stopped. Thread-safe. Raises RuntimeError if the workers
+    cannot start. A script that calls it needs the `if __name__ == "__main__":` guard (as for any process pool)."""
+    pool = _pool(workers)
+    futures = [pool.schedule(_symbolic_equal, args=(str(p), str(g)), timeout=timeout) for p, g in pairs]
+    pending, live = set(futures), lambda: _POOL is not None and _POOL[0] is pool
+    while pending and live():                  # a pool stopped by close_pool may leave futures unresolved
+        pending = wait(pending, timeout=0.5).not_done
+    out = []
+    for f in futures:
+        try:
+            out.append(f.done() and bool(f.result()))
+        except BrokenProcessPool as e:        # stopped (close_pool, a resize): not equal; else it broke by itself,
+            if live():                         # every worker dying in its set-up
+                raise RuntimeError("symbolic verifier workers could not start (their error is on stderr)") from e
+            out.append(False)
+        except TimeoutError:
+            _KILLED[0] += 1
+            out.append(False)
+        except Exception:                      # parse errors, RecursionError, MemoryError, a killed worker, ...
+            out.append(False)
+    return out
 
 def verify(pred: str | None, gold: str, verifier: str = "default", timeout: float = 1.0) -> bool:
     r"""Whether `pred` (from `extract_answer`) equals `gold`. "default": exact after `normalize_answer`, else numeric
@@ -589,9 +518,7 @@ def score_batch(responses: list[str], golds: list[str], *, structures=None, resp
     return out
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--worker"]:
-        _worker_main()
-    elif len(sys.argv) == 3:                     # python rewards.py RESPONSE_OR_ANSWER GOLD: do they match?
+    if len(sys.argv) == 3:                     # python rewards.py RESPONSE_OR_ANSWER GOLD: do they match?
         print(verify(extract_answer(sys.argv[1]) or sys.argv[1], sys.argv[2]))
     else:
         sys.exit("usage: python rewards.py RESPONSE_OR_ANSWER GOLD      # prints whether they match")

@@ -312,6 +312,33 @@ def test_deadline_kills_a_hung_check_without_stalling_the_rest(warm_pool):
     assert pool_stats()["killed"] == killed + 1
 
 
+def test_workers_have_a_memory_limit(warm_pool):
+    """A worker may map WORKER_MEMORY_LIMIT beyond what it mapped at its start, no more: a runaway check gets
+    MemoryError (its pair: not equal) instead of taking the machine's memory. Mappings are lazy: nothing is touched."""
+    import mmap
+    pool = rewards._pool(None)
+    with pytest.raises(OSError, match="Cannot allocate memory"):
+        pool.schedule(mmap.mmap, args=(-1, rewards.WORKER_MEMORY_LIMIT + (1 << 30)), timeout=10).result()
+    with pytest.raises(TypeError, match="pickle"):          # 1 GiB is allowed (and cannot be sent back)
+        pool.schedule(mmap.mmap, args=(-1, 1 << 30), timeout=10).result()
+
+
+def test_close_pool_stops_a_check_in_flight(warm_pool):
+    """close_pool (also at exit) stops a worker in the middle of a hung check at once; that pair is not equal and
+    the next call starts a new pool."""
+    out = []
+    hung = [("10^{10^{10^{10}}}", "5")]
+    t = threading.Thread(target=lambda: out.append(symbolic_equal_many(hung, timeout=60)), daemon=True)
+    t.start()
+    time.sleep(0.5)
+    t0 = time.perf_counter()
+    rewards.close_pool()
+    assert time.perf_counter() - t0 < 1.0
+    t.join(5)
+    assert out == [[False]] and pool_stats()["workers"] == 0
+    assert symbolic_equal_many([("\\sqrt{4}", "2")], timeout=30) == [True]
+
+
 def test_verify_in_threads(warm_pool):
     """math-verify's own signal.alarm timeout fails outside the main thread; ours does not care."""
     out = {}
