@@ -39,6 +39,12 @@ MAX_ANSWER_CHARS = 1000    # a longer extracted answer is wrong without being lo
 _FINAL_ANSWER_RE = re.compile(r"final\s*answer\s*\**\s*:", re.IGNORECASE)   # "Final Answer:", "**Final Answer:**"
 _GSM8K_RE = re.compile(r"####")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BOX_SEP_RE = re.compile(r"[\s$]*(?:,|;|\\text\{\s*(?:and|or)\s*\}|\b(?:and|or)\b)?[\s$]*(?:[a-zA-Z]\s*=\s*)?[\s$]*")
+_ANY_MARKER_RE = re.compile(r"\\(?:boxed|fbox)\s*\{|####|final\s*answer\s*\**\s*:", re.IGNORECASE)
+# The fallback: a response's last number. Not glued to a word ("Qwen2"); "8-4" gives 4; true thousands groups only
+# ("70,000", "9{,}500"); a decimal part or /denominator only with digits, so "72 clips, in all." ends at the digits.
+_LAST_NUMBER_RE = re.compile(r"(?<![\w.])-?(?:\\[dt]?frac\{\d+\}\{\d+\}|\d{1,3}(?:(?:,|\{,\})\d{3})+(?!,?\d)|\d+)(?:\.\d+)?"
+                             r"(?:/\d+)?(?![\w/])(?:\s*\\?%)?")
 _SPECIAL_MARKER_RE = re.compile(r"<\|[^|<>\n]{1,40}\|>")   # <|im_end|>, <|endoftext|>, ... (Qwen-style)
 
 @lru_cache(maxsize=1)
@@ -47,9 +53,11 @@ def _markers() -> tuple[str, ...]:
     return tuple(TAGS) + (EOS, PAD)
 
 def _last_boxed(text: str) -> str | None:
-    r"""Content of the last `\boxed{...}` (or `\fbox{...}`) whose braces balance, else None. One pass over the braces,
-    so 10,000 unclosed `\boxed{` cost O(n); `\{` and `\}` count as braces (they come in pairs)."""
-    opens = [m.end() - 1 for m in _BOX_RE.finditer(text)]    # index of each box's "{"
+    r"""Content of the last `\boxed{...}` (or `\fbox{...}`) whose braces balance, else None; the boxes right before it,
+    apart by a comma, "and"/"or" or "x =" only, join it as one list ("\boxed{3}, \boxed{5}" -> "3, 5"; a repeat once).
+    One pass over the braces, so 10,000 unclosed `\boxed{` cost O(n); `\{` and `\}` count as braces (they pair)."""
+    boxes = list(_BOX_RE.finditer(text))
+    opens = [m.end() - 1 for m in boxes]      # index of each box's "{"
     if not opens:
         return None
     wanted, close, stack = set(opens), {}, []
@@ -59,7 +67,15 @@ def _last_boxed(text: str) -> str | None:
             stack.append(i)
         elif stack and (j := stack.pop()) in wanted:
             close[j] = i
-    return next((text[j + 1:close[j]] for j in reversed(opens) if j in close), None)
+    k = next((k for k in range(len(opens) - 1, -1, -1) if opens[k] in close), None)
+    if k is None:
+        return None
+    parts = [text[opens[k] + 1:close[opens[k]]].strip()]
+    while k and (e := close.get(opens[k - 1], len(text))) < boxes[k].start() <= e + 40 and \
+            _BOX_SEP_RE.fullmatch(text, e + 1, boxes[k].start()):
+        k -= 1
+        parts.append(text[opens[k] + 1:close[opens[k]]].strip())
+    return ", ".join(dict.fromkeys(reversed(parts)))
 
 def _last_line_after(pattern: re.Pattern, text: str) -> str | None:
     """The rest of the line after the last match of `pattern` that some text follows (matches walked backwards:
@@ -74,10 +90,14 @@ def _last_line_after(pattern: re.Pattern, text: str) -> str | None:
 def extract_answer(text: str) -> str | None:
     r"""The final answer of a response, or None. On the text without the tags and <eos>/<pad>/<|...|> markers: the
     last non-empty `Final Answer:` line (case-insensitive, bold allowed; a `\boxed{}` in it: its content), else
-    the last balanced `\boxed{...}`, else the last GSM8K `#### N` line.
+    the last balanced `\boxed{...}` (with a run of boxes before it: `_last_boxed`), else the last GSM8K `#### N` line.
+    A response with none of these markers: its last number (GSM8K's "flexible" rule), without the punctuation after
+    it; a marker left empty ("\boxed{}", "Final Answer:" at the end) is no answer.
 
         >>> extract_answer(r"\boxed{1} then \boxed{\frac{1}{2}}"), extract_answer("#### 1,234"), extract_answer("no")
         ('\\frac{1}{2}', '1,234', None)
+        >>> extract_answer(r"so \boxed{3}, \boxed{5}"), extract_answer("It is $70,000."), extract_answer(r"\boxed{} 4")
+        ('3, 5', '70,000', None)
     """
     if not isinstance(text, str):
         raise TypeError(f"extract_answer takes the response text (str), got {type(text).__name__}")
@@ -86,10 +106,13 @@ def extract_answer(text: str) -> str | None:
     text = _SPECIAL_MARKER_RE.sub("", text)
     line = _last_line_after(_FINAL_ANSWER_RE, text)
     if line is not None:
-        boxed = _last_boxed(line)
-        return boxed.strip() if boxed is not None and boxed.strip() else line
+        return _last_boxed(line) or line
     boxed = _last_boxed(text)
-    return boxed.strip() if boxed is not None and boxed.strip() else _last_line_after(_GSM8K_RE, text)
+    if boxed or (line := _last_line_after(_GSM8K_RE, text)) is not None or _ANY_MARKER_RE.search(text):
+        return boxed or line
+    end = max(map(text.rfind, "0123456789"))    # C-speed scans; the regex reads 300 characters at most
+    numbers = _LAST_NUMBER_RE.findall(text, max(0, end - 300), end + 8)
+    return numbers[-1] if numbers else None
 
 # ----------------------------------------------------------------------------------------------------
 # Normalisation and the fast checks (exact, numeric)
@@ -97,7 +120,7 @@ def extract_answer(text: str) -> str | None:
 REL_TOL = 1e-6             # numeric equality: |a - b| <= REL_TOL * max(|a|, |b|)
 _UNICODE = (("\u2212", "-"), ("\u2013", "-"), ("\u00d7", "\\times "), ("\u00b7", "\\cdot "), ("\u00b0", ""),
             ("\u2009", " "), ("\u00a0", " "), ("\u221e", "\\infty "), ("\u03c0", "\\pi "))
-_DROP_RE = re.compile(r"\\(?:left|right|displaystyle|quad|qquad)(?![a-zA-Z])|\\[!,;: ]|~|\\\$|\$|\\[()\[\]]")
+_DROP_RE = re.compile(r"\\(?:left|right|displaystyle|quad|qquad)(?![a-zA-Z])|(?<!\\)\\[!,;: ]|~|\\\$|\$|\\[()\[\]]")
 _DEGREE_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|\\degree")
 _PERCENT_RE = re.compile(r"\\?%")
 _TEXT_UNIT_RE = re.compile(r"(\d)\s*\\(?:text|mbox|mathrm)\s*\{[^{}]*\}(?:\s*\^\s*\{?\d\}?)?\s*$")  # 5\text{ cm}^2 -> 5
@@ -107,6 +130,9 @@ _LEADING_NUMBER_RE = re.compile(r"[-+]?\d[\d.,/]*")
 _UNIT_WORD_RE = re.compile(r"([a-zA-Z]+)\.?(?:\^\{?\d\}?)?")
 _SPACE_RE = re.compile(r"\s+(?![a-zA-Z])|(?<![a-zA-Z])\s+")   # keep one space only between two letters
 _LHS_RE = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?=(?!.*=)")      # "x=", "x_1=" (a lone variable, one "=")
+_VAR_LIST_RE = re.compile(r"([a-zA-Z])=[^=,]+(?:,\1=[^=,]+)+")     # "x=2,x=3": one variable's values
+_LIST_WORD_RE = re.compile(r"\s*,?\s*\b(?:and|or)\b\s*")           # "19, 46, and 82", "1 or -2": commas
+_MIXED_TEXT_RE = re.compile(r"(?<![\w.,/^])(\d{1,12})\s+(\d{1,12})/(\d{1,12})(?![\w.,/])")   # "1 1/4"
 _FRAC_SHORT_RE = re.compile(r"\\frac(\d)(\d)|\\frac(\d)(?=\{)|\\frac(\{[^{}]*\})(\d)")
 _SQRT_SHORT_RE = re.compile(r"\\sqrt(\d)")
 _THOUSANDS_RE = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
@@ -126,10 +152,11 @@ def _strip_unit_words(s: str) -> str:
             return s
     return m.group(0)
 
-def normalize_answer(answer: str) -> str:
+def normalize_answer(answer: str, keep_lhs: bool = False) -> str:
     r"""The canonical string of an answer: without $ and \( \) \[ \], an outer \boxed, \left/\right and spacing,
-    units after a number, degree and percent signs, a trailing period, a lone "x =", thousands separators;
-    \dfrac/\tfrac -> \frac, \frac12 -> \frac{1}{2}, \sqrt2 -> \sqrt{2}; spaces only between two letters.
+    units after a number, degree and percent signs, a trailing period, thousands separators, a lone "x =" (also
+    "x=2, x=3" -> "2,3"; unless keep_lhs); \dfrac/\tfrac -> \frac, \frac12 -> \frac{1}{2}, \sqrt2 -> \sqrt{2}, "and"/"or"
+    between items -> ",", "1 1/4" -> 1\frac{1}{4}; spaces only between two letters.
 
         >>> normalize_answer(r"$\boxed{\dfrac12}$."), normalize_answer(r"x = 1{,}000 \text{ dollars}")
         ('\\frac{1}{2}', '1000')
@@ -141,8 +168,12 @@ def normalize_answer(answer: str) -> str:
     s = _DROP_RE.sub(" ", boxed if boxed is not None else s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("{,}", "")
     s = _TEXT_UNIT_RE.sub(r"\1", _PERCENT_RE.sub("", _DEGREE_RE.sub("", s)))
-    s = _strip_unit_words(_TEXT_RE.sub(r" \1 ", s).strip().rstrip(".").strip())
-    s = _LHS_RE.sub("", _SPACE_RE.sub("", s))
+    s = _TEXT_RE.sub(r" \1 ", s).strip().rstrip(".").strip()
+    s = _strip_unit_words(_LIST_WORD_RE.sub(",", s) if "and" in s or "or" in s else s)
+    s = _SPACE_RE.sub("", _MIXED_TEXT_RE.sub(r"\1\\frac{\2}{\3}", s))
+    if not keep_lhs:
+        s = _LHS_RE.sub("", s)
+        s = re.sub(r"(^|,)[a-zA-Z]=", r"\1", s) if _VAR_LIST_RE.fullmatch(s) else s
     s = _FRAC_SHORT_RE.sub(lambda m: "\\frac{%s}{%s}" % (m[1], m[2]) if m[1] else
                            ("\\frac{%s}" % m[3] if m[3] else "\\frac%s{%s}" % (m[4], m[5])), s)
     s = _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s).rstrip(".")
@@ -153,10 +184,11 @@ _FLOAT_RE = re.compile(_DEC + r"(?:[eE][-+]?\d{1,4})?")
 _SCI_RE = re.compile(r"(?:(" + _DEC + r")(?:\\times|\\cdot|\*)|([-+]?))10\^\{?([-+]?\d{1,4})\}?")
 _FRAC_RE = re.compile(r"([-+]?)\\frac\{(" + _DEC + r")\}\{(" + _DEC + r")\}")
 _SLASH_RE = re.compile(r"(" + _DEC + r")/(" + _DEC + r")")
+_MIXED_RE = re.compile(r"([-+]?)(\d{1,12})\\frac\{(\d{1,12})\}\{(\d{1,12})\}")   # 2\frac{1}{2} = 5/2
 
 def parse_number(s: str) -> Fraction | None:
-    r"""The exact value of a normalised plain number (42, 27.0, .5, 1.5e3, 1.5\times10^{3}, 3/4, \frac{3}{4}), else
-    None. Exponents have at most 4 digits, so nothing big is computed; no eval, only regexes and Fraction.
+    r"""The exact value of a normalised plain number (42, 27.0, .5, 1.5e3, 1.5\times10^{3}, 3/4, \frac{3}{4}, the mixed
+    number 2\frac{1}{2}), else None. Exponents have at most 4 digits, so nothing big is computed; no eval, only regexes and Fraction.
 
         >>> parse_number(r"-\frac{1}{2}"), parse_number("1.5e3"), parse_number("x+1")
         (Fraction(-1, 2), Fraction(1500, 1), None)
@@ -170,6 +202,8 @@ def parse_number(s: str) -> Fraction | None:
     if m := _FRAC_RE.fullmatch(s) or _SLASH_RE.fullmatch(s):
         num, den = (Fraction(m[2]), Fraction(m[3])) if m.re is _FRAC_RE else (Fraction(m[1]), Fraction(m[2]))
         return None if den == 0 else (-1 if m.re is _FRAC_RE and m[1] == "-" else 1) * num / den
+    if (m := _MIXED_RE.fullmatch(s)) and int(m[4]):
+        return (-1 if m[1] == "-" else 1) * (int(m[2]) + Fraction(int(m[3]), int(m[4])))
     return None
 
 def parse_number_list(s: str) -> tuple[str, list[Fraction]] | None:
@@ -193,7 +227,24 @@ def parse_number_list(s: str) -> tuple[str, list[Fraction]] | None:
     return kind, sorted(values) if kind == "set" else values
 
 def _close(a: Fraction, b: Fraction) -> bool:
-    return a == b or abs(a - b) <= REL_TOL * max(abs(a), abs(b))
+    """Within REL_TOL, relative (1e-10 and 2e-10 differ); two integers only when equal (1000000 is not 1000001)."""
+    return a == b or (a.denominator > 1 or b.denominator > 1) and abs(a - b) <= REL_TOL * max(abs(a), abs(b))
+
+_BASE_RE = re.compile(r"([0-9A-Za-z]{0,64}[0-9][0-9A-Za-z]{0,64})_\{?(\d{1,2})\}?")   # 1011_2, 2C_{16}
+
+def _numeral(s: str) -> tuple[str, int] | None:
+    """(digits, base) of a numeral with a base subscript whose digits are valid in that base, else None."""
+    m = _BASE_RE.fullmatch(s)
+    ok = m and 2 <= int(m[2]) <= 36 and all(int(c, 36) < int(m[2]) for c in m[1])
+    return (m[1].upper().lstrip("0") or "0", int(m[2])) if ok else None
+
+def _base_check(p: str, g: str) -> bool | None:
+    """Answers in another base: None unless a side has a base subscript. Two bases never match; a prediction may drop
+    the gold's subscript ("1011" for 1011_2); a decimal gold takes only base 10 ("10_8" restates, not answers, "8")."""
+    bp, bg = _numeral(p), _numeral(g)
+    if bg:
+        return (_numeral(f"{p}_{bg[1]}") or bp) == bg
+    return g.isdigit() and bp[1] == 10 and int(bp[0]) == int(g) if bp else None
 
 _SAFE_CHARS_RE = re.compile(r"[A-Za-z0-9\s\\{}\[\]()^_+\-*/=<>,.!|:;&']*")
 _ATOM_RE = re.compile(r"[-+]?\d+|\\?[a-zA-Z]+|.")
@@ -231,8 +282,8 @@ def symbolic_safe(s: str) -> bool:
     return not re.search(r"\d{5,}\s*!", s)
 
 @lru_cache(maxsize=65536)
-def _normalize_gold(gold: str) -> str:
-    return normalize_answer(gold)             # golds repeat group_size times per step
+def _normalize_gold(gold: str, keep_lhs: bool = False) -> str:
+    return normalize_answer(gold, keep_lhs)   # golds repeat group_size times per step
 
 def _fast_check(pred: str | None, gold: str) -> tuple[bool | None, str, str]:
     """The exact and numeric stages and the screen: (True/False, or None if only the symbolic stage can tell,
@@ -241,8 +292,12 @@ def _fast_check(pred: str | None, gold: str) -> tuple[bool | None, str, str]:
     if pred is None or len(pred) > MAX_ANSWER_CHARS:
         return False, "", ""
     p, g = normalize_answer(pred), _normalize_gold(gold)
+    if p and g and ("=" in p) != ("=" in g):                # an equation against "y = 2x + 3": keep "y ="
+        p, g = (normalize_answer(pred, True), g) if "=" in g else (p, _normalize_gold(gold, True))
     if not p or not g or p == g:
         return bool(p and p == g), p, g
+    if (base := _base_check(p, g)) is not None:
+        return base, p, g
     a, b = parse_number(p), parse_number(g)
     if a is not None and b is not None:                     # x% also equals x/100
         return _close(a, b) or ("%" in pred + gold and (_close(a * 100, b) or _close(a, b * 100))), p, g
@@ -301,9 +356,39 @@ def _symbolic_equal(pred: str, gold: str) -> bool:
     """math-verify on two normalised answers, LaTeX extraction only, its own timeouts off (ours is the kill)."""
     from math_verify import LatexExtractionConfig, parse, verify as mv_verify   # in the workers only
     config = [LatexExtractionConfig()]        # never ExprExtractionConfig: it evals through parse_expr
+    from sympy import FiniteSet, Or
     g = parse(f"${gold}$", extraction_config=config, parsing_timeout=None)
     p = parse(f"${pred}$", extraction_config=config, parsing_timeout=None)
-    return bool(g) and bool(p) and bool(mv_verify(g, p, timeout_seconds=None))
+    if not (g and p):
+        return False
+    if mv_verify(g, p, timeout_seconds=None):
+        return not _far_apart(g[0], p[0])
+    # math-verify compares a relation with a set only when the gold is the relation (a restated equation is no
+    # answer); a solved one-variable inequality ("0 < x < 12.5", "x <= -1 or x >= 2") names a set the gold may be.
+    rel = p[0]
+    if isinstance(rel, FiniteSet) and len(rel) > 1 and all(map(_solved_inequality, rel.args)):
+        rel = Or(*rel.args)
+    return _solved_inequality(rel) and bool(mv_verify(g, [rel.as_set()], timeout_seconds=None))
+
+def _far_apart(a, b) -> bool:
+    """Whether two sympy constants differ by more than REL_TOL, relative: math-verify's numeric check is absolute
+    (it calls 1/2^98 and 1/2^99 equal)."""
+    try:
+        if a == b or not (a.is_number and b.is_number):
+            return False
+        x, y = a.evalf(30), b.evalf(30)
+        return bool(x.is_real and y.is_real and abs(x - y) > REL_TOL * max(abs(x), abs(y)))
+    except Exception:                          # not sympy expressions (strings, matrices, ...)
+        return False
+
+def _solved_inequality(e) -> bool:
+    """x > 3, 0 < x < 12.5, x <= -1 or x >= 2: inequalities between one variable and constants (not x^2 < 4)."""
+    from sympy import And, Or, Symbol
+    from sympy.core.relational import Equality, Relational, Unequality
+    if isinstance(e, (And, Or)):
+        return len(e.free_symbols) == 1 and all(map(_solved_inequality, e.args))
+    return (isinstance(e, Relational) and not isinstance(e, (Equality, Unequality)) and len(e.free_symbols) == 1
+            and any(isinstance(x, Symbol) for x in e.args) and any(not x.free_symbols for x in e.args))
 
 def _init_worker() -> None:
     """A worker's set-up, before its first job (on no deadline): the memory limit, then a few checks that build

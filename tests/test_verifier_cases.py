@@ -13,8 +13,8 @@ A row's text is run through `rewards.extract_answer` and then `rewards.verify`:
 * RESPONSE_CASES hold whole responses (several boxes, markdown, no final-answer line, ...).
 All rows together also go through `score_batch` once, which must agree with `verify` row by row.
 
-Cases that fail today carry `pytest.mark.xfail(strict=True)`: the file passes now, and each fix
-turns its xfail into an XPASS, which strict mode reports as a failure until the mark is removed.
+27 of the first 100 rows failed when the file was added (commit 75113b2 marks them, with the root cause
+of each); every row passes now.
 
 Conventions this project takes (see the comments at the rows):
 * numbers compare exactly when both sides are integers, and within a relative tolerance (1e-6)
@@ -26,7 +26,8 @@ Conventions this project takes (see the comments at the rows):
   a response that writes a marker but leaves it empty stays unanswered;
 * several boxes in a row at the end of a response ("\\boxed{3}, \\boxed{5}") form one list answer;
   boxes far apart are separate attempts and the last one counts;
-* a base subscript ("1011_2") may be dropped by the prediction, but two different bases never match;
+* a base subscript ("1011_2") may be dropped by the prediction, but two different bases never match, and
+  a numeral in another base is not the decimal gold ("10_8" does not answer "8": it restates the question);
 * answers must be LaTeX or plain numbers: Python syntax ("exp(16)", "pi/2") is not parsed (parsing it
   would mean sympy's parse_expr, which evaluates text), so it is wrong.
 """
@@ -34,10 +35,6 @@ Conventions this project takes (see the comments at the rows):
 import pytest
 
 from rewards import extract_answer, score_batch, symbolic_equal_many, verify
-
-
-def fails_today(reason):
-    return pytest.mark.xfail(strict=True, reason=reason)
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +237,27 @@ ANSWER_CASES = [
      f"source: {LMEVAL}#3785 — the same digits in two different bases are different numbers"),
     ("base", "8", "10_8", False,
      f"source: {LMEVAL}#3785 — the decimal value of the number is not its base-8 numeral"),
+    ("base", "10_8", "8", False,
+     f"source: {LMEVAL}#3652 — base 'x_y' answers or targets: a numeral in base 8 does not answer a decimal gold"),
+    ("base", "8_{10}", "8", True,
+     f"source: {LMEVAL}#3652 — the same value with an explicit base-10 subscript"),
+    ("tuple", "-2, 1", "1,-2", True,
+     f"source: {LMEVAL}#3652 — 'enter all such integers, separated by commas': the answers in another order"),
+
+    # --- from RL reward functions and other graders ---------------------------------------------------
+    ("magnitude", "\\boxed{\\frac{64}{400}}", "\\frac{63}{400}", False,
+     "source: huggingface/open-r1#566 — the accuracy reward gave 1 to '\\boxed{\\frac{64}{400}}' against "
+     "'\\frac{63}{400}' (the gold was not parsed)"),
+    ("units", "\\boxed{6}", "6", True,
+     "source: huggingface/open-r1#566 — a gold that is a plain number ('6') must be read too"),
+    ("text", "7", "\\frac{1}{", False,
+     "source: huggingface/open-r1#293 — an unparseable gold gave every answer the reward 1.0"),
+    ("equation", "\\frac{0.5a}{b}/0.5", "2\\frac{a}{2b}", True,
+     "source: openai/prm800k#19 — the MATH grader's normalisation fails on '\\frac{0.5a}{b}/0.5' vs '2\\frac{a}{2b}'"),
+    ("units", "\\boxed{$9{,}500}", "9500", True,
+     "source: open-compass/opencompass#2647 — gsm8k_postprocess reads '\\boxed{$9{,}500}' as 500"),
+    ("units", "\\boxed{10,000}", "10000", True,
+     "source: open-compass/opencompass#2647 — '\\boxed{10,000}' is read as 000"),
 
     # --- mixed numbers ---------------------------------------------------------------------------------
     # In answers to word problems a digit written right before a fraction is a mixed number.
@@ -319,75 +337,34 @@ RESPONSE_CASES = [
      f"source: {MV}#76 — the parsed answer is '73**' (bold markers kept)"),
     ("markdown", "#### 1,234 apples", "1234", True,
      "source: bojieli/ai-agent-book#699 — the answer after the last #### marker"),
+
+    # --- from RL reward functions and other graders ---------------------------------------------------
+    ("window", "2+40=42\n#### 42\n" + " and the reasoning above confirms this result is consistent." * 8, "42", True,
+     "source: verl-project/verl#7274 — a '#### 42' followed by 300+ characters falls out of the 300-character "
+     "window and scores 0"),
+    ("window", "The matrix is\n\\[\\boxed{\\begin{pmatrix} 1 & 2 & 3 \\\\ 4 & 5 & 6 \\\\ 7 & 8 & 9 \\\\ 10 & 11 & 12 "
+     "\\end{pmatrix}}\\]" + " We check each entry once more." * 6,
+     "\\begin{pmatrix}1&2&3\\\\4&5&6\\\\7&8&9\\\\10&11&12\\end{pmatrix}", True,
+     "source: verl-project/verl#7440 — a second 100-character slice cuts '\\boxed{' off a long answer"),
+    ("fallback", "I don't know.", "0", False,
+     "source: NVIDIA-NeMo/RL#3635 — math-verify parses nothing in 'I don't know.'; the sample got two scores"),
+    ("fallback", "Final Answer: 137", "1", False,
+     "source: NVIDIA-NeMo/RL#3635 — the extracted answer '137' was recorded as its first character '1'"),
+    ("fallback", "Either way our answer is $\\boxed 2$.", "2", True,
+     "source: hendrycks/math#23 — MATH solutions with '\\boxed 2' (no braces); no braced box: the last number"),
+    ("fallback", "So the answer is $9{,}500.", "9500", True,
+     "source: open-compass/opencompass#2647 — 'The answer is $9{,}500.' is read as 500"),
+    ("fallback", "Altogether they raised 100,000.", "100000", True,
+     "source: zjunlp/TRICE#2 — the answer regex '-?[1-9]\\d*' reads 100,000 as 100"),
+    ("fallback", "Each one weighs 0.5 kg.", "0.5", True,
+     "source: zjunlp/TRICE#2 — the prediction is cast to int, so a decimal answer can never be right"),
+    ("boxes", "Thus the answer is \\[ \\boxed{42} \\]", "42", True,
+     f"source: {LMEVAL}#3741 — an answer in display math \\[...\\] is not extracted (hendrycks_math)"),
 ]
 
-# Rows that fail today (found by running this file against rewards.py as of the branch point), keyed by
-# (text, gold), with the root cause.
-FAILS_TODAY = {
-    ('0 < x < 12.5', '(0, 12.5)'):
-        'math-verify compares a relation with a set only when the relation is the gold',
-    ('m \\geq \\sqrt{2}', '[\\sqrt{2}, \\infty)'):
-        'math-verify compares a relation with a set only when the relation is the gold',
-    ('\\begin{pmatrix} -2 \\\\ -14 \\\\ -7 \\end{pmatrix}', '\\begin{pmatrix}-2\\\\-14\\\\-7\\end{pmatrix}'):
-        "normalize_answer's _DROP_RE reads the row break '\\\\ ' as the spacing command '\\ '",
-    ('\\frac{1}{2^{98}}', '\\frac{1}{2^{99}}'):
-        "math-verify's numeric check is absolute (evalf(chop=True))",
-    ('\\frac{1}{2006!}', '\\frac{1}{2004!}'):
-        "math-verify's numeric check is absolute (evalf(chop=True))",
-    ('\\frac{1}{3 \\cdot 2^{2006}}', '\\frac{2^{2005}+1}{3 \\cdot 2^{2006}}'):
-        "math-verify's numeric check is absolute",
-    ('1000001', '1000000'):
-        '_close applies the relative tolerance to integers',
-    ('123456789', '123456790'):
-        '_close applies the relative tolerance to integers',
-    ('y = -\\frac{1}{2}x + \\frac{3}{4}', '2x+4y-3=0'):
-        "the lone-variable 'y =' is dropped even when the gold is an equation",
-    ('a=1 \\text{ or } a=-2', '-2, 1'):
-        "'or' is not a list separator and 'a=' is dropped only from a whole answer",
-    ('2C', '2C_{16}'):
-        'no base-subscript rule: math-verify reads 2C_{16} as 2*c_{16}',
-    ('1011_3', '1011_2'):
-        'no base-subscript rule: math-verify drops both subscripts',
-    ('1 1/4', '5/4'):
-        'spaces are dropped, so the mixed number 1 1/4 becomes 11/4',
-    ('1 1/4', '11/4'):
-        'spaces are dropped, so the mixed number 1 1/4 becomes 11/4',
-    ('So the total is 72 clips, altogether.', '72'):
-        'no fallback: a response without a marker has no answer',
-    ("Rory's delivery order costs a total of $29.00.", '29'):
-        'no fallback: a response without a marker has no answer',
-    ('So he made a profit of $200,000-$130,000 = $70,000.', '70000'):
-        'no fallback: a response without a marker has no answer',
-    ('so, the answer is 18.', '18'):
-        'no fallback: a response without a marker has no answer',
-    ('The difference is 8-4 = 4.\n\n**Answer:** 4.', '4'):
-        'no fallback: a response without a marker has no answer',
-    ('The final value is 13.20%', '13.2'):
-        'no fallback: a response without a marker has no answer',
-    ('We get 1,234, which is the count.', '1234'):
-        'no fallback: a response without a marker has no answer',
-    ('The temperature falls to -3.', '-3'):
-        'no fallback: a response without a marker has no answer',
-    ('The solutions are \\boxed{3}, \\boxed{5}, \\boxed{7}', '3, 5, 7'):
-        'only the last box is read',
-    ('x = \\boxed{2} or x = \\boxed{-1}.', '-1, 2'):
-        'only the last box is read',
-    ('x \\le -1 \\text{ or } x \\ge 2', '(-\\infty,-1]\\cup[2,\\infty)'):
-        "'or' is glued into 'x\\le-1orx\\ge2', and math-verify compares a relation with a set only when it is the gold",
-    ('So the probability is $\\frac{3}{4}$.', '\\frac{3}{4}'):
-        'no fallback: a response without a marker has no answer',
-    ('Final Answer: \\boxed{2} and \\boxed{3}', '2, 3'):
-        'only the last box is read',
-}
-
-
 def _params(cases, prefix):
-    out = []
-    for i, (cls, text, gold, expected, source) in enumerate(cases):
-        reason = FAILS_TODAY.get((text, gold))
-        marks = [fails_today(reason)] if reason else []
-        out.append(pytest.param(text, gold, expected, source, id=f"{prefix}{i:02d}-{cls}", marks=marks))
-    return out
+    return [pytest.param(text, gold, expected, source, id=f"{prefix}{i:02d}-{cls}")
+            for i, (cls, text, gold, expected, source) in enumerate(cases)]
 
 
 @pytest.mark.parametrize("answer, gold, expected, source", _params(ANSWER_CASES, "a"))
@@ -409,12 +386,10 @@ def test_case_table():
     assert all(len(c) == 5 and isinstance(c[3], bool) and c[4].startswith("source: ") for c in cases)
     assert {c[3] for c in cases} == {True, False}
     assert len({(c[1], c[2]) for c in cases}) == len(cases), "duplicate rows"
-    assert set(FAILS_TODAY) <= {(c[1], c[2]) for c in cases}, "a FAILS_TODAY key matches no row"
 
 
 def test_score_batch_agrees_with_verify(warm_pool):
-    """One batch of every row: score_batch decides each like extract_answer + verify, and like the
-    expected value wherever the row is not marked as failing today."""
+    """One batch of every row: score_batch decides each like extract_answer + verify, and as expected."""
     cases = ANSWER_CASES + RESPONSE_CASES
     texts = ["Final Answer: " + c[1] for c in ANSWER_CASES] + [c[1] for c in RESPONSE_CASES]
     golds = [c[2] for c in cases]
@@ -422,8 +397,7 @@ def test_score_batch_agrees_with_verify(warm_pool):
     single = [verify(extract_answer(t), g) for t, g in zip(texts, golds)]
     assert [s["correct"] for s in scores] == single
     assert [s["reward"] for s in scores] == [1.0 if c else -1.0 for c in single]
-    known = [(got, c[3]) for got, c in zip(single, cases) if (c[1], c[2]) not in FAILS_TODAY]
-    assert [got for got, _ in known] == [want for _, want in known]
+    assert single == [c[3] for c in cases]
 
 
 @pytest.mark.parametrize("text", [
@@ -433,10 +407,14 @@ def test_score_batch_agrees_with_verify(warm_pool):
     "\\boxed{1}, " * 100_000,                 # a run of 100,000 boxes
     "\\boxed{1} and " * 50_000 + "\\boxed{" * 10_000,
     "Final Answer: 1 or 2 and " * 40_000,     # list words on a 1 MB final-answer line
+    "Final Answer: 1" + " " * 990 + "and 2",   # a 1,000-character answer: list words after a long space
+    ("\\boxed{1}" + " " * 30) * 30_000,        # a run of boxes 30 spaces apart
+    "word " * 200_000 + "1,000" * 60,          # the last number inside 300 characters of digits and commas
 ])
 def test_new_paths_stay_bounded(warm_pool, text):
     """Extraction paths a fix may add (fallback number, box runs, list words) stay fast on huge input."""
     import time
+    extract_answer("")                        # its first call imports the tag list (model.py, torch): not timed
     t0 = time.perf_counter()
     verify(extract_answer(text), "5", timeout=1.0)
     assert time.perf_counter() - t0 < 2.0
