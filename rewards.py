@@ -31,11 +31,11 @@ MAX_ANSWER_CHARS = 1000    # a longer extracted answer is wrong without being lo
 _FINAL_ANSWER_RE = re.compile(r"final\s*answer\s*\**\s*:", re.IGNORECASE)   # "Final Answer:", "**Final Answer:**"
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BOX_SEP_RE = re.compile(r"[\s$]*(?:,|;|\\text\{\s*(?:and|or)\s*\}|\b(?:and|or)\b)?[\s$]*(?:[a-zA-Z]\s*=\s*)?[\s$]*")
-_ANY_MARKER_RE = re.compile(r"\\(?:boxed|fbox)\s*\{|####|final\s*answer\s*\**\s*:", re.IGNORECASE)
-# The fallback: a response's last number. Not glued to a word ("Qwen2"); "8-4" gives 4; true thousands groups only
-# ("70,000", "9{,}500"); a decimal part or /denominator only with digits, so "72 clips, in all." ends at the digits.
-_LAST_NUMBER_RE = re.compile(r"(?<![\w.])-?(?:\\[dt]?frac\{\d+\}\{\d+\}|\d{1,3}(?:(?:,|\{,\})\d{3})+(?!,?\d)|\d+)"
-                             r"(?:\.\d+)?(?:/\d+)?(?![\w/])(?:\s*\\?%)?")
+_MARKER_RE = re.compile(r"\\(?:boxed|fbox)\s*\{|####|final\s*answer\s*\**\s*:", re.IGNORECASE)
+# The fallback: a response's last number. Not glued to a word ("Qwen2") nor a coefficient (3x, 4\sqrt2, 2\pi, 2^5);
+# "8-4" gives 4; true thousands groups only ("70,000", "9{,}500"); "72 clips, in all." and "$29.00." end at the digits.
+_LAST_NUMBER_RE = re.compile(r"(?<![\w.^])(?<!sqrt{)-?(?:\\[dt]?frac\{\d+\}\{\d+\}|\d{1,3}(?:(?:,|\{,\})\d{3})+(?!,?\d)"
+                             r"|\d+)(?:\.\d+)?(?:/\d+)?(?![\w/^]|\s*\\(?:sqrt|pi|cdot|times|d?frac))(?:\s*\\?%)?")
 @lru_cache(maxsize=1)
 def _markers() -> re.Pattern:
     """The tags, <eos>, <pad> and <|im_end|>-style markers (Qwen), removed before extraction."""
@@ -46,7 +46,7 @@ def _last_boxed(text: str) -> str | None:
     r"""Content of the last balanced `\boxed{}`/`\fbox{}` (one pass over the braces: O(n)), else None; the boxes right
     before it, apart by ",", "and"/"or" or "x =" only, make one list ("\boxed{3}, \boxed{5}" -> "3, 5")."""
     boxes = list(_BOX_RE.finditer(text))
-    opens, close, stack = [m.end() - 1 for m in boxes], {}, []     # index of each box's "{", of its "}"
+    opens, close, stack = [m.end() - 1 for m in boxes], {}, []     # index of each box's "{", of each "{"'s "}"
     for m in re.compile(r"[{}]").finditer(text, opens[0] if opens else len(text)):
         if m[0] == "{":
             stack.append(m.start())
@@ -81,8 +81,7 @@ def extract_answer(text: str) -> str | None:
     text = _markers().sub("", text)
     if (line := _last_line_after(_FINAL_ANSWER_RE.pattern, text)) is not None:
         return _last_boxed(line) or line
-    boxed = _last_boxed(text)
-    if boxed or (line := _last_line_after("####", text)) is not None or _ANY_MARKER_RE.search(text):
+    if (boxed := _last_boxed(text)) or (line := _last_line_after("####", text)) is not None or _MARKER_RE.search(text):
         return boxed or line
     end = max(map(text.rfind, "0123456789"))    # C-speed scans; the regex reads 300 characters at most
     return next(reversed(_LAST_NUMBER_RE.findall(text, max(0, end - 300), end + 8)), None)
@@ -129,10 +128,10 @@ def normalize_answer(answer: str, keep_lhs: bool = False) -> str:
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("{,}", "")
     s = _TEXT_RE.sub(r" \1 ", _TEXT_UNIT_RE.sub(r"\1", _DEGREE_PERCENT_RE.sub("", s))).strip().rstrip(".").strip()
     s = _strip_unit_words(_LIST_WORD_RE.sub(",", s) if "and" in s or "or" in s else s)
-    s = _SPACE_RE.sub("", _MIXED_TEXT_RE.sub(r"\1\\frac{\2}{\3}", s))
+    s = _SPACE_RE.sub("", _MIXED_TEXT_RE.sub(r"\1\\frac{\2}{\3}", s) if "/" in s else s)
     if not keep_lhs:
         s = _LHS_RE.sub("", s)
-        s = re.sub(r"(^|,)[a-zA-Z]=", r"\1", s) if _VAR_LIST_RE.fullmatch(s) else s
+        s = re.sub(r"(^|,)[a-zA-Z]=", r"\1", s) if "=" in s and _VAR_LIST_RE.fullmatch(s) else s
     s = _FRAC_SHORT_RE.sub(lambda m: "\\frac{%s}{%s}" % (m[1], m[2]) if m[1] else
                            ("\\frac{%s}" % m[3] if m[3] else "\\frac%s{%s}" % (m[4], m[5])), s)
     s = re.sub(r"\\sqrt(\d)", r"\\sqrt{\1}", s).rstrip(".")
@@ -185,9 +184,8 @@ def _base_check(p: str, g: str) -> bool | None:
     """Answers in another base: None unless a side has a base subscript. Two bases never match; a prediction may drop
     the gold's subscript ("1011" for 1011_2); a decimal gold takes only base 10 ("10_8" restates, not answers, "8")."""
     bp, bg = _numeral(p), _numeral(g)
-    if bg:
-        return (_numeral(f"{p}_{bg[1]}") or bp) == bg
-    return g.isdigit() and bp[1] == 10 and int(bp[0]) == int(g) if bp else None
+    return (_numeral(f"{p}_{bg[1]}") or bp) == bg if bg else \
+        (g.isdigit() and bp[1] == 10 and int(bp[0]) == int(g)) if bp else None
 MAX_SYMBOLIC_CHARS, MAX_BRACE_DEPTH = 256, 12   # the symbolic stage never sees a longer or deeper normalised answer
 _SAFE_CHARS_RE = re.compile(r"[A-Za-z0-9\s\\{}\[\]()^_+\-*/=<>,.!|:;&']*")
 _BOMB_RE = re.compile(r"__|\*\*|\^\s*(?:\{[^}]*(?:\^|\d{5})|[-+]?\d{5}|(?:[-+]?\d+|\\?[a-zA-Z]+)\^)|\d{5}\s*!")
@@ -210,15 +208,18 @@ def _fast_check(pred: str | None, gold: str) -> tuple[bool | None, str, str]:
         p, g = (normalize_answer(pred, True), g) if "=" in g else (p, _normalize_gold(gold, True))
     if not p or not g or p == g:
         return bool(p and p == g), p, g
-    if (base := _base_check(p, g)) is not None:
+    if "_" in p + g and (base := _base_check(p, g)) is not None:
         return base, p, g
     a, b = parse_number(p), parse_number(g)
     if a is not None and b is not None:                     # x% also equals x/100
         return _close(a, b) or ("%" in pred + gold and (_close(a * 100, b) or _close(a, b * 100))), p, g
-    if (la := parse_number_list(p)) and (lb := parse_number_list(g)):   # tuples, intervals, sets of plain numbers
+    la, lb = parse_number_list(p), parse_number_list(g)
+    if la and lb:                                           # tuples, intervals, sets of plain numbers
         return la[0] == lb[0] and len(la[1]) == len(lb[1]) and all(map(_close, la[1], lb[1])), p, g
-    if b is not None and re.search(r"[a-df-hj-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", p)):
-        return False, p, g                                  # a number never equals an expression in a variable
+    if (a is None) != (b is None):                          # a number is not several numbers, nor an expression in
+        other, items = (p, la) if a is None else (g, lb)    # a variable
+        if items and len(items[1]) > 1 or re.search(r"[a-df-hj-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", other)):
+            return False, p, g
     return (None if symbolic_safe(p) and symbolic_safe(g) else False), p, g
 
 _PAPER_REPLACE = (("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
@@ -291,8 +292,7 @@ def _init_worker() -> None:
             mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         resource.setrlimit(resource.RLIMIT_AS, (mapped + WORKER_MEMORY_LIMIT,) * 2)
     logging.getLogger("math_verify").setLevel(logging.ERROR)   # "timeout is disabled" warnings: we know
-    for pred, gold in _WARMUP:
-        _symbolic_equal(pred, gold)
+    list(map(_symbolic_equal, *zip(*_WARMUP)))   # builds the parser, imports sympy's simplifier: not on a deadline
 def default_workers() -> int:                  # the CPUs this process may run on, at most 8
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 _POOL, _POOL_LOCK, _KILLED = None, threading.Lock(), [0]    # (pebble pool, its size); checks killed at a deadline

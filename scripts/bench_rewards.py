@@ -2,13 +2,14 @@
 
 A batch like one GRPO step's: responses in the canonical layout (60% with a block) whose answers are plain,
 LaTeX, symbolic, set, interval or percent forms, right or wrong, ~10% adversarial (code, huge powers, brace
-bombs); scored once with a cold pool (it starts the workers), then `rounds` times warm with fresh answers.
+bombs), on a Final Answer line (75%), in a \\boxed{} (15%) or at the end of a sentence (10%); scored once
+with a cold pool (it starts the workers), then `rounds` times warm with fresh answers.
 
     python scripts/bench_rewards.py --compare=HEAD~1     # also the rewards.py of that git revision, same batches
 
 --compare loads the other rewards.py from `git show REV:rewards.py` as a second module with its own workers and
-scores each batch with both, in alternating order; the last line is the median warm throughput of each and
-their ratio (this tree / REV), so both run under the same load.
+scores each batch with both, in alternating order, so both run under the same load; the last lines are the median
+warm throughput of each and the ratio this tree / REV (of the medians, and per round).
 """
 import importlib.util
 import os
@@ -72,7 +73,9 @@ def _bench_batch(cfg: BenchConfig):
             if rng.random() < 0.6:
                 body += ("<Parallel><Path> one way </Path><Path> another way </Path></Parallel>\n"
                          "<Summary> both agree </Summary>")
-            responses.append(body + (f"\nFinal Answer: {ans}" if ans is not None else " I am not sure."))
+            forms = ["\nFinal Answer: {}", "\nso the answer is \\boxed{{{}}}", "\nSo it is {}."]
+            form = rng.choices(forms, [75, 15, 10])[0]
+            responses.append(body + (form.format(ans) if ans is not None else " I am not sure."))
             gold_list.append(gold)
     return responses[:cfg.n], gold_list[:cfg.n]
 
@@ -112,9 +115,11 @@ def bench(cfg: BenchConfig) -> None:
                   f"accuracy {acc:.3f}  mean reward {sum(s['reward'] for s in scores) / len(scores):+.3f}  "
                   f"pool {modules[name].pool_stats()}")
     medians = {name: statistics.median(v) for name, v in rates.items() if v}
-    ratio = f"; ratio this tree / {cfg.compare}: {medians['this tree'] / medians[cfg.compare]:.2f}" \
-        if cfg.compare else ""
-    print("median warm items/s: " + ", ".join(f"{k} {v:.0f}" for k, v in medians.items()) + ratio)
+    print("median warm items/s: " + ", ".join(f"{k} {v:.0f}" for k, v in medians.items()))
+    if cfg.compare:                              # each round's two runs share a batch and the machine's load then
+        per_round = [a / b for a, b in zip(rates["this tree"], rates[cfg.compare])]
+        print(f"this tree / {cfg.compare}: {medians['this tree'] / medians[cfg.compare]:.2f} (medians), per round "
+              f"median {statistics.median(per_round):.2f}, range {min(per_round):.2f}-{max(per_round):.2f}")
 
 
 if __name__ == "__main__":

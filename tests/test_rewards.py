@@ -63,6 +63,9 @@ def tags(tok):
     ("Natalia sold 48/2 = 24 clips.\n#### 1,234", "1,234"),          # GSM8K
     ("Final Answer: 8\n" + "x" * 1000, "8"),                         # beyond the official 300-char window
     ("I am not sure.", None),
+    # no marker: the last number, not a coefficient of an expression (nor punctuation after the number)
+    ("so it is 12, in all.", "12"), ("It is 4\\sqrt{2}.", None), ("about 2\\pi or 3x", None), ("2^5 of them", None),
+    ("it grew 13.5\\%.", "13.5\\%"), ("2 \\times 3 is 6.", "6"),
     ("", None),
     ("Final Answer:", None),
     ("Final Answer:   \n", None),
@@ -266,6 +269,17 @@ def _adversarial(tmp_path):
         "\\sqrt{" * 50 + "2" + "}" * 50,
         "Final Answer: 1 " * 70_000,           # 1.1 MB on one line, the pattern repeated
     ]
+
+
+@pytest.mark.parametrize("s, expected", [
+    ("x^2y^2", True), ("2^{10}", True), ("e^{\\frac{1}{2}}", True), ("\\frac{\\sqrt{2}}{2}", True), ("x^{a}+y^{b}", True),
+    ("10^{10^{10}}", False), ("2^3^4", False), ("2^{99999}", False), ("2^99999", False), ("99999!", False),
+    ("a__b", False), ("9**9", False), ("}{", False), ("{" * 13 + "}" * 13, False), ("{" * 12 + "}" * 12, True),
+    ("x" * 257, False), ("x" * 256, True), ("2^{x}#", False),
+])
+def test_symbolic_safe_screen(s, expected):
+    """The screen before the symbolic stage (for speed: the deadline bounds a check without it)."""
+    assert rewards.symbolic_safe(s) is expected
 
 
 def test_adversarial_answers_are_wrong_fast_and_harmless(warm_pool, tmp_path):
