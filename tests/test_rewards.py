@@ -4,7 +4,7 @@ the paper's reward schedules and batch scoring.
 Every expected value is written out by hand: the verifier table below states, for each pair, whether a
 mathematician would call the answers equal (and the paper verifier's official string comparison is
 worked through step by step in `test_normalize_paper`); the reward tables of the S2 schedule are the
-rule of PAPER_NOTES §4.4 spelled out step by step; token indices in the format reasons are counted by
+rule of NOTES.md §4 spelled out step by step; token indices in the format reasons are counted by
 hand on the tiny character tokenizer (one character = one token, one tag = one token).
 """
 
@@ -177,6 +177,16 @@ VERIFY_CASES = [
 @pytest.mark.parametrize("pred, gold, expected", VERIFY_CASES)
 def test_verify(warm_pool, pred, gold, expected):
     assert verify(pred, gold) is expected
+
+
+@pytest.mark.parametrize("pred, gold, expected", [
+    ("2", "54x^2+108x", False), ("54x^2+108x", "2", False), ("76", "\\{1,76,78\\}", False), ("10", "[7,10)", False),
+    ("(1,2)", "3", False), ("96", "96\\sqrt{2}", None), ("2", "\\sqrt{4}", None), ("76", "\\{76\\}", None),
+])
+def test_fast_check_decides_numbers_against_lists_and_variables(pred, gold, expected):
+    """Without a worker: a number is never a list of several numbers nor an expression in a variable (either side);
+    against a constant expression only the symbolic stage can tell (None)."""
+    assert rewards._fast_check(pred, gold)[0] is expected
 
 
 def test_verify_case_count():

@@ -13,17 +13,19 @@ A row's text is run through `rewards.extract_answer` and then `rewards.verify`:
 * RESPONSE_CASES hold whole responses (several boxes, markdown, no final-answer line, ...).
 All rows together also go through `score_batch` once, which must agree with `verify` row by row.
 
-27 of the first 100 rows failed when the file was added (commit 75113b2 marks them, with the root cause
-of each); every row passes now.
+32 of the 118 rows were wrong at the branch point (c395ae3): the 27 that commit 75113b2 marks, with
+the root cause of each, and 5 of the 18 rows added later (a pmatrix with spaces after its row breaks,
+four responses without a braced marker). Every row passes now.
 
 Conventions this project takes (see the comments at the rows):
 * numbers compare exactly when both sides are integers, and within a relative tolerance (1e-6)
   otherwise; never within an absolute one, so 1e-10 and 2e-10 differ;
 * x% equals x/100 only when a percent sign is written on one side;
 * a lone-variable left-hand side is dropped ("x = 5" is 5); two equations compare as equations;
-* a response with no `Final Answer:` line, no `\\boxed{}` and no `####` line is graded by the last
-  number in its text (the "flexible" GSM8K rule), a number never swallowing the punctuation after it;
-  a response that writes a marker but leaves it empty stays unanswered;
+* a response with no `Final Answer:` line, no `\\boxed{...}` and no `####` line is graded by the last
+  number in its text (the "flexible" GSM8K rule), a number never swallowing the punctuation after it
+  and never a coefficient (the 4 of 4\\sqrt{2}); a response that writes a marker but leaves it empty
+  stays unanswered;
 * several boxes in a row at the end of a response ("\\boxed{3}, \\boxed{5}") form one list answer;
   boxes far apart are separate attempts and the last one counts;
 * a base subscript ("1011_2") may be dropped by the prediction, but two different bases never match, and
