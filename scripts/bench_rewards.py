@@ -2,11 +2,22 @@
 
 A batch like one GRPO step's: responses in the canonical layout (60% with a block) whose answers are plain,
 LaTeX, symbolic, set, interval or percent forms, right or wrong, ~10% adversarial (code, huge powers, brace
-bombs); scored once with a cold pool (it starts the workers), once warm with fresh answers.
+bombs), on a Final Answer line (75%), in a \\boxed{} (15%) or at the end of a sentence (10%); scored once
+with a cold pool (it starts the workers), then `rounds` times warm with fresh answers.
+
+    python scripts/bench_rewards.py --compare=HEAD~1     # also the rewards.py of that git revision, same batches
+
+--compare loads the other rewards.py from `git show REV:rewards.py` as a second module with its own workers and
+scores each batch with both, in alternating order, so both run under the same load; the last lines are the median
+warm throughput of each and the ratio this tree / REV (of the medians, and per round).
 """
+import importlib.util
 import os
 import random
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -16,7 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import config  # noqa: E402
 from attention import TagIds  # noqa: E402
 from model import load_model  # noqa: E402
-from rewards import default_workers, pool_stats, score_batch  # noqa: E402
+import rewards  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass
@@ -28,6 +41,8 @@ class BenchConfig:
     timeout: float = 1.0       # per symbolic check, seconds
     reward: Literal["accuracy", "parallel_gated", "tiered", "alternating", "scaffold"] = "tiered"
     seed: int = 0
+    rounds: int = 3            # warm batches after the cold one
+    compare: str = ""          # a git revision: its rewards.py scores the same batches (ratio printed)
 
 
 def _bench_batch(cfg: BenchConfig):
@@ -58,30 +73,53 @@ def _bench_batch(cfg: BenchConfig):
             if rng.random() < 0.6:
                 body += ("<Parallel><Path> one way </Path><Path> another way </Path></Parallel>\n"
                          "<Summary> both agree </Summary>")
-            responses.append(body + (f"\nFinal Answer: {ans}" if ans is not None else " I am not sure."))
+            forms = ["\nFinal Answer: {}", "\nso the answer is \\boxed{{{}}}", "\nSo it is {}."]
+            form = rng.choices(forms, [75, 15, 10])[0]
+            responses.append(body + (form.format(ans) if ans is not None else " I am not sure."))
             gold_list.append(gold)
     return responses[:cfg.n], gold_list[:cfg.n]
+
+
+def _rewards_at(rev: str):
+    """rewards.py of git revision `rev`, imported from a temporary copy as a separate module."""
+    source = subprocess.run(["git", "show", f"{rev}:rewards.py"], cwd=ROOT, check=True, capture_output=True).stdout
+    path = os.path.join(tempfile.mkdtemp(prefix="bench_rewards_"), "rewards_at_rev.py")
+    with open(path, "wb") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("rewards_at_rev", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def bench(cfg: BenchConfig) -> None:
     _, tok = load_model("tiny")
     tags = TagIds.from_tokenizer(tok)
-    responses, golds = _bench_batch(cfg)
-    ids = tok(responses, add_special_tokens=False)["input_ids"]
-    workers = cfg.workers or default_workers()
-    print(f"batch: {len(responses)} responses, {len(set(golds))} distinct golds, {workers} symbolic workers, "
-          f"timeout {cfg.timeout} s, {os.cpu_count()} CPUs")
-    for label in ("cold (starts the pool)", "warm (a new batch)"):
-        if label.startswith("warm"):                  # fresh answers: no cache of the first run helps
-            responses, golds = _bench_batch(BenchConfig(**{**vars(cfg), "seed": cfg.seed + 1}))
-            ids = tok(responses, add_special_tokens=False)["input_ids"]
-        t0 = time.perf_counter()
-        scores = score_batch(responses, golds, response_ids=ids, tags=tags, reward=cfg.reward, step=9,
-                             timeout=cfg.timeout, workers=workers)
-        dt = time.perf_counter() - t0
-        acc = sum(s["correct"] for s in scores) / len(scores)
-        print(f"{label:>24}: {dt:6.2f} s  {len(scores) / dt:8.0f} items/s   accuracy {acc:.3f}  "
-              f"mean reward {sum(s['reward'] for s in scores) / len(scores):+.3f}  pool {pool_stats()}")
+    modules = {"this tree": rewards} | ({cfg.compare: _rewards_at(cfg.compare)} if cfg.compare else {})
+    workers = cfg.workers or rewards.default_workers()
+    print(f"{cfg.n} responses per batch, {workers} symbolic workers, timeout {cfg.timeout} s, {os.cpu_count()} CPUs")
+    rates = {name: [] for name in modules}
+    for r in range(cfg.rounds + 1):              # round 0 starts the pools; each round a new batch
+        responses, golds = _bench_batch(BenchConfig(**{**vars(cfg), "seed": cfg.seed + r}))
+        ids = tok(responses, add_special_tokens=False)["input_ids"]
+        names = list(modules) if r % 2 == 0 else list(modules)[::-1]
+        for name in names:
+            t0 = time.perf_counter()
+            scores = modules[name].score_batch(responses, golds, response_ids=ids, tags=tags, reward=cfg.reward,
+                                               step=9, timeout=cfg.timeout, workers=workers)
+            dt = time.perf_counter() - t0
+            if r:
+                rates[name].append(len(scores) / dt)
+            acc = sum(s["correct"] for s in scores) / len(scores)
+            print(f"{'cold' if r == 0 else f'warm {r}':>7} {name:>12}: {dt:6.2f} s {len(scores) / dt:8.0f} items/s  "
+                  f"accuracy {acc:.3f}  mean reward {sum(s['reward'] for s in scores) / len(scores):+.3f}  "
+                  f"pool {modules[name].pool_stats()}")
+    medians = {name: statistics.median(v) for name, v in rates.items() if v}
+    print("median warm items/s: " + ", ".join(f"{k} {v:.0f}" for k, v in medians.items()))
+    if cfg.compare:                              # each round's two runs share a batch and the machine's load then
+        per_round = [a / b for a, b in zip(rates["this tree"], rates[cfg.compare])]
+        print(f"this tree / {cfg.compare}: {medians['this tree'] / medians[cfg.compare]:.2f} (medians), per round "
+              f"median {statistics.median(per_round):.2f}, range {min(per_round):.2f}-{max(per_round):.2f}")
 
 
 if __name__ == "__main__":

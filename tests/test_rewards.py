@@ -4,7 +4,7 @@ the paper's reward schedules and batch scoring.
 Every expected value is written out by hand: the verifier table below states, for each pair, whether a
 mathematician would call the answers equal (and the paper verifier's official string comparison is
 worked through step by step in `test_normalize_paper`); the reward tables of the S2 schedule are the
-rule of PAPER_NOTES §4.4 spelled out step by step; token indices in the format reasons are counted by
+rule of NOTES.md §4 spelled out step by step; token indices in the format reasons are counted by
 hand on the tiny character tokenizer (one character = one token, one tag = one token).
 """
 
@@ -63,6 +63,9 @@ def tags(tok):
     ("Natalia sold 48/2 = 24 clips.\n#### 1,234", "1,234"),          # GSM8K
     ("Final Answer: 8\n" + "x" * 1000, "8"),                         # beyond the official 300-char window
     ("I am not sure.", None),
+    # no marker: the last number, not a coefficient of an expression (nor punctuation after the number)
+    ("so it is 12, in all.", "12"), ("It is 4\\sqrt{2}.", None), ("about 2\\pi or 3x", None), ("2^5 of them", None),
+    ("it grew 13.5\\%.", "13.5\\%"), ("2 \\times 3 is 6.", "6"),
     ("", None),
     ("Final Answer:", None),
     ("Final Answer:   \n", None),
@@ -176,6 +179,16 @@ def test_verify(warm_pool, pred, gold, expected):
     assert verify(pred, gold) is expected
 
 
+@pytest.mark.parametrize("pred, gold, expected", [
+    ("2", "54x^2+108x", False), ("54x^2+108x", "2", False), ("76", "\\{1,76,78\\}", False), ("10", "[7,10)", False),
+    ("(1,2)", "3", False), ("96", "96\\sqrt{2}", None), ("2", "\\sqrt{4}", None), ("76", "\\{76\\}", None),
+])
+def test_fast_check_decides_numbers_against_lists_and_variables(pred, gold, expected):
+    """Without a worker: a number is never a list of several numbers nor an expression in a variable (either side);
+    against a constant expression only the symbolic stage can tell (None)."""
+    assert rewards._fast_check(pred, gold)[0] is expected
+
+
 def test_verify_case_count():
     assert len(VERIFY_CASES) >= 60
     assert {e for _, _, e in VERIFY_CASES} == {True, False}
@@ -268,6 +281,17 @@ def _adversarial(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("s, expected", [
+    ("x^2y^2", True), ("2^{10}", True), ("e^{\\frac{1}{2}}", True), ("\\frac{\\sqrt{2}}{2}", True), ("x^{a}+y^{b}", True),
+    ("10^{10^{10}}", False), ("2^3^4", False), ("2^{99999}", False), ("2^99999", False), ("99999!", False),
+    ("a__b", False), ("9**9", False), ("}{", False), ("{" * 13 + "}" * 13, False), ("{" * 12 + "}" * 12, True),
+    ("x" * 257, False), ("x" * 256, True), ("2^{x}#", False),
+])
+def test_symbolic_safe_screen(s, expected):
+    """The screen before the symbolic stage (for speed: the deadline bounds a check without it)."""
+    assert rewards.symbolic_safe(s) is expected
+
+
 def test_adversarial_answers_are_wrong_fast_and_harmless(warm_pool, tmp_path):
     marker, answers = _adversarial(tmp_path)
     for answer in answers:
@@ -310,6 +334,33 @@ def test_deadline_kills_a_hung_check_without_stalling_the_rest(warm_pool):
     assert result == [False, True, True, True, False]
     assert BOUND * 0.9 < elapsed < BOUND + SLACK
     assert pool_stats()["killed"] == killed + 1
+
+
+def test_workers_have_a_memory_limit(warm_pool):
+    """A worker may map WORKER_MEMORY_LIMIT beyond what it mapped at its start, no more: a runaway check gets
+    MemoryError (its pair: not equal) instead of taking the machine's memory. Mappings are lazy: nothing is touched."""
+    import mmap
+    pool = rewards._pool(None)
+    with pytest.raises(OSError, match="Cannot allocate memory"):
+        pool.schedule(mmap.mmap, args=(-1, rewards.WORKER_MEMORY_LIMIT + (1 << 30)), timeout=10).result()
+    with pytest.raises(TypeError, match="pickle"):          # 1 GiB is allowed (and cannot be sent back)
+        pool.schedule(mmap.mmap, args=(-1, 1 << 30), timeout=10).result()
+
+
+def test_close_pool_stops_a_check_in_flight(warm_pool):
+    """close_pool (also at exit) stops a worker in the middle of a hung check at once; that pair is not equal and
+    the next call starts a new pool."""
+    out = []
+    hung = [("10^{10^{10^{10}}}", "5")]
+    t = threading.Thread(target=lambda: out.append(symbolic_equal_many(hung, timeout=60)), daemon=True)
+    t.start()
+    time.sleep(0.5)
+    t0 = time.perf_counter()
+    rewards.close_pool()
+    assert time.perf_counter() - t0 < 1.0
+    t.join(5)
+    assert out == [[False]] and pool_stats()["workers"] == 0
+    assert symbolic_equal_many([("\\sqrt{4}", "2")], timeout=30) == [True]
 
 
 def test_verify_in_threads(warm_pool):
