@@ -17,22 +17,27 @@ mkdir -p "$OUT" results
 start=$(date +%s)
 latest() { ls -d "$1"/checkpoint-* | sort -V | tail -1; }
 run() { echo "[$(date +%H:%M:%S)] $*"; "$@"; }
+done_already() {  # $1 = run folder, $2 = its last step: a rerun skips what a previous run finished
+  [ -d "$1/checkpoint-$2" ] && echo "[$(date +%H:%M:%S)] skip $1 (checkpoint-$2 exists)"
+}
 evaluate() {  # $1 = method name, $2 = run folder, $3 = seed
   run $PY eval.py --model="$(latest "$2")" --name="$1" --out_dir="$OUT/eval_$(basename "$2")"
 }
 
 lane() {  # $1 = seed
   local s=$1
-  run $PY sft.py --seed=$s --out_dir=$OUT/sft_unseen_seed$s
-  run $PY sft.py --seed=$s --mode=seen --out_dir=$OUT/sft_seen_seed$s
-  run $PY sft.py --seed=$s --style=sequential --mode=seen --out_dir=$OUT/sft_sequential_seed$s
+  done_already $OUT/sft_unseen_seed$s 400 || run $PY sft.py --seed=$s --out_dir=$OUT/sft_unseen_seed$s
+  done_already $OUT/sft_seen_seed$s 400 || run $PY sft.py --seed=$s --mode=seen --out_dir=$OUT/sft_seen_seed$s
+  done_already $OUT/sft_sequential_seed$s 400 ||
+    run $PY sft.py --seed=$s --style=sequential --mode=seen --out_dir=$OUT/sft_sequential_seed$s
   evaluate "SFT (sequential)" $OUT/sft_sequential_seed$s $s
   evaluate "SFT (Seen)" $OUT/sft_seen_seed$s $s
   evaluate "SFT (Unseen)" $OUT/sft_unseen_seed$s $s
   for recipe in baseline seen unseen-s1 unseen-s2 scaffold; do
     case $recipe in baseline) init=sft_sequential ;; seen) init=sft_seen ;; *) init=sft_unseen ;; esac
-    run $PY grpo.py --recipe=$recipe --seed=$s --model="$(latest $OUT/${init}_seed$s)" --max_steps=$GRPO_STEPS \
-        --eval_data= --out_dir=$OUT/grpo_${recipe}_seed$s
+    done_already $OUT/grpo_${recipe}_seed$s $GRPO_STEPS ||
+      run $PY grpo.py --recipe=$recipe --seed=$s --model="$(latest $OUT/${init}_seed$s)" --max_steps=$GRPO_STEPS \
+          --eval_data= --out_dir=$OUT/grpo_${recipe}_seed$s
     evaluate "GRPO $recipe" $OUT/grpo_${recipe}_seed$s $s
   done
 }
