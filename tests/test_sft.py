@@ -326,6 +326,13 @@ def test_resume_is_bit_exact(model_dir, tmp_path, capsys):
     assert f"checkpoint: {b / 'checkpoint-7'}" in capsys.readouterr().out
     assert [json.loads(line)["step"] for line in open(b / "log.jsonl")] == [4, 5, 6, 7]
 
+    # a fresh run into a used folder moves the earlier run aside instead of deleting it
+    again = sft.main(args[:6] + ["--max_steps=3"] + args[7:])
+    assert again["steps"] == 3 and sorted(os.listdir(a)) == ["checkpoint-3", "earlier-1", "log.jsonl"]
+    assert sorted(os.listdir(a / "earlier-1")) == ["checkpoint-3", "checkpoint-6", "log.jsonl"]
+    wa_old = load_file(a / "earlier-1" / "checkpoint-6" / "model.safetensors")
+    assert all(torch.equal(wa[k], wa_old[k]) for k in wa)
+
 
 # ----------------------------------------------------------------------------------------------------
 # Bad input
