@@ -69,6 +69,7 @@ def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
     block closed with >= 2 paths, only the newline before its <Summary>, every summary closed, no tag inside a
     path or summary, no text between paths, no stray tag in the main chain. Never raises. Recovery (what the
     mask builder uses): a tag out of place is an ordinary token; an unclosed <Path> runs to the end."""
+    # >>> exercise 1: the format parser: block, path and summary spans
     if isinstance(ids, torch.Tensor):
         ids = ids.tolist()
     P, EP, A, EA, S, ES = tags.parallel, tags.end_parallel, tags.path, tags.end_path, tags.summary, tags.end_summary
@@ -132,10 +133,12 @@ def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
         blocks[-1].summary = (sum_start, n)
         bad(f"unclosed <Summary> at token {sum_start}")
     return Structure(blocks=blocks, valid=not reason, reason=reason, length=n)
+    # <<< exercise 1
 
 def unseen_positions(structure: Structure, start: int = 0) -> list[int]:
     """Multiverse position of every response token, the first at `start`: each path of a block counts from p+1
     (p: its <Parallel>'s); block-level tokens continue one past the furthest path so far; then +1."""
+    # >>> exercise 2: Unseen position ids
     pos = [0] * structure.length
     path_of = {s: (b.start, e) for b in structure.blocks for s, e in b.paths}   # path start -> (<Parallel>, end)
     nxt, i = start, 0
@@ -152,6 +155,7 @@ def unseen_positions(structure: Structure, start: int = 0) -> list[int]:
         nxt += 1
         i += 1
     return pos
+    # <<< exercise 2
 
 def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths, attention_mask_2d: torch.Tensor,
                              tag_ids: TagIds, mode: str, dtype: torch.dtype = torch.float32):
@@ -162,6 +166,7 @@ def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths, attention_
     attention in transformers would silently add a bool mask as 0/1; a padding query sees itself, so no row is
     all hidden and nothing is NaN), and position_ids (B, L) long (padding at 0). ValueError for an unknown mode,
     a row that is not one run, a prompt longer than its row; never for a bad response."""
+    # >>> exercise 3: the Seen/Unseen attention mask and positions
     if mode not in ("seen", "unseen"):
         raise ValueError(f"mode must be 'seen' or 'unseen', got {mode!r}")
     B, L = input_ids.shape
@@ -195,6 +200,7 @@ def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths, attention_
     mask = torch.zeros(B, 1, L, L, dtype=dtype, device=device)
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
     return mask, positions.to(device)
+    # <<< exercise 3
 
 def structured_forward(model, input_ids, attention_mask_2d, prompt_lengths, tag_ids: TagIds, mode: str,
                        dtype: torch.dtype | None = None):

@@ -34,12 +34,14 @@ from sample import generate
 def pass_at_k(n: int, c: int, k: int) -> float:
     """1 - C(n-c, k) / C(n, k): the chance that k of the n responses, drawn without replacement, hold a correct one
     (as 1 - prod (n-c-i)/(n-i), no huge binomials)."""
+    # >>> exercise 7: unbiased pass@k
     if n - c < k:                                   # every k-subset holds a correct sample
         return 1.0
     miss = 1.0
     for i in range(k):
         miss *= (n - c - i) / (n - i)
     return 1.0 - miss
+    # <<< exercise 7
 
 def pass_at_k_verl(n: int, c: int, k: int) -> float:
     """The expectation of verl's bootstrap best@k (k draws with replacement): 1 - (1 - c/n)^k."""

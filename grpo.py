@@ -159,24 +159,28 @@ def compute_advantages(rewards, group_size: int, norm_adv_by_std: bool = True, e
     """Group-relative advantages of prompt-major rewards (n,): (r - mean) / (std + eps) with the unbiased std (as
     the official code), or r - mean (Dr. GRPO). Returns (advantages (n,) float32, has_variance (n // G,) bool);
     a group of equal rewards gets exactly 0, never NaN (also for G = 1)."""
+    # >>> exercise 6: group-relative advantages
     g = torch.as_tensor(rewards, dtype=torch.float32).flatten().view(-1, group_size)
     has_variance = g.max(dim=1).values > g.min(dim=1).values
     adv = g - g.mean(dim=1, keepdim=True)
     if norm_adv_by_std and group_size > 1:
         adv = adv / (g.std(dim=1, keepdim=True) + eps)
     return torch.where(has_variance[:, None], adv, torch.zeros_like(adv)).flatten(), has_variance
+    # <<< exercise 6
 
 def policy_loss(logprobs, old_logprobs, advantages, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
                 clip_ratio_c: float = 3.0):
     """The PPO-clip loss per token (B, T): max(-A ratio, -A clip(ratio, 1 - low, 1 + high)), then at most -A c
     where A < 0 (dual clip); ratio = exp(clamp(logp - logp_old, ±20)). Also whether the clipped term was the
     larger (gradient 0) and whether the dual bound applied. advantages: (B, T) or (B, 1)."""
+    # >>> exercise 5: the PPO-clip policy loss with clip-higher and dual clip
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))   # clamped: a stale token cannot overflow
     advantages = advantages.expand_as(ratio)
     pg1, pg2 = -advantages * ratio, -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     clipped_loss, pg3, negative = torch.maximum(pg1, pg2), -advantages * clip_ratio_c, advantages < 0
     loss = torch.where(negative, torch.minimum(clipped_loss, pg3), clipped_loss)
     return loss, pg2 > pg1, negative & (clipped_loss > pg3)
+    # <<< exercise 5
 
 def kl_penalty(logprobs, ref_logprobs, estimator: str = "k3") -> torch.Tensor:
     """KL(pi || pi_ref) per token from samples of pi: k1 = logp - logp_ref (unbiased, may be < 0), or k3 =
@@ -190,12 +194,14 @@ def loss_weights(loss_mask: torch.Tensor, loss_agg_mode: str, max_new_tokens: in
     """Weights w (B, T) and denominator D, loss = sum(w * l) / D (summed over micro-batches and ranks: the whole
     batch's). n_i = loss tokens of response i, N = responses with n_i > 0. token-mean: w = 1, D = sum n_i;
     seq-mean-token-mean: w = 1/n_i, D = N; seq-mean-token-sum-norm (Dr. GRPO): w = 1, D = N max_new_tokens."""
+    # >>> exercise 6: the loss aggregation modes
     n = loss_mask.sum(dim=-1, keepdim=True)
     if loss_agg_mode == "token-mean":
         return loss_mask, float(n.sum())
     if loss_agg_mode == "seq-mean-token-mean":
         return loss_mask / n.clamp(min=1), float((n > 0).sum())
     return loss_mask, float((n > 0).sum()) * max_new_tokens     # seq-mean-token-sum-norm
+    # <<< exercise 6
 
 def agg_loss(loss_mat, loss_mask, loss_agg_mode: str = "token-mean", max_new_tokens: int | None = None):
     """sum(w * loss_mat) / D of one table (`loss_weights`); 0 when nothing is in the loss."""

@@ -402,17 +402,21 @@ class RewardSchedule:
         if self.window < 1 or not 0 <= self.accuracy_steps <= self.window:
             raise ValueError(f"need 0 <= accuracy_steps <= window, got {self.accuracy_steps=}, {self.window=}")
     def kind_at(self, step: int) -> str:
+        # >>> exercise 8: the S2 alternating reward schedule
         if step < 1:
             raise ValueError(f"training steps count from 1, got step={step}")
         if self.name in REWARDS:
             return self.name
         after_switch = self.name == "scaffold" and step > self.switch_step
         return "accuracy" if after_switch or (step - 1) % self.window < self.accuracy_steps else "tiered"
+        # <<< exercise 8
     def reward(self, step: int, correct: bool, has_parallel: bool | None = None, format_ok: bool | None = None) -> float:
+        # >>> exercise 8: the reward of one response at a step
         kind = self.kind_at(step)
         if kind != "accuracy" and (has_parallel is None or format_ok is None):
             raise ValueError(f"the {kind!r} reward (step {step}) needs has_parallel and format_ok")
         return REWARDS[kind](correct, has_parallel, format_ok)
+        # <<< exercise 8
 def score_batch(responses: list[str], golds: list[str], *, structures=None, response_ids=None, tags=None,
                 tokenizer=None, reward: str | RewardSchedule = "accuracy", step: int = 1, verifier: str = "default",
                 timeout: float = 1.0, workers: int | None = None) -> list[dict]:

@@ -54,9 +54,11 @@ class Rollout:
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log softmax(logits / temperature) at `tokens`: logits (..., V), tokens (...) long -> (...) float32; the
     sampler's and the training forward's log-probs both come from here. `temperature` <= 0 counts as 1."""
+    # >>> exercise 4: token log-probs
     t = temperature if temperature > 0 else 1.0
     logits = logits.float() / t
     return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    # <<< exercise 4
 
 def _choose(logits, banned, temperature: float, top_p: float, top_k: int, greedy: bool, gen) -> torch.Tensor:
     """One token per row of logits (n, V) float32; banned (n, V) bool: the runtime's masked tags.
