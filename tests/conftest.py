@@ -17,3 +17,51 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The course kit (ASSIGNMENTS.md): `pytest -m exercise_k` grades exercise k. The kit's own tests in
+# tests/test_exercises.py carry the marker in the file; the existing tests below that also grade an
+# exercise get it here (file -> test function -> exercises), so the test files stay as they are.
+
+NUM_EXERCISES = 8
+EXERCISE_TESTS = {
+    "test_attention.py": {
+        "test_malformed_structures_recorded": (1,),
+        "test_malformed_response_recovery": (1, 2, 3),
+        "test_random_tag_soup_never_raises_and_stays_causal": (1, 3),
+        "test_worked_example_positions_and_mask": (1, 2, 3),
+        "test_bad_shapes_raise_value_error": (3,),
+    },
+    "test_grpo.py": {
+        "test_policy_loss_hand_values": (5,),
+        "test_policy_loss_clamps_the_log_ratio": (5,),
+        "test_advantages_hand_made_groups": (6,),
+        "test_advantages_equal_groups_are_exactly_zero_never_nan": (6,),
+        "test_loss_agg_modes_on_a_hand_table": (6,),
+    },
+    "test_eval.py": {
+        "test_pass_at_k_hand_values": (7,),
+        "test_pass_at_k_equals_binomial_formula": (7,),
+    },
+    "test_rewards.py": {
+        "test_schedule_kinds": (8,),
+        "test_scaffold_switch": (8,),
+        "test_schedule_errors": (8,),
+        "test_s2_alternating_schedule_every_step": (8,),
+        "test_fixed_rewards": (8,),
+    },
+}
+
+
+def pytest_configure(config):
+    for k in range(1, NUM_EXERCISES + 1):
+        config.addinivalue_line("markers", f"exercise_{k}: grades exercise {k} of ASSIGNMENTS.md")
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+    for item in items:
+        name = getattr(item, "originalname", None) or item.name
+        for k in EXERCISE_TESTS.get(item.path.name, {}).get(name, ()):
+            item.add_marker(getattr(pytest.mark, f"exercise_{k}"))
