@@ -40,6 +40,9 @@ EXERCISE_TESTS = {
         "test_advantages_equal_groups_are_exactly_zero_never_nan": (6,),
         "test_loss_agg_modes_on_a_hand_table": (6,),
     },
+    "test_sample.py": {
+        "test_recorded_logprobs_equal_training_forward": (4,),   # end to end: also needs exercises 1-3
+    },
     "test_eval.py": {
         "test_pass_at_k_hand_values": (7,),
         "test_pass_at_k_equals_binomial_formula": (7,),
