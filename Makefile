@@ -1,5 +1,6 @@
 # make demo   -- create .venv if missing, install, run the main job on the embedded default (SEED=1: another seed)
 # make test   -- create .venv if missing, install, run the test suite
+# make student DIR=...  -- the course kit's student copy (ASSIGNMENTS.md): exercise bodies replaced by a raise
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -14,7 +15,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 SEED    ?= 0
 export SEED
 
-.PHONY: demo test install reproduce clean
+.PHONY: demo test install reproduce clean student
 
 install: $(STAMP)
 
@@ -25,6 +26,10 @@ $(STAMP): requirements.txt
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+student:
+	@test -n "$(DIR)" || { echo "usage: make student DIR=<empty or new folder>"; exit 2; }
+	$(PY) scripts/make_student.py "$(DIR)"
 
 demo: $(STAMP)
 	bash scripts/demo.sh
