@@ -75,6 +75,12 @@ def test_ex1_malformed_responses_say_why(ids, phrase):
     (Structure([Block(1, [(2, 6), (6, 9)], 9, (11, 14))], True, "", 16), 3,       # NOTES.md §2's table
      [3, 4, 5, 6, 7, 8, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15]),
     (Structure([], True, "", 4), 7, [7, 8, 9, 10]),                                # no block: sequential
+    # a 2-token prompt; text between the paths is block-level: one past the furthest path so far
+    (Structure([Block(1, [(2, 5), (6, 9)], 9, None)], False, "token 5 inside a block but outside every path", 10), 2,
+     [2, 3, 4, 5, 6, 7, 4, 5, 6, 8]),
+    # no </Parallel> (the response ends inside the block) and a path cut off by the budget
+    (Structure([Block(1, [(2, 6), (6, 8)], None, None)], False, "unclosed <Path> at token 6", 8), 2,
+     [2, 3, 4, 5, 6, 7, 4, 5]),
     (Structure([Block(1, [(2, 5), (5, 9)], 9, (11, 14)), Block(15, [(16, 19), (19, 23), (23, 25)], 25, (27, 30))],
                True, "", 31), 0,
      [0, 1, 2, 3, 4, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 13, 14, 15, 16, 13, 14, 17, 18, 19, 20, 21,
