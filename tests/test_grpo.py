@@ -111,6 +111,28 @@ def test_kl_estimators():
     assert kl_penalty(lp, lp, "k3").abs().max() == 0
 
 
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_kl_gradient_hand_values(estimator):
+    """The KL part of the loss pushes logp towards logp_ref: its gradient is kl_coef / D * dkl/dlogp * (onehot - p).
+    Uniform logits over V = 4 (logp = -log 4, p = 1/4); d = logp_ref - logp = -1, +1, 3: k1 -> dkl/dlogp = 1;
+    k3 = e^d - d - 1 -> 1 - e^d, and 0 at d = 3 (e^3 - 4 > 10: the value is clamped)."""
+    a = hand_rollout([0], [1, 2, 3], [1, 1, 1], [-math.log(4)] * 3)
+    mb = collate_rollouts([a], [0.5], pad_id=0)
+    mb.ref_logprobs = torch.tensor([[-1.0, 1.0, 3.0]]) - math.log(4)
+    cfg, grads = GRPOConfig(max_new_tokens=8, kl_estimator=estimator), []
+    for kl_coef in (0.0, 0.3):
+        logits = torch.zeros(1, 4, 4, requires_grad=True)
+        loss, _ = micro_batch_loss(logits, mb, dataclasses.replace(cfg, kl_coef=kl_coef), 0.2, denominator=3.0)
+        loss.backward()
+        grads.append(logits.grad)
+    dkl = [1.0, 1.0, 1.0] if estimator == "k1" else [1 - math.exp(-1), 1 - math.e, 0.0]
+    expected = torch.zeros(1, 4, 4)
+    for t, (y, g) in enumerate(zip([1, 2, 3], dkl)):
+        expected[0, t] = 0.3 / 3 * g * (torch.nn.functional.one_hot(torch.tensor(y), 4) - 0.25)
+    assert torch.allclose(grads[1] - grads[0], expected, atol=1e-6)
+    assert expected.abs().sum() > 0.1
+
+
 # ----------------------------------------------------------------------------------------------------
 # Rollout tables and injected tokens
 
