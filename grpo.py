@@ -224,6 +224,8 @@ def collate_rollouts(rollouts: list[Rollout], advantages, pad_id: int, train_inj
     input_ids, attention_mask = torch.full((B, L), pad_id, dtype=torch.long), torch.zeros(B, L, dtype=torch.long)
     response_mask, sampled_mask, old_logprobs = torch.zeros(B, L - 1), torch.zeros(B, L - 1), torch.zeros(B, L - 1)
     for b, r in enumerate(rollouts):
+        if not r.prompt_ids:   # its first response token would be predicted from nothing
+            raise ValueError(f"rollout {b} (prompt_index {r.prompt_index}) has an empty prompt: it needs >= 1 token")
         p, n = len(r.prompt_ids), len(r.prompt_ids) + len(r.response_ids)
         input_ids[b, :n], attention_mask[b, :n] = torch.tensor(r.prompt_ids + r.response_ids), 1
         response_mask[b, p - 1:n - 1] = 1

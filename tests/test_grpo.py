@@ -158,6 +158,12 @@ def test_collate_is_target_aligned():
         mb.response_mask.tolist()
 
 
+
+def test_collate_names_a_rollout_with_an_empty_prompt():
+    a, b = hand_rollout([5], [9, 1], [1, 1], [-1.0, -2.0]), hand_rollout([], [7, 1], [1, 1], [-1.0, -2.0])
+    with pytest.raises(ValueError, match=r"rollout 1 \(prompt_index 0\) has an empty prompt"):
+        collate_rollouts([a, b], [0.5, -1.0], pad_id=0)
+
 @pytest.mark.parametrize("train_injected", [False, True])
 def test_injected_tokens_get_no_gradient(train_injected):
     # <Path> (102) was injected by the runtime; the loss must not push on its logits
