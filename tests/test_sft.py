@@ -387,3 +387,17 @@ def test_quick_eval_skips_problems_longer_than_the_context():
 if __name__ == "__main__":                   # torchrun worker of test_two_ranks_equal_one_process
     _worker(*sys.argv[1:3])
 
+
+
+WALL_CLOCK = ("elapsed", "tokens_per_s")        # log fields that measure time, not the run
+
+
+def test_same_seed_same_run_bit_for_bit(model_dir, tmp_path):
+    """Two fresh runs with the same seed and thread count: equal weights and log rows (wall-clock fields aside)."""
+    runs = [sft.train(config(model_dir, tmp_path / d, max_steps=3, save_every=0), records=make_records(10))
+            for d in "ab"]
+    wa, wb = (load_file(os.path.join(r["checkpoint"], "model.safetensors")) for r in runs)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    rows = [[{k: v for k, v in json.loads(line).items() if k not in WALL_CLOCK} for line in open(tmp_path / d /
+             "log.jsonl")] for d in "ab"]
+    assert len(rows[0]) == 3 and rows[0] == rows[1]
