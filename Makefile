@@ -1,9 +1,10 @@
 # make demo   -- create .venv if missing, install, run the main job on the embedded default (SEED=1: another seed)
-# make test   -- create .venv if missing, install, run the test suite
+# make test   -- create .venv if missing, install (with requirements-extra.txt: matplotlib, wandb), run the test suite
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+EXTRA   := $(VENV)/.installed-extra
 
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
@@ -23,7 +24,11 @@ $(STAMP): requirements.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $(STAMP)
 
-test: $(STAMP)
+$(EXTRA): $(STAMP) requirements-extra.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-extra.txt
+	touch $(EXTRA)
+
+test: $(STAMP) $(EXTRA)
 	$(BIN)/python -m pytest -q tests
 
 demo: $(STAMP)

@@ -105,6 +105,7 @@ class GRPOConfig:
     log_every: int = 10                  # print a line every N steps (log.jsonl gets every step)
     save_every: int = 50                 # checkpoint every N steps (0 = only at the end)
     keep_last: int = 2                   # checkpoints kept in out_dir (0 = all)
+    wandb_project: str = ""              # also log log.jsonl's rows to this Weights & Biases project (needs wandb)
 
 # The tiny preset: RL on the rl parts (number patterns the cold start never saw), lr 3e-4 with a cosine to 0 after
 # 10 warm-up optimizer steps, the k3 KL anchor keeps the format in place. The paper's: NOTES.md §5.
@@ -541,8 +542,7 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
         summary = {"checkpoint": ckpt, "steps": run.step, "eval_before": eval_before, "last_step": row,
                    "eval_after": evaluate_now(run, "after") if run.eval_records else None,
                    "log": os.path.join(cfg.out_dir, "log.jsonl"), "seconds": time.time() - t_start}
-        if d.is_main:
-            run.log_file.close()
+        run.close()
         run.log(f"GRPO done: {run.step} steps in {summary['seconds']:.0f}s. checkpoint: {ckpt} (python eval.py "
                 f"--model={ckpt}); log: {summary['log']} (before/after: python scripts/summary.py {cfg.out_dir})")
         return summary

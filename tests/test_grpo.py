@@ -599,3 +599,14 @@ def test_resume_with_other_eval_settings_shows_no_before_after(tmp_path, monkeyp
     other = grpo.train(GRPOConfig(**base, max_steps=3, eval_k=2, resume="True"), records=records,
                        eval_records=records)
     assert other["eval_before"] == {} and "shows no before/after table" in capsys.readouterr().out
+
+
+def test_wandb_gets_the_rows_of_log_jsonl(tmp_path, monkeypatch, wandb_rows):
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(3)]
+    out = grpo.train(GRPOConfig(model=save_checkpoint(str(tmp_path / "init"), model, tok), batch_size=2, group_size=2,
+                                max_new_tokens=12, max_steps=2, max_time=0.0, eval_data="", log_every=0,
+                                out_dir=str(tmp_path / "run"), wandb_project="test"), records=records)
+    assert wandb_rows == [json.loads(line) for line in open(out["log"])] and len(wandb_rows) == 2
+    assert {"step", "reward_mean", "loss", "kl", "time_sample"} <= wandb_rows[0].keys()

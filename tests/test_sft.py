@@ -12,6 +12,7 @@ This file is also the worker script of the 2-rank test: `torchrun --nproc_per_no
 """
 
 import inspect
+import glob
 import json
 import os
 import random
@@ -401,3 +402,13 @@ def test_same_seed_same_run_bit_for_bit(model_dir, tmp_path):
     rows = [[{k: v for k, v in json.loads(line).items() if k not in WALL_CLOCK} for line in open(tmp_path / d /
              "log.jsonl")] for d in "ab"]
     assert len(rows[0]) == 3 and rows[0] == rows[1]
+
+
+def test_wandb_gets_the_rows_of_log_jsonl(model_dir, tmp_path, wandb_rows):
+    logged = wandb_rows
+    sft.train(config(model_dir, tmp_path / "run", max_steps=2, save_every=0, wandb_project="test"),
+              records=make_records(10))
+    assert logged == [json.loads(line) for line in open(tmp_path / "run" / "log.jsonl")] and len(logged) == 2
+    assert {"step", "loss", "lr", "grad_norm"} <= logged[0].keys()
+    runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))   # the offline run, finished
+    assert len(runs) == 1 and all(k.encode() in open(runs[0], "rb").read() for k in logged[0])   # the keys in it
