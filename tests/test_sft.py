@@ -11,14 +11,15 @@ a block, different lengths so micro-batches hold different numbers of response t
 This file is also the worker script of the 2-rank test: `torchrun --nproc_per_node=2 tests/test_sft.py ...`.
 """
 
-import inspect
 import glob
+import inspect
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)                     # also when run by torchrun as a script
@@ -411,4 +412,9 @@ def test_wandb_gets_the_rows_of_log_jsonl(model_dir, tmp_path, wandb_rows):
     assert logged == [json.loads(line) for line in open(tmp_path / "run" / "log.jsonl")] and len(logged) == 2
     assert {"step", "loss", "lr", "grad_norm"} <= logged[0].keys()
     runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))   # the offline run, finished
-    assert len(runs) == 1 and all(k.encode() in open(runs[0], "rb").read() for k in logged[0])   # the keys in it
+    assert len(runs) == 1
+    for _ in range(300):            # the keys in it; wandb's service may still be writing it under load
+        if all(k.encode() in open(runs[0], "rb").read() for k in logged[0]):
+            break
+        time.sleep(0.1)
+    assert all(k.encode() in open(runs[0], "rb").read() for k in logged[0])
