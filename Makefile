@@ -1,10 +1,11 @@
 # make demo   -- create .venv if missing, install, run the main job on the embedded default (SEED=1: another seed)
-# make test   -- create .venv if missing, install, run the test suite
+# make test   -- create .venv if missing, install (with requirements-extra.txt: matplotlib, wandb), run the test suite
 # make student DIR=...  -- the course kit's student copy (ASSIGNMENTS.md): exercise bodies replaced by a raise
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+EXTRA   := $(VENV)/.installed-extra
 
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
@@ -24,7 +25,11 @@ $(STAMP): requirements.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $(STAMP)
 
-test: $(STAMP)
+$(EXTRA): $(STAMP) requirements-extra.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-extra.txt
+	touch $(EXTRA)
+
+test: $(STAMP) $(EXTRA)
 	$(BIN)/python -m pytest -q tests
 
 student:

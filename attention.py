@@ -66,9 +66,9 @@ class Structure:
 
 def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
     """The blocks of one *response* (ids: list or 1-D tensor, no padding) and whether it is well-formed: every
-    block closed with >= 2 paths, only the newline before its <Summary>, every summary closed, no tag inside a
-    path or summary, no text between paths, no stray tag in the main chain. Never raises. Recovery (what the
-    mask builder uses): a tag out of place is an ordinary token; an unclosed <Path> runs to the end."""
+    block closed with >= 2 paths, none empty, only the newline before its <Summary>, every summary closed, no tag
+    inside a path or summary, no text between paths, no stray tag in the main chain. Never raises. Recovery (what
+    the mask builder uses): a tag out of place is an ordinary token; an unclosed <Path> runs to the end."""
     # >>> exercise 1: the format parser: block, path and summary spans
     if isinstance(ids, torch.Tensor):
         ids = ids.tolist()
@@ -111,6 +111,8 @@ def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
                 bad(f"token {i} inside a block but outside every path")
         elif state == "path":
             if t == EA:
+                if i == path_start + 1:
+                    bad(f"empty path at token {path_start}")
                 blocks[-1].paths.append((path_start, i + 1))
                 state = "block"
             elif t in structural:

@@ -105,6 +105,7 @@ class GRPOConfig:
     log_every: int = 10                  # print a line every N steps (log.jsonl gets every step)
     save_every: int = 50                 # checkpoint every N steps (0 = only at the end)
     keep_last: int = 2                   # checkpoints kept in out_dir (0 = all)
+    wandb_project: str = ""              # also log log.jsonl's rows to this Weights & Biases project (needs wandb)
 
 # The tiny preset: RL on the rl parts (number patterns the cold start never saw), lr 3e-4 with a cosine to 0 after
 # 10 warm-up optimizer steps, the k3 KL anchor keeps the format in place. The paper's: NOTES.md §5.
@@ -230,6 +231,8 @@ def collate_rollouts(rollouts: list[Rollout], advantages, pad_id: int, train_inj
     input_ids, attention_mask = torch.full((B, L), pad_id, dtype=torch.long), torch.zeros(B, L, dtype=torch.long)
     response_mask, sampled_mask, old_logprobs = torch.zeros(B, L - 1), torch.zeros(B, L - 1), torch.zeros(B, L - 1)
     for b, r in enumerate(rollouts):
+        if not r.prompt_ids:   # its first response token would be predicted from nothing
+            raise ValueError(f"rollout {b} (prompt_index {r.prompt_index}) has an empty prompt: it needs >= 1 token")
         p, n = len(r.prompt_ids), len(r.prompt_ids) + len(r.response_ids)
         input_ids[b, :n], attention_mask[b, :n] = torch.tensor(r.prompt_ids + r.response_ids), 1
         response_mask[b, p - 1:n - 1] = 1
@@ -545,8 +548,7 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
         summary = {"checkpoint": ckpt, "steps": run.step, "eval_before": eval_before, "last_step": row,
                    "eval_after": evaluate_now(run, "after") if run.eval_records else None,
                    "log": os.path.join(cfg.out_dir, "log.jsonl"), "seconds": time.time() - t_start}
-        if d.is_main:
-            run.log_file.close()
+        run.close()
         run.log(f"GRPO done: {run.step} steps in {summary['seconds']:.0f}s. checkpoint: {ckpt} (python eval.py "
                 f"--model={ckpt}); log: {summary['log']} (before/after: python scripts/summary.py {cfg.out_dir})")
         return summary

@@ -226,6 +226,8 @@ class _Engine:
         banned = self.ban[[_BANS.index(k) if k in _BANS else 0 for k in kinds]]
         if self.min_new_tokens:                                      # no EOS before min_new_tokens (benchmarks)
             banned[:, self.tags.eos] |= torch.tensor([s.used < self.min_new_tokens for s, _ in fed], device=self.device)
+        first = torch.tensor([st.kind == "path" and st.path_len == 1 for _, st in fed], device=self.device)
+        banned[:, [self.tags.end_path, self.tags.eos]] |= first[:, None]   # no empty path (NOTES.md §4)
         temperature, top_p, top_k, greedy, gen = self.sampling
         chosen = _choose(logits, banned, temperature, top_p, top_k, greedy, gen)
         for (s, st), tok, lp in zip(fed, chosen.tolist(), token_logprobs(logits, chosen, temperature).tolist()):

@@ -78,6 +78,7 @@ class SFTConfig:
     keep_last: int = 2                   # checkpoints kept in out_dir (0 = all)
     eval_samples: int = 16               # greedy samples in the end-of-run summary (0 = none)
     eval_data: str = ""                  # "" = "<data>:test" for synthetic data, else the training problems
+    wandb_project: str = ""              # also log log.jsonl's rows to this Weights & Biases project (needs wandb)
 
 # The tiny model: batch 32, lr 1e-3, 5% warm-up + cosine, 400 steps on the easy split (the curriculum: RL then
 # meets the longer lists). The paper's: NOTES.md §5 (5 epochs).
@@ -349,6 +350,7 @@ class Run:
     step: int = 0
     state: dict = field(default_factory=dict)   # the trainer state resumed from
     log_file: object = None
+    wandb: object = None                   # the Weights & Biases run (--wandb_project), on rank 0
 
     def log(self, *args):
         if self.dist.is_main:
@@ -358,6 +360,13 @@ class Run:
         if self.dist.is_main:
             self.log_file.write(json.dumps(row) + "\n")
             self.log_file.flush()
+            if self.wandb:
+                self.wandb.log(row, step=row["step"])
+
+    def close(self):
+        if self.dist.is_main:
+            self.log_file.close()
+            self.wandb and self.wandb.finish()
 
     def out_of_time(self, t_start: float) -> bool:
         """Every rank takes the same stop decision (any rank's clock), or the next collective would hang."""
@@ -443,6 +452,12 @@ def prepare(run: Run, lr_lambda) -> Run:
             if run.resume and os.path.isfile(log_path) else []   # a resumed log: the lines up to its step
         run.log_file = open(log_path, "w")
         run.log_file.writelines(kept)
+        if cfg.wandb_project:                       # imported only then: an optional requirement
+            try:
+                import wandb
+            except ImportError:
+                raise ValueError("--wandb_project needs wandb: pip install -r requirements-extra.txt") from None
+            run.wandb = wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg))
     return run
 
 # The SFT run
@@ -538,8 +553,7 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
                                               max_new_tokens=max(1, budget)), data=eval_name)
         elif d.is_main and cfg.fsdp:
             summary["eval"] = {"notes": ["FSDP run: no greedy samples here; evaluate the checkpoint with eval.py"]}
-        if d.is_main:
-            run.log_file.close()
+        run.close()
         e = summary["eval"] or {}
         run.log(f"SFT done: {run.step} steps{' (stopped by max_time)' if stopped_early else ''} in {seconds:.0f}s, "
                 f"final loss {summary['final_loss'] or 0:.4f}\ncheckpoint: {ckpt}\n"

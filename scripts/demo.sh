@@ -23,7 +23,7 @@ GRPO_CKPT=$(latest "$OUT/grpo")
 echo "== 3/3 eval: the SFT and the GRPO checkpoints, same problems, same sampling seeds"
 $PY eval.py --model="$SFT_CKPT" --name="Parallel-SFT-Unseen (tiny)" --out_dir="$OUT/eval_sft"
 $PY eval.py --model="$GRPO_CKPT" --name="Parallel-R1-Unseen S2 (tiny)" --out_dir="$OUT/eval_grpo"
-$PY scripts/plot.py "$OUT/grpo" || echo "(no plot: pip install -r requirements-plot.txt)"
+$PY scripts/plot.py "$OUT/grpo" || echo "(no plot: pip install -r requirements-extra.txt)"
 
 echo
 echo "== Before / after RL (held-out problems, T = 1, Mean@k and unbiased Pass@k)"

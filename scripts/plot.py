@@ -1,7 +1,7 @@
 """Training curves of a run (the paper's Figures 3-4): python scripts/plot.py runs/grpo [--out=curves.png]
 
 Reward, accuracy, parallel ratio and the relative <Parallel> position against step, from the run's log.jsonl
-(grpo.py or sft.py), into <run>/curves.png. Needs matplotlib (pip install -r requirements-plot.txt).
+(grpo.py or sft.py), into <run>/curves.png. Needs matplotlib (pip install -r requirements-extra.txt).
 """
 import argparse
 import json
@@ -46,7 +46,7 @@ def plot_curves(run_dir: str, out: str | None = None, smooth: float = 0.1) -> st
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("plotting needs matplotlib, an optional dependency: "
-                         "pip install matplotlib  (or pip install -r requirements-plot.txt)") from None
+                         "pip install matplotlib  (or pip install -r requirements-extra.txt)") from None
     series: dict[str, tuple[list, list]] = {}
     with open(log, encoding="utf-8") as fh:
         for i, line in enumerate(fh):

@@ -3,7 +3,7 @@ training rollouts over GRPO steps, one line per run (moving average), S1 runs so
 
     python scripts/plot_s1_s2.py results/s1_vs_s2.png runs/reproduce/grpo_unseen-s1_seed0 runs/reproduce/grpo_unseen-s2_seed0 ...
 
-Each run folder holds grpo.py's log.jsonl. Needs matplotlib (pip install -r requirements-plot.txt).
+Each run folder holds grpo.py's log.jsonl. Needs matplotlib (pip install -r requirements-extra.txt).
 """
 import json
 import os

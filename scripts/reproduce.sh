@@ -56,7 +56,7 @@ order="sft_sequential grpo_baseline sft_seen grpo_seen sft_unseen grpo_unseen-s1
 dirs=$(for m in $order; do for s in $SEEDS; do echo "$OUT/eval_${m}_seed$s"; done; done)
 $PY scripts/seeds_table.py $dirs --out=results/results.md
 $PY scripts/plot_s1_s2.py results/s1_vs_s2.png $(for s in $SEEDS; do echo $OUT/grpo_unseen-s1_seed$s $OUT/grpo_unseen-s2_seed$s; done) \
-  || echo "(no plot: pip install -r requirements-plot.txt)"
+  || echo "(no plot: pip install -r requirements-extra.txt)"
 for recipe in baseline seen unseen-s1 unseen-s2 scaffold; do
   $PY scripts/plot.py $OUT/grpo_${recipe}_seed0 >/dev/null 2>&1 && cp $OUT/grpo_${recipe}_seed0/curves.png results/curves_$recipe.png || true
 done

@@ -2,6 +2,8 @@
 import os
 import sys
 
+import pytest
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
@@ -69,3 +71,16 @@ def pytest_collection_modifyitems(config, items):
         name = getattr(item, "originalname", None) or item.name
         for k in EXERCISE_TESTS.get(item.path.name, {}).get(name, ()):
             item.add_marker(getattr(pytest.mark, f"exercise_{k}"))
+
+
+@pytest.fixture
+def wandb_rows(tmp_path, monkeypatch) -> list[dict]:
+    """The real wandb in offline mode under tmp_path, and the rows its runs log (Run.log still runs)."""
+    wandb = pytest.importorskip("wandb", reason="optional: pip install -r requirements-extra.txt")
+    for k, v in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(k, v)
+    logged, real_log = [], wandb.Run.log
+    monkeypatch.setattr(wandb.Run, "log", lambda self, row, *a, **kw: logged.append(dict(row)) or
+                        real_log(self, row, *a, **kw))
+    return logged
+

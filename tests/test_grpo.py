@@ -6,6 +6,7 @@ Run as a script (`torchrun --nproc_per_node=2 tests/test_grpo.py <dir>`) it is t
 
 import copy
 import dataclasses
+import json
 import math
 import os
 import pickle
@@ -111,6 +112,28 @@ def test_kl_estimators():
     assert kl_penalty(lp, lp, "k3").abs().max() == 0
 
 
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_kl_gradient_hand_values(estimator):
+    """The KL part of the loss pushes logp towards logp_ref: its gradient is kl_coef / D * dkl/dlogp * (onehot - p).
+    Uniform logits over V = 4 (logp = -log 4, p = 1/4); d = logp_ref - logp = -1, +1, 3: k1 -> dkl/dlogp = 1;
+    k3 = e^d - d - 1 -> 1 - e^d, and 0 at d = 3 (e^3 - 4 > 10: the value is clamped)."""
+    a = hand_rollout([0], [1, 2, 3], [1, 1, 1], [-math.log(4)] * 3)
+    mb = collate_rollouts([a], [0.5], pad_id=0)
+    mb.ref_logprobs = torch.tensor([[-1.0, 1.0, 3.0]]) - math.log(4)
+    cfg, grads = GRPOConfig(max_new_tokens=8, kl_estimator=estimator), []
+    for kl_coef in (0.0, 0.3):
+        logits = torch.zeros(1, 4, 4, requires_grad=True)
+        loss, _ = micro_batch_loss(logits, mb, dataclasses.replace(cfg, kl_coef=kl_coef), 0.2, denominator=3.0)
+        loss.backward()
+        grads.append(logits.grad)
+    dkl = [1.0, 1.0, 1.0] if estimator == "k1" else [1 - math.exp(-1), 1 - math.e, 0.0]
+    expected = torch.zeros(1, 4, 4)
+    for t, (y, g) in enumerate(zip([1, 2, 3], dkl)):
+        expected[0, t] = 0.3 / 3 * g * (torch.nn.functional.one_hot(torch.tensor(y), 4) - 0.25)
+    assert torch.allclose(grads[1] - grads[0], expected, atol=1e-6)
+    assert expected.abs().sum() > 0.1
+
+
 # ----------------------------------------------------------------------------------------------------
 # Rollout tables and injected tokens
 
@@ -135,6 +158,12 @@ def test_collate_is_target_aligned():
     assert collate_rollouts([a, b], [0.5, -1.0], 0, train_injected=True).loss_mask.tolist() == \
         mb.response_mask.tolist()
 
+
+
+def test_collate_names_a_rollout_with_an_empty_prompt():
+    a, b = hand_rollout([5], [9, 1], [1, 1], [-1.0, -2.0]), hand_rollout([], [7, 1], [1, 1], [-1.0, -2.0])
+    with pytest.raises(ValueError, match=r"rollout 1 \(prompt_index 0\) has an empty prompt"):
+        collate_rollouts([a, b], [0.5, -1.0], pad_id=0)
 
 @pytest.mark.parametrize("train_injected", [False, True])
 def test_injected_tokens_get_no_gradient(train_injected):
@@ -365,6 +394,24 @@ def test_filter_groups_trains_only_on_groups_with_variance(tmp_path, monkeypatch
 # Resume: 4 steps = 2 steps + resume + 2 steps
 
 
+def test_same_seed_same_run_bit_for_bit(tmp_path, monkeypatch):
+    """Two fresh runs with the same seed and thread count (KL anchor on): equal weights and log rows, but for the
+    wall-clock fields."""
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)
+    init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(5)]
+    base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=12, micro_batch_size=2, lr=1e-3, kl_coef=0.1,
+                max_steps=2, max_time=0.0, eval_data="", save_every=0, log_every=0, recipe="unseen-s2")
+    runs = [grpo.train(GRPOConfig(**base, out_dir=str(tmp_path / d)), records=records) for d in "ab"]
+    from safetensors.torch import load_file
+    wa, wb = (load_file(os.path.join(r["checkpoint"], "model.safetensors")) for r in runs)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    rows = [[{k: v for k, v in json.loads(line).items() if k != "elapsed" and not k.startswith("time_")}
+             for line in open(r["log"])] for r in runs]
+    assert len(rows[0]) == 2 and rows[0] == rows[1]
+
+
 def fake_scores(responses, golds, *, structures=None, reward=None, step=1, **kw):
     """A reward with variance even for a random model: a deterministic function of the text."""
     return [{"reward": float(sum(map(ord, t)) % 7), "correct": False, "kind": "accuracy"} for t in responses]
@@ -552,3 +599,14 @@ def test_resume_with_other_eval_settings_shows_no_before_after(tmp_path, monkeyp
     other = grpo.train(GRPOConfig(**base, max_steps=3, eval_k=2, resume="True"), records=records,
                        eval_records=records)
     assert other["eval_before"] == {} and "shows no before/after table" in capsys.readouterr().out
+
+
+def test_wandb_gets_the_rows_of_log_jsonl(tmp_path, monkeypatch, wandb_rows):
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(3)]
+    out = grpo.train(GRPOConfig(model=save_checkpoint(str(tmp_path / "init"), model, tok), batch_size=2, group_size=2,
+                                max_new_tokens=12, max_steps=2, max_time=0.0, eval_data="", log_every=0,
+                                out_dir=str(tmp_path / "run"), wandb_project="test"), records=records)
+    assert wandb_rows == [json.loads(line) for line in open(out["log"])] and len(wandb_rows) == 2
+    assert {"step", "reward_mean", "loss", "kl", "time_sample"} <= wandb_rows[0].keys()

@@ -405,6 +405,13 @@ def test_check_format_cases(tok, tags):
     # x0 </Path>1
     assert check_format("x</Path>y Final Answer: 1", tok) == \
         (False, f"stray structural tag {_id(tok, '</Path>')} in the main chain (token 1)")
+    # <Parallel>0 <Path>1 </Path>2: a path needs a token (NOTES.md §4); one token is enough
+    empty = "<Parallel><Path></Path><Path></Path></Parallel>\n<Summary></Summary>Final Answer: 2"
+    assert check_format(empty, tok) == (False, "empty path at token 1")
+    assert score_batch([empty], ["2"], tokenizer=tok, reward="tiered")[0]["reward"] == -1.0
+    one = "<Parallel><Path>a</Path><Path>b</Path></Parallel>\n<Summary></Summary>Final Answer: 2"
+    assert check_format(one, tok) == (True, "")
+    assert score_batch([one], ["2"], tokenizer=tok, reward="tiered")[0]["reward"] == 1.2
     # ids instead of text give the same answer
     ids = tok.encode("x<Parallel><Path>p</Path><Path>q", add_special_tokens=False)
     assert check_format(ids, tags=tags) == (False, "unclosed <Path> at token 5")

@@ -312,3 +312,19 @@ def test_sample_cli_prints_the_responses(capsys):
     sample.main(["--model=tiny", "--n=2", "--max_new_tokens=12", "--mode=unseen"])
     out = capsys.readouterr().out
     assert out.count("=== ") == 3 and out.count("--- sample ") == 6 and "mode unseen" in out
+
+
+@pytest.mark.parametrize("mode", ["unseen", "seen"])
+def test_no_empty_path_even_when_the_logits_want_one(models, mode):
+    """</Path> (and EOS, which would inject it) is banned as a path's first token (NOTES.md §4): with logits that
+    favour </Path> strongly every path still holds a token; the recorded log-probs stay the unmasked model's."""
+    model, _, tok = models
+    tags = TagIds.from_tokenizer(tok)
+    bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
+    bias[tags.parallel], bias[tags.end_path], bias[tags.end_summary], bias[tags.eos] = 6.0, 30.0, 3.0, 1.0
+    wrapped = TagBias(model, bias).eval()
+    rollouts = generate(wrapped, tok, PROMPTS, group_size=3, mode=mode, max_new_tokens=150, num_paths=3, seed=3)
+    spans = [e - s for r in rollouts for b in r.structure.blocks for s, e in b.paths]
+    assert len(spans) >= 9 and min(spans) == 3            # <Path> x </Path>: one token, never zero
+    assert all("empty" not in r.structure.reason for r in rollouts)
+    assert max_logprob_diff(wrapped, tok, rollouts, mode, 1.0) <= 1e-4

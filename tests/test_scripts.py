@@ -44,7 +44,7 @@ def test_summary_shows_before_and_after(tmp_path):
 
 
 def test_plot_writes_a_png_from_a_partial_log(tmp_path):
-    pytest.importorskip("matplotlib", reason="optional: pip install -r requirements-plot.txt")
+    pytest.importorskip("matplotlib", reason="optional: pip install -r requirements-extra.txt")
     _write_log(tmp_path)
     run_script("plot.py", str(tmp_path))
     with open(tmp_path / "curves.png", "rb") as f:

@@ -11,6 +11,7 @@ a block, different lengths so micro-batches hold different numbers of response t
 This file is also the worker script of the 2-rank test: `torchrun --nproc_per_node=2 tests/test_sft.py ...`.
 """
 
+import glob
 import inspect
 import json
 import os
@@ -18,6 +19,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)                     # also when run by torchrun as a script
@@ -387,3 +389,32 @@ def test_quick_eval_skips_problems_longer_than_the_context():
 if __name__ == "__main__":                   # torchrun worker of test_two_ranks_equal_one_process
     _worker(*sys.argv[1:3])
 
+
+
+WALL_CLOCK = ("elapsed", "tokens_per_s")        # log fields that measure time, not the run
+
+
+def test_same_seed_same_run_bit_for_bit(model_dir, tmp_path):
+    """Two fresh runs with the same seed and thread count: equal weights and log rows (wall-clock fields aside)."""
+    runs = [sft.train(config(model_dir, tmp_path / d, max_steps=3, save_every=0), records=make_records(10))
+            for d in "ab"]
+    wa, wb = (load_file(os.path.join(r["checkpoint"], "model.safetensors")) for r in runs)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    rows = [[{k: v for k, v in json.loads(line).items() if k not in WALL_CLOCK} for line in open(tmp_path / d /
+             "log.jsonl")] for d in "ab"]
+    assert len(rows[0]) == 3 and rows[0] == rows[1]
+
+
+def test_wandb_gets_the_rows_of_log_jsonl(model_dir, tmp_path, wandb_rows):
+    logged = wandb_rows
+    sft.train(config(model_dir, tmp_path / "run", max_steps=2, save_every=0, wandb_project="test"),
+              records=make_records(10))
+    assert logged == [json.loads(line) for line in open(tmp_path / "run" / "log.jsonl")] and len(logged) == 2
+    assert {"step", "loss", "lr", "grad_norm"} <= logged[0].keys()
+    runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))   # the offline run, finished
+    assert len(runs) == 1
+    for _ in range(300):            # the keys in it; wandb's service may still be writing it under load
+        if all(k.encode() in open(runs[0], "rb").read() for k in logged[0]):
+            break
+        time.sleep(0.1)
+    assert all(k.encode() in open(runs[0], "rb").read() for k in logged[0])
