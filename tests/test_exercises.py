@@ -25,7 +25,7 @@ NAMES = {EOS: "eos", NL: r"\n", P: "<P>", EP: "</P>", A: "<A>", EA: "</A>", S: "
 RESPONSE = [24, P, A, 25, 26, EA, A, 27, EA, EP, NL, S, 28, ES, 29, EOS]
 # two blocks, the second with three paths of lengths 3, 4 and 2 (tags included)
 TWO_BLOCKS = [31, P, A, 32, EA, A, 33, 34, EA, EP, NL, S, 35, ES, 36,
-              P, A, 37, EA, A, 38, 39, EA, A, EA, EP, NL, S, 40, ES, EOS]
+              P, A, 37, EA, A, 38, 39, EA, A, 41, EA, EP, NL, S, 40, ES, EOS]
 
 
 def show(ids):
@@ -42,7 +42,7 @@ def spans(s: Structure):
 @pytest.mark.exercise_1
 @pytest.mark.parametrize("ids, expected", [
     (RESPONSE, [(1, [(2, 6), (6, 9)], 9, (11, 14))]),
-    (TWO_BLOCKS, [(1, [(2, 5), (5, 9)], 9, (11, 14)), (15, [(16, 19), (19, 23), (23, 25)], 25, (27, 30))]),
+    (TWO_BLOCKS, [(1, [(2, 5), (5, 9)], 9, (11, 14)), (15, [(16, 19), (19, 23), (23, 26)], 26, (28, 31))]),
     ([24, 25, EOS], []),
 ])
 def test_ex1_spans_of_well_formed_responses(ids, expected):
