@@ -457,7 +457,10 @@ def prepare(run: Run, lr_lambda) -> Run:
                 import wandb
             except ImportError:
                 raise ValueError("--wandb_project needs wandb: pip install -r requirements-extra.txt") from None
-            run.wandb = wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg))
+            try:                                    # its files go to the run folder (out_dir/wandb)
+                run.wandb = wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg), dir=cfg.out_dir)
+            except wandb.errors.UsageError as e:
+                raise ValueError(f"--wandb_project: {e} (WANDB_MODE=offline logs without an account)") from None
     return run
 
 # The SFT run

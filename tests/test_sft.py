@@ -411,7 +411,7 @@ def test_wandb_gets_the_rows_of_log_jsonl(model_dir, tmp_path, wandb_rows):
               records=make_records(10))
     assert logged == [json.loads(line) for line in open(tmp_path / "run" / "log.jsonl")] and len(logged) == 2
     assert {"step", "loss", "lr", "grad_norm"} <= logged[0].keys()
-    runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))   # the offline run, finished
+    runs = glob.glob(str(tmp_path / "run" / "wandb" / "offline-run-*" / "run-*.wandb"))   # the offline run, finished
     assert len(runs) == 1
     for _ in range(300):            # the keys in it; wandb's service may still be writing it under load
         if all(k.encode() in open(runs[0], "rb").read() for k in logged[0]):
