@@ -394,7 +394,7 @@ PROBLEMS = ("Which two of 4 9 5 1 make 9?", "Which two of 3 1 2 8 6 make 5?", "W
 class SampleConfig:
     """python sample.py --model=<checkpoint>: sample a few responses and print their paths."""
     model: str = "tiny"                    # a checkpoint folder, a hub name, or tiny (random weights)
-    prompt: str = ""                       # the prompt text as the model reads it; "" = three synthetic problems
+    prompt: str = ""                       # as the model reads it ("\\n" = newline, the tiny model's last char)
     n: int = 3                             # responses per prompt
     mode: Mode | None = None               # None = the checkpoint's training mode, else unseen
     max_new_tokens: int = 128
@@ -417,9 +417,11 @@ def layout(rollout: Rollout, tokenizer) -> str:
 
 def main(argv: list[str]) -> None:
     cfg = config.parse(SampleConfig, argv)
+    if cfg.n < 1 or cfg.temperature < 0:
+        raise ValueError(f"--n must be >= 1 and --temperature >= 0, got {cfg.n} and {cfg.temperature}")
     mode = cfg.mode or mode_from_config(read_checkpoint_config(cfg.model)[0]) or "unseen"
     model, tokenizer = load_model(cfg.model)
-    prompts = [cfg.prompt] if cfg.prompt else [p + "\n" for p in PROBLEMS]   # the tiny model's prompt layout
+    prompts = [cfg.prompt.replace("\\n", "\n")] if cfg.prompt else [p + "\n" for p in PROBLEMS]   # tiny layout
     rollouts = generate(model, tokenizer, prompts, group_size=cfg.n, mode=mode, max_new_tokens=cfg.max_new_tokens,
                         temperature=cfg.temperature, seed=cfg.seed)
     for j, r in enumerate(rollouts):
@@ -430,4 +432,7 @@ def main(argv: list[str]) -> None:
         print(layout(r, tokenizer))
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except (OSError, ValueError) as e:              # bad input: the message says what to do
+        sys.exit(f"sample.py: error: {e}")
