@@ -67,8 +67,10 @@ def stub(text: str, path: str = "?") -> tuple[str, list[tuple[int, str]]]:
 def make_student(dest: str, root: str = ROOT) -> dict[int, list[str]]:
     """Write the student copy to dest (absent or empty); returns {k: ["file: what", ...]}."""
     dest = os.path.abspath(dest)
-    if os.path.abspath(root) == dest or dest.startswith(os.path.abspath(root) + os.sep + ".git"):
-        raise ValueError(f"refusing to write the student copy over the repository itself: {dest}")
+    if dest == os.path.abspath(root) or dest.startswith(os.path.abspath(root) + os.sep):
+        raise ValueError(f"{dest} is inside the repository: pick a folder outside it (e.g. ../student)")
+    if os.path.exists(dest) and not os.path.isdir(dest):
+        raise ValueError(f"{dest} is a file, not a folder")
     if os.path.exists(dest) and os.listdir(dest):
         raise ValueError(f"{dest} exists and is not empty")
     exercises: dict[int, list[str]] = {}
