@@ -437,16 +437,16 @@ def prepare(run: Run, lr_lambda) -> Run:
         run.log(f"resumed from {run.resume} at step {run.step}")
     if d.is_main:                                   # a fresh run moves an earlier run aside: nothing is deleted
         os.makedirs(cfg.out_dir, exist_ok=True)
-        old, log_path = [] if run.resume else glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")), \
-            os.path.join(cfg.out_dir, "log.jsonl")
+        log_path = os.path.join(cfg.out_dir, "log.jsonl")
+        old = [] if run.resume else glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")) + glob.glob(log_path)
         if old:
             k = 1
             while os.path.exists(aside := os.path.join(cfg.out_dir, f"earlier-{k}")):
                 k += 1
             os.makedirs(aside)
-            for p in old + ([log_path] if os.path.isfile(log_path) else []):
+            for p in old:
                 shutil.move(p, aside)
-            run.log(f"moved {len(old)} checkpoint(s) of an earlier run in {cfg.out_dir} to {aside} "
+            run.log(f"moved an earlier run in {cfg.out_dir} to {aside} "
                     "(delete it when it is not needed; --resume=True continues a run instead)")
         kept = [line for line in open(log_path) if json.loads(line)["step"] <= run.step] \
             if run.resume and os.path.isfile(log_path) else []   # a resumed log: the lines up to its step
