@@ -59,5 +59,8 @@ def table(path: str) -> list[str]:
 if __name__ == "__main__":
     if not sys.argv[1:]:
         sys.exit(__doc__)
-    for arg in sys.argv[1:]:
-        print("\n".join(table(arg)))
+    try:
+        for arg in sys.argv[1:]:
+            print("\n".join(table(arg)))
+    except (OSError, ValueError) as e:
+        sys.exit(f"failures.py: error: {e} (pass eval.py output folders or their samples.jsonl)")

@@ -5,6 +5,8 @@
 import os
 import sys
 
+if sys.argv[1:]:
+    sys.exit(f"show_mask.py takes no arguments (got {' '.join(sys.argv[1:])}):\n{__doc__}")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
 
 import torch  # noqa: E402

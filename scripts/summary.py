@@ -32,4 +32,7 @@ def summary(run_dir: str) -> str:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit(__doc__)
-    print(summary(sys.argv[1]))
+    try:
+        print(summary(sys.argv[1]))
+    except (OSError, ValueError) as e:
+        sys.exit(f"summary.py: error: {e}")
