@@ -187,11 +187,10 @@ def fit_context(records: list[dict], tokenizer, style: str, prompt_file: str | N
     prompts = [tokenizer(build_prompt(tokenizer, r["problem"], style, prompt_file),
                          add_special_tokens=False)["input_ids"] for r in records]
     fit, over = split_by_context([len(p) for p in prompts], max_new_tokens, context)
+    if over and keep_long:
+        log(f"warning: {name}: {len(over)} of {len(records)} problems exceed the model's context ({context} tokens) "
+            "with max_new_tokens; sampling them anyway (--skip_long_prompts=False): those positions were never trained")
     if not over or keep_long:
-        if over:
-            log(f"warning: {name}: {len(over)} of {len(records)} problems exceed the model's context ({context} "
-                "tokens) with max_new_tokens; sampling them anyway (--skip_long_prompts=False): positions past the "
-                "context were never trained")
         return records, prompts, []
     what = (f"{name}: {len(over)} of {len(records)} problems have a prompt + max_new_tokens ({max_new_tokens}) longer "
             f"than the model's context ({context} tokens; prompts are {min(map(len, prompts))}-"
@@ -203,13 +202,11 @@ def fit_context(records: list[dict], tokenizer, style: str, prompt_file: str | N
 
 def parse_k_overrides(text: str) -> dict[str, int]:
     """"math500=1,amc23=4" -> {"math500": 1, "amc23": 4}. Raises ValueError on a malformed entry."""
-    out = {}
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        bench, eq, k = item.rpartition("=")
-        if not eq or not bench or not k.isdigit() or int(k) < 1:
-            raise ValueError(f"--k_overrides entry {item!r}: write benchmark=k, e.g. math500=1")
-        out[bench] = int(k)
-    return out
+    items = [item.strip().rpartition("=") for item in text.split(",") if item.strip()]
+    for bench, eq, k in items:
+        if not (eq and bench and k.isdigit() and int(k) >= 1):
+            raise ValueError(f"--k_overrides entry {bench + eq + k!r}: write benchmark=k, e.g. math500=1")
+    return {bench: int(k) for bench, _, k in items}
 
 @dataclass
 class EvalConfig:
@@ -249,13 +246,11 @@ def run(cfg: EvalConfig) -> dict:
     saved, source = read_checkpoint_config(cfg.model)
     mode = cfg.mode or mode_from_config(saved) or "unseen"
     why = "--mode" if cfg.mode else (f"from {source}" if mode_from_config(saved) else "default: no saved mode")
-    prompt_file = cfg.prompt_file
-    if not prompt_file and saved.get("prompt_file"):
-        if os.path.isfile(saved["prompt_file"]):
-            prompt_file = saved["prompt_file"]
-        else:
-            print(f"[eval] the checkpoint was trained with prompt file {saved['prompt_file']!r}, which is not "
-                  "there; using the built-in prompt (pass --prompt_file)", file=sys.stderr)
+    saved_prompt = saved.get("prompt_file") or ""
+    prompt_file = cfg.prompt_file or (saved_prompt if os.path.isfile(saved_prompt) else "")
+    if not prompt_file and saved_prompt:
+        print(f"[eval] the checkpoint was trained with prompt file {saved_prompt!r}, which is not there; "
+              "using the built-in prompt (pass --prompt_file)", file=sys.stderr)
     tok = own_tokenizer(cfg.model)                # everything that can fail is checked before the weights load
     cfg = config.fill(cfg, TINY if tok is None or len(tok) < TINY_VOCAB_LIMIT else PAPER)
     overrides, benches = parse_k_overrides(cfg.k_overrides), [b.strip() for b in cfg.data.split(",") if b.strip()]
@@ -301,10 +296,9 @@ def run(cfg: EvalConfig) -> dict:
                "prompt_file": prompt_file or None, "avg_mean_at_k": average_mean_at_k(results),
                "benchmarks": results, "skipped_too_long": skipped, "seconds": timings, "table": table,
                "config": dataclasses.asdict(cfg)}
-    with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as fh:
-        fh.write(table + "\n")
-    with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as fh:
-        json.dump(summary, fh, indent=2)
+    for file, text in (("results.md", table + "\n"), ("summary.json", json.dumps(summary, indent=2))):
+        with open(os.path.join(out_dir, file), "w", encoding="utf-8") as fh:
+            fh.write(text)
     print(f"\n{table}\n\n[eval] wrote {out_dir}/results.md, samples.jsonl, summary.json")
     return summary
 

@@ -15,6 +15,7 @@ folders plus trainer_state.pt (optimizer, schedule, RNGs, data position, step, c
 """
 import dataclasses
 import glob
+import itertools
 import json
 import math
 import os
@@ -112,25 +113,21 @@ def setup_distributed() -> Dist:
     device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
     if not dist.is_initialized() and device.type == "cuda":
         torch.cuda.set_device(local)
-        dist.init_process_group("nccl", device_id=device)
-    elif not dist.is_initialized():
-        dist.init_process_group("gloo")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                device_id=device if device.type == "cuda" else None)
     return Dist(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device)
-
-def teardown_distributed():
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
 
 @contextmanager
 def distributed():
-    """setup_distributed, and the teardown at the end if this call made the process group (a caller's stays)."""
+    """setup_distributed, and at the end (if this call made the process group; a caller's stays) its teardown."""
     owns = not dist.is_initialized()
     try:
         yield setup_distributed()
     finally:
-        if owns:
-            teardown_distributed()
+        if owns and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
 
 def all_reduce(values: list[float], device, op: str = "sum") -> list[float]:
     """Element-wise "sum" or "max" of numbers over ranks, in one collective; the numbers themselves for one process."""
@@ -440,9 +437,7 @@ def prepare(run: Run, lr_lambda) -> Run:
         log_path = os.path.join(cfg.out_dir, "log.jsonl")
         old = [] if run.resume else glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")) + glob.glob(log_path)
         if old:
-            k = 1
-            while os.path.exists(aside := os.path.join(cfg.out_dir, f"earlier-{k}")):
-                k += 1
+            aside = next(a for k in itertools.count(1) if not os.path.exists(a := f"{cfg.out_dir}/earlier-{k}"))
             os.makedirs(aside)
             for p in old:
                 shutil.move(p, aside)
