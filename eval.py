@@ -3,13 +3,11 @@
     python eval.py --model=runs/grpo/checkpoint-45              # tiny checkpoint: the synthetic test sets, k = 8
     python eval.py --model=runs/grpo/checkpoint-200 --data=aime24,aime25,amc23,math500 --k=16 --k_overrides=math500=1
 
-Every problem gets k responses from the sampler in the model's mode (--mode, else the checkpoint's), scored by
-`rewards.score_batch`. Per benchmark: Mean@k (mean c/n), the unbiased Pass@k 1 - C(n-c, k) / C(n, k) (the
-official code reports verl's bootstrap, biased low: summary.json keeps it as pass_at_k_verl), Parallel %, blocks,
-the relative <Parallel> position (Figure 3), T and D (critical path); Avg = the mean of the Mean@ columns. Written
-to out_dir: results.md (Table 2's layout), samples.jsonl and summary.json. A checkpoint whose tokenizer lacks the
-tags is refused in the parallel modes (--allow_untrained_tags=True samples anyway); a problem whose prompt +
-max_new_tokens exceeds the context is skipped (--skip_long_prompts=False keeps it). scripts/table.py joins evals.
+k responses per problem from the sampler in the model's mode (--mode, else the checkpoint's), scored by
+`rewards.score_batch`. Per benchmark: Mean@k, the unbiased Pass@k (the official code reports verl's bootstrap,
+biased low: summary.json keeps it as pass_at_k_verl), Parallel %, blocks, the relative <Parallel> position
+(Figure 3), T and D (critical path); Avg = the mean of the Mean@ columns. Written to out_dir: results.md (Table 2's
+layout), samples.jsonl and summary.json; scripts/table.py joins evaluations.
 """
 import dataclasses
 import json
@@ -57,12 +55,10 @@ def summarize(samples: list[dict], k: int) -> dict:
     groups: dict[tuple, list[dict]] = {}
     for s in samples:
         groups.setdefault((s.get("benchmark"), s["id"]), []).append(s)
-    per_problem = []
-    for key, group in groups.items():
-        n, c = len(group), sum(bool(s["correct"]) for s in group)
+    per_problem = [(len(group), sum(bool(s["correct"]) for s in group)) for group in groups.values()]
+    for (_, problem), (n, _) in zip(groups, per_problem):
         if n < k:
-            raise ValueError(f"problem {key[1]!r} has {n} samples, fewer than k={k}")
-        per_problem.append((n, c))
+            raise ValueError(f"problem {problem!r} has {n} samples, fewer than k={k}")
     parallel = [s for s in samples if s["has_parallel"]]
     return {"k": k, "num_problems": len(per_problem), "num_responses": len(samples),
             "mean_at_k": _mean(c / n for n, c in per_problem),
@@ -129,20 +125,15 @@ def format_table(rows: dict[str, dict[str, dict]]) -> str:
         for bench, m in benches.items():
             if ks.setdefault(bench, m["k"]) != m["k"]:
                 raise ValueError(f"{method!r} evaluated {bench} with k={m['k']}, another row with k={ks[bench]}")
-    header = ["Method", "Parallel %"]
-    for bench, k in ks.items():
-        label = BENCH_LABELS.get(bench, bench)
-        header += [f"{label} Mean@{k}"] + ([f"{label} Pass@{k}"] if k > 1 else [])
+    columns = [(bench, what) for bench, k in ks.items() for what in (["Mean", "Pass"] if k > 1 else ["Mean"])]
+    header = ["Method", "Parallel %"] + [f"{BENCH_LABELS.get(b, b)} {what}@{ks[b]}" for b, what in columns] + ["Avg"]
     pct = lambda x: "-" if x is None else f"{100 * x:.1f}"   # noqa: E731
-    lines = ["| " + " | ".join(header + ["Avg"]) + " |", "|" + "---|" * (len(header) + 1)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method, benches in rows.items():
         n = sum(m["num_responses"] for m in benches.values())
         parallel = sum(m["parallel_ratio"] * m["num_responses"] for m in benches.values()) / n if n else None
-        cells = [method, pct(parallel)]
-        for bench, k in ks.items():
-            m = benches.get(bench) or {}
-            cells += [pct(m.get("mean_at_k"))] + ([pct(m.get("pass_at_k"))] if k > 1 else [])
-        lines.append("| " + " | ".join(cells + [pct(average_mean_at_k(benches))]) + " |")
+        cells = [pct((benches.get(b) or {}).get(f"{what.lower()}_at_k")) for b, what in columns]
+        lines.append("| " + " | ".join([method, pct(parallel), *cells, pct(average_mean_at_k(benches))]) + " |")
     return "\n".join(lines)
 
 def own_tokenizer(name_or_path: str):
@@ -210,8 +201,7 @@ def parse_k_overrides(text: str) -> dict[str, int]:
 
 @dataclass
 class EvalConfig:
-    """python eval.py --model=<checkpoint>: Mean@k, Pass@k and the parallel statistics. None = the preset of the
-    model (TINY or PAPER below)."""
+    """python eval.py --model=<checkpoint>: Mean@k, Pass@k, parallel statistics. None = the preset (TINY, PAPER)."""
     model: str = ""                    # a checkpoint folder, a hub name, or "tiny" (random weights)
     data: str | None = None            # comma list of data.load_data names, each one benchmark
     k: int | None = None               # responses per problem
@@ -232,7 +222,7 @@ class EvalConfig:
     out_dir: str = ""                  # "" = runs/eval/<name>
     data_dir: str = ""                 # local benchmark files (see data.py)
     device: str = ""                   # "" = cuda if available else cpu
-    allow_untrained_tags: bool = False
+    allow_untrained_tags: bool = False  # sample a checkpoint whose tokenizer lacks the tags (untrained embeddings)
     skip_long_prompts: bool = True     # skip problems whose prompt + max_new_tokens exceed the model's context
 
 TINY = dict(data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test", k=8, max_new_tokens=128,
@@ -247,7 +237,7 @@ def run(cfg: EvalConfig) -> dict:
     mode = cfg.mode or mode_from_config(saved) or "unseen"
     why = "--mode" if cfg.mode else (f"from {source}" if mode_from_config(saved) else "default: no saved mode")
     saved_prompt = saved.get("prompt_file") or ""
-    prompt_file = cfg.prompt_file or (saved_prompt if os.path.isfile(saved_prompt) else "")
+    prompt_file = cfg.prompt_file or (saved_prompt if os.path.isfile(saved_prompt) else None)
     if not prompt_file and saved_prompt:
         print(f"[eval] the checkpoint was trained with prompt file {saved_prompt!r}, which is not there; "
               "using the built-in prompt (pass --prompt_file)", file=sys.stderr)
@@ -267,7 +257,7 @@ def run(cfg: EvalConfig) -> dict:
           f"T={cfg.temperature}, max_new_tokens {cfg.max_new_tokens}")
     skipped, log = {}, lambda m: print(f"[eval] {m}", file=sys.stderr)
     for b, recs in records.items():
-        records[b], _, over = fit_context(recs, tokenizer, style, prompt_file or None, cfg.max_new_tokens,
+        records[b], _, over = fit_context(recs, tokenizer, style, prompt_file, cfg.max_new_tokens,
                                           getattr(model.config, "max_position_embeddings", None), b, log,
                                           keep_long=not cfg.skip_long_prompts,
                                           hint=", or pass --skip_long_prompts=False to sample past the context")
@@ -280,20 +270,18 @@ def run(cfg: EvalConfig) -> dict:
         for bench, recs in records.items():
             k, t0 = overrides.get(bench, cfg.k), time.time()
             bar.set_description(bench)
-            metrics, samples = evaluate(model, tokenizer, recs, mode, k=k, max_new_tokens=cfg.max_new_tokens,
-                                        temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
-                                        batch_size=cfg.batch_size, prompt_style=style, prompt_file=prompt_file or None,
-                                        num_paths=cfg.num_paths, max_blocks=cfg.max_blocks, verifier=cfg.verifier,
-                                        progress=bar)
-            timings[bench], results[bench] = time.time() - t0, metrics
-            for s in samples:
-                fh.write(json.dumps(dict(s, benchmark=bench), ensure_ascii=False) + "\n")
-            bar.write(f"{bench}: Mean@{k} {100 * metrics['mean_at_k']:.1f}  Pass@{k} {100 * metrics['pass_at_k']:.1f}"
-                      f"  parallel {100 * metrics['parallel_ratio']:.1f}%  T {metrics['mean_T']:.0f}  D "
-                      f"{metrics['mean_D']:.0f}  ({metrics['num_problems']} problems, {timings[bench]:.0f}s)")
+            m, samples = evaluate(model, tokenizer, recs, mode, k=k, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                                  temperature=cfg.temperature, top_p=cfg.top_p, batch_size=cfg.batch_size,
+                                  prompt_style=style, prompt_file=prompt_file, num_paths=cfg.num_paths,
+                                  max_blocks=cfg.max_blocks, verifier=cfg.verifier, progress=bar)
+            timings[bench], results[bench] = time.time() - t0, m
+            fh.writelines(json.dumps(dict(s, benchmark=bench), ensure_ascii=False) + "\n" for s in samples)
+            bar.write(f"{bench}: Mean@{k} {100 * m['mean_at_k']:.1f}  Pass@{k} {100 * m['pass_at_k']:.1f}  parallel "
+                      f"{100 * m['parallel_ratio']:.1f}%  T {m['mean_T']:.0f}  D {m['mean_D']:.0f}  "
+                      f"({m['num_problems']} problems, {timings[bench]:.0f}s)")
     table = format_table({name: results})
     summary = {"model": cfg.model, "name": name, "mode": mode, "mode_source": why, "prompt_style": style,
-               "prompt_file": prompt_file or None, "avg_mean_at_k": average_mean_at_k(results),
+               "prompt_file": prompt_file, "avg_mean_at_k": average_mean_at_k(results),
                "benchmarks": results, "skipped_too_long": skipped, "seconds": timings, "table": table,
                "config": dataclasses.asdict(cfg)}
     for file, text in (("results.md", table + "\n"), ("summary.json", json.dumps(summary, indent=2))):

@@ -7,11 +7,10 @@ grpo.py builds on (ranks, optimizer and schedule, checkpoints with an exact resu
     torchrun --nproc_per_node=8 sft.py --model=Qwen/Qwen3-4B-Base --data=parallel_gsm8k --fsdp=True \\
         --grad_checkpointing=True --out_dir=runs/sft_qwen3_4b     # the paper's Unseen SFT (NOTES.md §5)
 
-One example is the prompt (no loss) and the trace + EOS (loss on every token, the tags the sampler will inject
-included), forwarded under the mode's mask and positions (attention.py). The loss is the response tokens' summed
-NLL over the response tokens of the *whole global batch* (the official trainer backpropagated each micro-batch's
-own mean, 16x too large before clipping, NOTES.md §8). Checkpoints out_dir/checkpoint-<step> are Hugging Face
-folders plus trainer_state.pt (optimizer, schedule, RNGs, data position, step, config): --resume is bit-exact.
+The loss: the summed NLL of the trace + EOS (the tags the sampler will inject included; the prompt is no target)
+under the mode's mask and positions (attention.py), over the response tokens of the *whole global batch* (the
+official trainer backpropagated each micro-batch's own mean, 16x too large before clipping, NOTES.md §8).
+out_dir/checkpoint-<step>: a Hugging Face folder + trainer_state.pt (optimizer, schedule, RNGs, data position).
 """
 import dataclasses
 import glob
@@ -81,8 +80,7 @@ class SFTConfig:
     eval_data: str = ""                  # "" = "<data>:test" for synthetic data, else the training problems
     wandb_project: str = ""              # also log log.jsonl's rows to this Weights & Biases project (needs wandb)
 
-# The tiny model: batch 32, lr 1e-3, 5% warm-up + cosine, 400 steps on the easy split (the curriculum: RL then
-# meets the longer lists). The paper's: NOTES.md §5 (5 epochs).
+# The tiny model: 400 steps on the easy split (the curriculum: RL meets the longer lists); the paper's: NOTES.md §5.
 TINY = dict(lr=1e-3, batch_size=32, micro_batch_size=8, warmup_ratio=0.05, max_time=0.0)
 PAPER = dict(lr=1e-5, batch_size=128, micro_batch_size=1, warmup_ratio=0.1, max_time=0.0)
 
@@ -104,26 +102,23 @@ class Dist:
     device: torch.device
     is_main = property(lambda self: self.rank == 0)
 
-def setup_distributed() -> Dist:
-    """Join torchrun's process group (nccl, one GPU per process; gloo on CPU), reusing one that exists; without
-    RANK one process, the collectives no-ops."""
-    if "RANK" not in os.environ:
-        return Dist(0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
-    if not dist.is_initialized() and device.type == "cuda":
-        torch.cuda.set_device(local)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                device_id=device if device.type == "cuda" else None)
-    return Dist(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device)
-
 @contextmanager
 def distributed():
-    """setup_distributed, and at the end (if this call made the process group; a caller's stays) its teardown."""
-    owns = not dist.is_initialized()
+    """Join torchrun's process group (nccl, one GPU per process; gloo on CPU), reusing one that exists, and tear it
+    down at the end if this call made it. Without RANK: one process, the collectives no-ops. Yields a Dist."""
+    owns, cuda = not dist.is_initialized(), torch.cuda.is_available()
+    if "RANK" not in os.environ:
+        d = Dist(0, 1, torch.device("cuda" if cuda else "cpu"))
+    else:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        d = Dist(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), torch.device("cuda", local) if cuda else
+                 torch.device("cpu"))
+        if owns and cuda:
+            torch.cuda.set_device(local)
+        if owns:
+            dist.init_process_group("nccl" if cuda else "gloo", device_id=d.device if cuda else None)
     try:
-        yield setup_distributed()
+        yield d
     finally:
         if owns and dist.is_initialized():
             dist.barrier()
@@ -149,11 +144,11 @@ def autocast(device: torch.device):
     """bf16 compute on GPUs (the weights and the optimizer stay fp32), nothing on CPU."""
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
-def forward(model, input_ids, attention_mask, prompt_lengths, tags: TagIds, mode: str) -> torch.Tensor:
-    """The training forward (B, L, V) under each row's own mask and positions, the mask in the compute dtype."""
-    with autocast(input_ids.device):
-        return structured_forward(model, input_ids, attention_mask, prompt_lengths, tags, mode,
-                                  dtype=torch.bfloat16 if input_ids.device.type == "cuda" else torch.float32)
+def forward(model, batch, tags: TagIds, mode: str) -> torch.Tensor:
+    """The training forward (B, L, V) of a Batch or grpo.RolloutBatch, each row under its own mask and positions."""
+    with autocast(batch.input_ids.device):
+        return structured_forward(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, tags, mode,
+                                  dtype=torch.bfloat16 if batch.input_ids.device.type == "cuda" else torch.float32)
 
 # Data: records -> token ids -> padded batches, and the shuffled stream of indices
 
@@ -195,20 +190,19 @@ class Batch:
     loss_mask: torch.Tensor        # (B, L) float: 1 where the token is a response token (a target)
 
 def collate(examples: list[Example], pad_id: int) -> Batch:
-    """Right-pad to the longest: prompt [5, 6] + response [7, 1] -> input_ids [5, 6, 7, 1, pad], loss 0 0 1 1 0."""
-    B, L = len(examples), max(len(e.prompt_ids) + len(e.response_ids) for e in examples)
-    input_ids, attention_mask, loss_mask = torch.full((B, L), pad_id), torch.zeros(B, L, dtype=torch.long), \
-        torch.zeros(B, L)
-    for b, e in enumerate(examples):
-        p, n = len(e.prompt_ids), len(e.prompt_ids) + len(e.response_ids)
-        input_ids[b, :n], attention_mask[b, :n] = torch.tensor(e.prompt_ids + e.response_ids), 1
-        loss_mask[b, p:n] = 1
-    return Batch(input_ids, attention_mask, [len(e.prompt_ids) for e in examples], loss_mask)
+    """Right-pad to the longest: prompt [5, 6] + response [7, 1] -> input_ids [5, 6, 7, 1, pad], loss 0 0 1 1 0.
+    Anything with prompt_ids and response_ids will do (grpo.collate_rollouts pads Rollouts with it)."""
+    rows, prompt_lengths = [e.prompt_ids + e.response_ids for e in examples], [len(e.prompt_ids) for e in examples]
+    L = max(map(len, rows))
+    input_ids = torch.tensor([r + [pad_id] * (L - len(r)) for r in rows])
+    attention_mask = torch.tensor([[1] * len(r) + [0] * (L - len(r)) for r in rows])
+    is_response = torch.arange(L)[None, :] >= torch.tensor(prompt_lengths)[:, None]
+    return Batch(input_ids, attention_mask, prompt_lengths, (attention_mask * is_response).float())
 
 def shard_micro_batches(examples: list[Example], batch_indices: list[int], rank: int, world_size: int,
                         micro_batch_size: int, pad_id: int) -> list[Batch]:
-    """This rank's contiguous share of a global batch, shortest first (less padding; the loss is a sum), cut into
-    micro-batches: as many on every rank."""
+    """This rank's contiguous share of a global batch, shortest first (less padding), in as many micro-batches on
+    every rank."""
     per_rank = len(batch_indices) // world_size
     mine = sorted(batch_indices[rank * per_rank:(rank + 1) * per_rank],
                   key=lambda i: len(examples[i].prompt_ids) + len(examples[i].response_ids))
@@ -246,7 +240,7 @@ class ShuffledStream:
 def response_nll(model, batch: Batch, tags: TagIds, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed NLL of the response tokens, their count). logits[:, t] predicts input_ids[:, t+1] in *sequence*
     order, whatever the position ids say (as the official trainer)."""
-    logits = forward(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, tags, mode)  # (B, L, V)
+    logits = forward(model, batch, tags, mode)                                                        # (B, L, V)
     targets, weights = batch.input_ids[:, 1:], batch.loss_mask[:, 1:]     # (B, L-1): the target is a response token
     nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), reduction="none")
     return (nll.view_as(targets) * weights).sum(), weights.sum()
@@ -260,8 +254,7 @@ def accumulate_gradients(model, micro_batches: list[Batch], tags: TagIds, mode: 
     nll_total = 0.0
     for i, mb in enumerate(micro_batches):
         with grad_sync(model, enabled=i == len(micro_batches) - 1):
-            mb = Batch(mb.input_ids.to(device), mb.attention_mask.to(device), mb.prompt_lengths,
-                       mb.loss_mask.to(device))
+            mb = dataclasses.replace(mb, **{k: v.to(device) for k, v in vars(mb).items() if torch.is_tensor(v)})
             nll_sum, _ = response_nll(model, mb, tags, mode)
             (nll_sum * (world_size / global_tokens)).backward()
         nll_total += nll_sum.item()
@@ -363,7 +356,16 @@ class Run:
     def close(self):
         if self.dist.is_main:
             self.log_file.close()
-            self.wandb and self.wandb.finish()
+            if self.wandb:
+                self.wandb.finish()
+
+    def log_step(self, row: dict, bar, line: str, **postfix):
+        """A step's row into log.jsonl, its `postfix` on the progress bar, and `line` every log_every steps."""
+        self.write(row)
+        bar.set_postfix(**postfix)
+        bar.update(1)
+        if self.dist.is_main and self.cfg.log_every and row["step"] % self.cfg.log_every == 0:
+            bar.write(line)
 
     def out_of_time(self, t_start: float) -> bool:
         """Every rank takes the same stop decision (any rank's clock), or the next collective would hang."""
@@ -376,11 +378,11 @@ class Run:
         cfg, path = self.cfg, os.path.join(self.cfg.out_dir, f"checkpoint-{self.step}")
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         model_sd = {"state_dict": get_model_state_dict(self.train_model, options=opts)} if cfg.fsdp else {}
-        optim = get_optimizer_state_dict(self.train_model, self.optimizer, options=opts) if cfg.fsdp else None
+        optim = get_optimizer_state_dict(self.train_model, self.optimizer, options=opts) if cfg.fsdp else \
+            self.optimizer.state_dict()
         if self.dist.is_main:
             state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state, rng=rng_state(),
-                         scheduler=self.scheduler.state_dict(), optimizer=optim if cfg.fsdp else
-                         self.optimizer.state_dict())
+                         scheduler=self.scheduler.state_dict(), optimizer=optim)
             save_checkpoint(path, self.train_model, self.tokenizer, state, **model_sd)
             old = sorted(glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")),
                          key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or -1))
@@ -431,6 +433,7 @@ def prepare(run: Run, lr_lambda) -> Run:
             run.optimizer.load_state_dict(run.state["optimizer"])
         run.scheduler.load_state_dict(run.state["scheduler"])
         run.step = run.state["step"]
+        set_rng_state(run.state["rng"])
         run.log(f"resumed from {run.resume} at step {run.step}")
     if d.is_main:                                   # a fresh run moves an earlier run aside: nothing is deleted
         os.makedirs(cfg.out_dir, exist_ok=True)
@@ -441,8 +444,7 @@ def prepare(run: Run, lr_lambda) -> Run:
             os.makedirs(aside)
             for p in old:
                 shutil.move(p, aside)
-            run.log(f"moved an earlier run in {cfg.out_dir} to {aside} "
-                    "(delete it when it is not needed; --resume=True continues a run instead)")
+            run.log(f"moved an earlier run in {cfg.out_dir} to {aside} (--resume=True continues a run instead)")
         kept = [line for line in open(log_path) if json.loads(line)["step"] <= run.step] \
             if run.resume and os.path.isfile(log_path) else []   # a resumed log: the lines up to its step
         run.log_file = open(log_path, "w")
@@ -508,9 +510,7 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
                 f"{len(examples)} examples of {cfg.data}, mode={cfg.mode}, style={cfg.style}, {d.world_size} rank(s) "
                 f"on {d.device.type}, batch {cfg.batch_size}, lr {cfg.lr}, {total_steps} steps")
         bar = tqdm(total=total_steps, initial=run.step, disable=not d.is_main, dynamic_ncols=True, desc="sft")
-        if run.state:
-            set_rng_state(run.state["rng"])
-        t_start, losses, tokens_seen, ckpt, stopped_early = time.time(), [], 0, run.resume or None, False
+        t_start, losses, tokens_seen, ckpt = time.time(), [], 0, run.resume or None
         while run.step < total_steps:
             t0 = time.time()
             micro_batches = shard_micro_batches(examples, stream.take(cfg.batch_size), d.rank, d.world_size,
@@ -523,20 +523,17 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
             tokens = all_reduce([sum(mb.attention_mask.sum().item() for mb in micro_batches)], d.device)[0]
             dt, loss, tokens_seen = time.time() - t0, nll / loss_tokens, tokens_seen + tokens
             losses.append(loss)
-            run.write(dict(step=run.step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=int(tokens), epoch=stream.epoch,
-                           loss_tokens=int(loss_tokens), tokens_per_s=tokens / dt, elapsed=time.time() - t_start))
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens / dt:,.0f}")
-            bar.update(1)
-            if d.is_main and cfg.log_every and run.step % cfg.log_every == 0:
-                bar.write(f"step {run.step}: loss {loss:.4f}, lr {lr:.2e}, grad_norm {grad_norm:.3f}, "
-                          f"{tokens / dt:,.0f} tok/s")
-            out_of_time = run.out_of_time(t_start)
-            if run.step == total_steps or out_of_time or (cfg.save_every and run.step % cfg.save_every == 0):
+            row = dict(step=run.step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=int(tokens), epoch=stream.epoch,
+                       loss_tokens=int(loss_tokens), tokens_per_s=tokens / dt, elapsed=time.time() - t_start)
+            run.log_step(row, bar, f"step {run.step}: loss {loss:.4f}, lr {lr:.2e}, grad_norm {grad_norm:.3f}, "
+                         f"{tokens / dt:,.0f} tok/s", loss=f"{loss:.4f}", tok_s=f"{tokens / dt:,.0f}")
+            last = run.step == total_steps or run.out_of_time(t_start)
+            if last or (cfg.save_every and run.step % cfg.save_every == 0):
                 ckpt = run.save(data_position=stream.position())
-            if out_of_time and run.step < total_steps:
-                stopped_early = True
+            if last:
                 break
         bar.close()
+        stopped_early = run.step < total_steps            # by max_time
         seconds = time.time() - t_start
         summary = {"checkpoint": ckpt, "steps": run.step, "total_steps": total_steps, "stopped_early": stopped_early,
                    "final_loss": float(np.mean(losses[-10:])) if losses else None, "seconds": seconds,
