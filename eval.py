@@ -75,9 +75,8 @@ def evaluate(model, tokenizer, records: list[dict], mode: str, k: int = 1, max_n
              temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
              prompt_style: str | None = None, prompt_file: str | None = None, num_paths: int = 2,
              max_blocks: int = 4, verifier: str = "default", progress=None, greedy: bool = False):
-    """Sample k responses per record with `sample.generate` (batch b of `batch_size` problems: seed + b), score
-    them, and return (summarize(samples, k), samples): one dict per response, problem-major. The prompt style
-    follows the mode unless given; `progress`: a tqdm bar; the model's train/eval state is restored."""
+    """(summarize(samples, k), samples): k scored `sample.generate` responses per record, one dict each, problem-major
+    (batch b of `batch_size` problems: seed + b; prompt style: the mode's unless given; `progress`: a tqdm bar)."""
     if k < 1 or batch_size < 1:
         raise ValueError(f"k and batch_size must be >= 1, got k={k}, batch_size={batch_size}")
     style = prompt_style or ("sequential" if mode == "sequential" else "parallel")
@@ -117,9 +116,8 @@ def average_mean_at_k(benches: dict[str, dict]) -> float | None:
     return _mean(m["mean_at_k"] for m in benches.values())
 
 def format_table(rows: dict[str, dict[str, dict]]) -> str:
-    """A Markdown table in Table 2's layout from {method: {benchmark: summarize() metrics}}: Mean@k and (k > 1)
-    Pass@k per benchmark, Parallel % pooled over the row, Avg; "-" where a row lacks a benchmark. ValueError for
-    two k of one benchmark."""
+    """Table 2's Markdown layout from {method: {benchmark: summarize() metrics}}: Mean@k (and Pass@k, k > 1) per
+    benchmark, Parallel % pooled over the row, Avg; "-" where a row lacks a benchmark; ValueError: two k of one."""
     ks: dict[str, int] = {}
     for method, benches in rows.items():
         for bench, m in benches.items():

@@ -43,8 +43,7 @@ RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "sc
 DEFAULT_INIT = {   # where each mode's SFT checkpoint is, and the command that writes it
     "unseen": ("runs/sft", "python sft.py"),
     "seen": ("runs/sft_seen", "python sft.py --mode=seen --out_dir=runs/sft_seen"),
-    "sequential": ("runs/sft_sequential",
-                   "python sft.py --style=sequential --mode=seen --out_dir=runs/sft_sequential")}
+    "sequential": ("runs/sft_sequential", "python sft.py --style=sequential --mode=seen --out_dir=runs/sft_sequential")}
 
 @dataclass
 class GRPOConfig:
@@ -123,7 +122,7 @@ def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOCo
 
 def default_init(mode: str, model: str = "") -> str:
     """`model`, else the latest SFT checkpoint of the mode. FileNotFoundError names the command that writes it."""
-    (folder, command) = DEFAULT_INIT[mode]
+    folder, command = DEFAULT_INIT[mode]
     try:
         return model or sft.find_latest_checkpoint(folder)
     except FileNotFoundError:
@@ -254,8 +253,7 @@ def plan_micro_batches(lengths: list[int], ppo_mini_batches: int, micro_batch_si
 def micro_batch_loss(logits, mb: RolloutBatch, cfg: GRPOConfig, clip_ratio_high: float, denominator: float,
                      world_size: int = 1) -> tuple[torch.Tensor, dict]:
     """This micro-batch's part of the mini-batch loss, sum(w * l) * world_size / D (D over every micro-batch of
-    every rank; the ranks' gradients are averaged), and the sums to all-reduce for the step's statistics. Only
-    the N loss tokens are scored, an (N, V) slice of the logits."""
+    every rank; the ranks' gradients are averaged), and the sums to all-reduce for the step's statistics."""
     sel = mb.loss_mask.bool()                                                       # (B, L-1)
     w = loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[0][sel]   # (N,)
     logits = logits[:, :-1][sel]                                                    # (N, V)
@@ -316,10 +314,9 @@ def recompute_logprobs(minis, model, ref_model, cfg: GRPOConfig, tags: TagIds, m
 def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOConfig, *, tags: TagIds, pad_id: int,
                scheduler=None, ref_model=None, clip_ratio_high: float | None = None, world_size: int = 1,
                device=None) -> dict:
-    """cfg.ppo_mini_batches optimizer steps of the PPO-clip loss on this rank's rollouts (any number, also 0).
-    model: plain, DDP- or FSDP-wrapped; ref_model: the KL term's frozen reference; clip_ratio_high: this step's
-    (default cfg's, else 0.2). Returns global statistics (loss and pg_loss: means over mini-batches; kl, clip_frac,
-    dual_clip_frac, entropy, ratio_mean: token means; grad_norm: mean before clipping; counts)."""
+    """cfg.ppo_mini_batches optimizer steps of the PPO-clip loss on this rank's rollouts (any number, also 0); model:
+    plain, DDP- or FSDP-wrapped; clip_ratio_high: this step's (default cfg's, else 0.2). Global statistics: loss and
+    pg_loss (means over mini-batches), kl, clip_frac, dual_clip_frac, entropy, ratio_mean (token means), counts."""
     device = device or next(model.parameters()).device
     mode = cfg.mode or RECIPE_MODE[cfg.recipe]            # also for a config that skipped resolve_defaults
     high = next(x for x in (clip_ratio_high, cfg.clip_ratio_high, 0.2) if x is not None)
@@ -433,8 +430,7 @@ class GRPORun(sft.Run):
     eval_records: list = field(default_factory=list)
 
 def setup(cfg: GRPOConfig, d, records, eval_records) -> GRPORun:
-    """The model, the resolved config, the recipe's prompt streams and held-out problems (those that fit the
-    context), the reference and rollout copies, the optimizer and the schedule."""
+    """The run: the resolved config, prompt streams and held-out problems, model copies, optimizer, schedule."""
     init = default_init(cfg.mode or RECIPE_MODE[cfg.recipe], cfg.model)
     run = sft.load(cfg, d, init, cls=GRPORun)
     run.cfg = cfg = resolve_defaults(dataclasses.replace(cfg, model=init), len(run.tokenizer) < TINY_VOCAB_LIMIT,
@@ -469,8 +465,7 @@ def setup(cfg: GRPOConfig, d, records, eval_records) -> GRPORun:
                    for i, (k, v) in enumerate(run.sources.items())}
     run.log(f"GRPO recipe {cfg.recipe} (mode {cfg.mode}) from {init}: {len(run.sources['train'])} problems of "
             f"{cfg.data if records is None else 'the given records'}, {cfg.batch_size} prompts x {cfg.group_size} per "
-            f"step on {d.world_size} rank(s) ({d.device.type}), lr {cfg.lr}, {cfg.ppo_mini_batches} mini-batch(es), "
-            f"max_new_tokens {cfg.max_new_tokens}" + (f", max_time {cfg.max_time:.0f}s" if cfg.max_time else ""))
+            f"step on {d.world_size} rank(s) ({d.device.type}), lr {cfg.lr}, max_new_tokens {cfg.max_new_tokens}")
     return run
 
 def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list[dict] | None = None) -> dict:

@@ -106,11 +106,10 @@ class Dist:
 def distributed():
     """Join torchrun's process group (nccl, one GPU per process; gloo on CPU), reusing one that exists, and tear it
     down at the end if this call made it. Without RANK: one process, the collectives no-ops. Yields a Dist."""
-    owns, cuda = not dist.is_initialized(), torch.cuda.is_available()
+    owns, cuda, local = not dist.is_initialized(), torch.cuda.is_available(), int(os.environ.get("LOCAL_RANK", 0))
     if "RANK" not in os.environ:
         d = Dist(0, 1, torch.device("cuda" if cuda else "cpu"))
     else:
-        local = int(os.environ.get("LOCAL_RANK", 0))
         d = Dist(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), torch.device("cuda", local) if cuda else
                  torch.device("cpu"))
         if owns and cuda:
@@ -201,8 +200,7 @@ def collate(examples: list[Example], pad_id: int) -> Batch:
 
 def shard_micro_batches(examples: list[Example], batch_indices: list[int], rank: int, world_size: int,
                         micro_batch_size: int, pad_id: int) -> list[Batch]:
-    """This rank's contiguous share of a global batch, shortest first (less padding), in as many micro-batches on
-    every rank."""
+    """This rank's contiguous share of a global batch, shortest first (less padding), cut into micro-batches."""
     per_rank = len(batch_indices) // world_size
     mine = sorted(batch_indices[rank * per_rank:(rank + 1) * per_rank],
                   key=lambda i: len(examples[i].prompt_ids) + len(examples[i].response_ids))
@@ -211,7 +209,6 @@ def shard_micro_batches(examples: list[Example], batch_indices: list[int], rank:
 
 class ShuffledStream:
     """An endless stream of indices, shuffled each epoch with seed + epoch: (epoch, index) is all a resume needs."""
-
     def __init__(self, n: int, seed: int, epoch: int = 0, index: int = 0):
         if not 0 <= index <= n:
             raise ValueError(f"data position {index} is outside the {n} examples: resume with the data "
@@ -238,8 +235,7 @@ class ShuffledStream:
 # The loss, one optimizer step, the schedule
 
 def response_nll(model, batch: Batch, tags: TagIds, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed NLL of the response tokens, their count). logits[:, t] predicts input_ids[:, t+1] in *sequence*
-    order, whatever the position ids say (as the official trainer)."""
+    """(summed NLL of the response tokens, their count); logits[:, t] predicts input_ids[:, t+1], in sequence order."""
     logits = forward(model, batch, tags, mode)                                                        # (B, L, V)
     targets, weights = batch.input_ids[:, 1:], batch.loss_mask[:, 1:]     # (B, L-1): the target is a response token
     nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), reduction="none")
@@ -284,17 +280,6 @@ def sft_schedule(total_steps: int, warmup_ratio: float):
     return lambda step: lr_factor(step, math.ceil(warmup_ratio * total_steps), total_steps - 1)
 
 # Checkpoints with trainer state, and the training run both trainers share
-
-def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
-            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}   # this rank's GPU
-
-def set_rng_state(state: dict):
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 def find_latest_checkpoint(out_dir: str) -> str:
     """The checkpoint-<step> folder with a trainer state and the highest step. Raises FileNotFoundError."""
@@ -381,7 +366,9 @@ class Run:
         optim = get_optimizer_state_dict(self.train_model, self.optimizer, options=opts) if cfg.fsdp else \
             self.optimizer.state_dict()
         if self.dist.is_main:
-            state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state, rng=rng_state(),
+            rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+                   "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}   # this rank's GPU
+            state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state, rng=rng,
                          scheduler=self.scheduler.state_dict(), optimizer=optim)
             save_checkpoint(path, self.train_model, self.tokenizer, state, **model_sd)
             old = sorted(glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")),
@@ -432,8 +419,12 @@ def prepare(run: Run, lr_lambda) -> Run:
         else:
             run.optimizer.load_state_dict(run.state["optimizer"])
         run.scheduler.load_state_dict(run.state["scheduler"])
-        run.step = run.state["step"]
-        set_rng_state(run.state["rng"])
+        run.step, rng = run.state["step"], run.state["rng"]        # the RNGs as they were at the checkpoint
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
         run.log(f"resumed from {run.resume} at step {run.step}")
     if d.is_main:                                   # a fresh run moves an earlier run aside: nothing is deleted
         os.makedirs(cfg.out_dir, exist_ok=True)
@@ -462,22 +453,6 @@ def prepare(run: Run, lr_lambda) -> Run:
 
 # The SFT run
 
-def sft_data(run: Run, records: list[dict] | None) -> tuple[list[Example], str, list[dict]]:
-    """The examples (of `records` if given, else of cfg.data), and the name and records of the end-of-run check:
-    cfg.eval_data, else the test part of synthetic data, else the training problems."""
-    cfg = run.cfg
-    synthetic = records is None and all(re.fullmatch(r"synthetic:\w+", n.strip()) for n in cfg.data.split(","))
-    if records is None:
-        records = load_data(cfg.data, style=cfg.style, limit=cfg.limit or None, seed=cfg.seed, tokenizer=run.tokenizer,
-                            data_dir=cfg.data_dir or None, parallel_fraction=cfg.parallel_fraction)
-    records = records[:cfg.limit] if cfg.limit else records
-    examples = tokenize_records(records, run.tokenizer, cfg.style, cfg.max_length, cfg.prompt_file or None, run.log)
-    if not cfg.eval_samples or not (cfg.eval_data or synthetic):
-        return examples, f"{cfg.data} (training problems)", records
-    name = cfg.eval_data or ",".join(n.strip() + ":test" for n in cfg.data.split(","))
-    return examples, name, load_data(name, style=cfg.style, limit=cfg.eval_samples, data_dir=cfg.data_dir or None,
-                                     tokenizer=run.tokenizer if cfg.eval_data else None)
-
 def quick_eval(model, tokenizer, records: list[dict], mode: str, n: int, *, prompt_file: str | None = None,
                max_new_tokens: int = 256, seed: int = 0) -> dict:
     """Greedy samples of the first `n` records that fit the model's context (the others are counted in notes):
@@ -502,7 +477,19 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
         run = load(cfg, d, cfg.model, **({"tokenizer": cfg.tokenizer or None} if cfg.model == "tiny" else {}))
         context = getattr(run.model.config, "max_position_embeddings", None) or 4096
         run.cfg = cfg = dataclasses.replace(cfg, max_length=cfg.max_length or min(4096, context))
-        examples, eval_name, eval_records = sft_data(run, records)
+        synthetic = records is None and all(re.fullmatch(r"synthetic:\w+", n.strip()) for n in cfg.data.split(","))
+        if records is None:
+            records = load_data(cfg.data, style=cfg.style, limit=cfg.limit or None, seed=cfg.seed,
+                                data_dir=cfg.data_dir or None, tokenizer=run.tokenizer,
+                                parallel_fraction=cfg.parallel_fraction)
+        records = records[:cfg.limit] if cfg.limit else records
+        examples = tokenize_records(records, run.tokenizer, cfg.style, cfg.max_length, cfg.prompt_file or None, run.log)
+        # the end-of-run samples: of cfg.eval_data, else the test part of synthetic data, else the training problems
+        eval_name, eval_records = f"{cfg.data} (training problems)", records
+        if cfg.eval_samples and (cfg.eval_data or synthetic):
+            eval_name = cfg.eval_data or ",".join(n.strip() + ":test" for n in cfg.data.split(","))
+            eval_records = load_data(eval_name, style=cfg.style, limit=cfg.eval_samples, data_dir=cfg.data_dir or None,
+                                     tokenizer=run.tokenizer if cfg.eval_data else None)
         total_steps = cfg.max_steps or math.ceil(cfg.epochs * len(examples) / cfg.batch_size)
         prepare(run, sft_schedule(total_steps, cfg.warmup_ratio))
         stream = ShuffledStream(len(examples), cfg.seed, **run.state.get("data_position", {}))
