@@ -135,8 +135,8 @@ def format_table(rows: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 def own_tokenizer(name_or_path: str):
-    """The tokenizer a checkpoint or hub model ships with, before load_model adds anything (None for "tiny").
-    Raises OSError naming the model when it cannot be loaded."""
+    """The tokenizer a checkpoint or hub model ships with, before load_model adds the tags (None for "tiny"); OSError
+    naming the model when it cannot be loaded."""
     if name_or_path == "tiny":
         return None
     check_model_name(name_or_path, weights=False)
@@ -231,14 +231,14 @@ def run(cfg: EvalConfig) -> dict:
     """Evaluate cfg.model on every benchmark of cfg.data; write results.md, samples.jsonl and summary.json."""
     if not cfg.model:
         raise ValueError("--model is required: a checkpoint folder, a hub name, or tiny")
+    log = lambda m: print(f"[eval] {m}", file=sys.stderr)   # noqa: E731
     saved, source = read_checkpoint_config(cfg.model)
     mode = cfg.mode or mode_from_config(saved) or "unseen"
     why = "--mode" if cfg.mode else (f"from {source}" if mode_from_config(saved) else "default: no saved mode")
     saved_prompt = saved.get("prompt_file") or ""
     prompt_file = cfg.prompt_file or (saved_prompt if os.path.isfile(saved_prompt) else None)
     if not prompt_file and saved_prompt:
-        print(f"[eval] the checkpoint was trained with prompt file {saved_prompt!r}, which is not there; "
-              "using the built-in prompt (pass --prompt_file)", file=sys.stderr)
+        log(f"the checkpoint's prompt file {saved_prompt!r} is not there: using the built-in prompt (or --prompt_file)")
     tok = own_tokenizer(cfg.model)                # everything that can fail is checked before the weights load
     cfg = config.fill(cfg, TINY if tok is None or len(tok) < TINY_VOCAB_LIMIT else PAPER)
     overrides, benches = parse_k_overrides(cfg.k_overrides), [b.strip() for b in cfg.data.split(",") if b.strip()]
@@ -253,7 +253,7 @@ def run(cfg: EvalConfig) -> dict:
     style = cfg.prompt_style or ("sequential" if mode == "sequential" else "parallel")
     print(f"[eval] {name}: mode {mode} ({why}), {style} prompt{f' from {prompt_file}' if prompt_file else ''}, "
           f"T={cfg.temperature}, max_new_tokens {cfg.max_new_tokens}")
-    skipped, log = {}, lambda m: print(f"[eval] {m}", file=sys.stderr)
+    skipped = {}
     for b, recs in records.items():
         records[b], _, over = fit_context(recs, tokenizer, style, prompt_file, cfg.max_new_tokens,
                                           getattr(model.config, "max_position_embeddings", None), b, log,

@@ -520,8 +520,7 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
             if last:
                 break
         bar.close()
-        stopped_early = run.step < total_steps            # by max_time
-        seconds = time.time() - t_start
+        seconds, stopped_early = time.time() - t_start, run.step < total_steps       # stopped early: by max_time
         summary = {"checkpoint": ckpt, "steps": run.step, "total_steps": total_steps, "stopped_early": stopped_early,
                    "final_loss": float(np.mean(losses[-10:])) if losses else None, "seconds": seconds,
                    "tokens_per_s": tokens_seen / seconds if seconds > 0 else 0.0, "eval": None}
