@@ -403,9 +403,8 @@ def prepare(run: Run, lr_lambda) -> Run:
     if cfg.fsdp:
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cuda else \
             MixedPrecisionPolicy()
-        for layer in model.model.layers:            # one all-gather per decoder layer, then one for the rest
-            fully_shard(layer, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+        for module in [*model.model.layers, model]:  # one all-gather per decoder layer, then one for the rest
+            fully_shard(module, mp_policy=mp)
     elif d.world_size > 1:
         run.train_model = torch.nn.parallel.DistributedDataParallel(model, [d.device.index] if cuda else None)
     run.optimizer = torch.optim.AdamW(run.train_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
