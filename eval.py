@@ -3,13 +3,11 @@
     python eval.py --model=runs/grpo/checkpoint-45              # tiny checkpoint: the synthetic test sets, k = 8
     python eval.py --model=runs/grpo/checkpoint-200 --data=aime24,aime25,amc23,math500 --k=16 --k_overrides=math500=1
 
-Every problem gets k responses from the sampler in the model's mode (--mode, else the checkpoint's), scored by
-`rewards.score_batch`. Per benchmark: Mean@k (mean c/n), the unbiased Pass@k 1 - C(n-c, k) / C(n, k) (the
-official code reports verl's bootstrap, biased low: summary.json keeps it as pass_at_k_verl), Parallel %, blocks,
-the relative <Parallel> position (Figure 3), T and D (critical path); Avg = the mean of the Mean@ columns. Written
-to out_dir: results.md (Table 2's layout), samples.jsonl and summary.json. A checkpoint whose tokenizer lacks the
-tags is refused in the parallel modes (--allow_untrained_tags=True samples anyway); a problem whose prompt +
-max_new_tokens exceeds the context is skipped (--skip_long_prompts=False keeps it). scripts/table.py joins evals.
+k responses per problem from the sampler in the model's mode (--mode, else the checkpoint's), scored by
+`rewards.score_batch`. Per benchmark: Mean@k, the unbiased Pass@k (the official code reports verl's bootstrap,
+biased low: summary.json keeps it as pass_at_k_verl), Parallel %, blocks, the relative <Parallel> position
+(Figure 3), T and D (critical path); Avg = the mean of the Mean@ columns. Written to out_dir: results.md (Table 2's
+layout), samples.jsonl and summary.json; scripts/table.py joins evaluations.
 """
 import dataclasses
 import json
@@ -57,12 +55,10 @@ def summarize(samples: list[dict], k: int) -> dict:
     groups: dict[tuple, list[dict]] = {}
     for s in samples:
         groups.setdefault((s.get("benchmark"), s["id"]), []).append(s)
-    per_problem = []
-    for key, group in groups.items():
-        n, c = len(group), sum(bool(s["correct"]) for s in group)
+    per_problem = [(len(group), sum(bool(s["correct"]) for s in group)) for group in groups.values()]
+    for (_, problem), (n, _) in zip(groups, per_problem):
         if n < k:
-            raise ValueError(f"problem {key[1]!r} has {n} samples, fewer than k={k}")
-        per_problem.append((n, c))
+            raise ValueError(f"problem {problem!r} has {n} samples, fewer than k={k}")
     parallel = [s for s in samples if s["has_parallel"]]
     return {"k": k, "num_problems": len(per_problem), "num_responses": len(samples),
             "mean_at_k": _mean(c / n for n, c in per_problem),
@@ -79,9 +75,8 @@ def evaluate(model, tokenizer, records: list[dict], mode: str, k: int = 1, max_n
              temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, batch_size: int = 8,
              prompt_style: str | None = None, prompt_file: str | None = None, num_paths: int = 2,
              max_blocks: int = 4, verifier: str = "default", progress=None, greedy: bool = False):
-    """Sample k responses per record with `sample.generate` (batch b of `batch_size` problems: seed + b), score
-    them, and return (summarize(samples, k), samples): one dict per response, problem-major. The prompt style
-    follows the mode unless given; `progress`: a tqdm bar; the model's train/eval state is restored."""
+    """(summarize(samples, k), samples): k scored `sample.generate` responses per record, one dict each, problem-major
+    (batch b of `batch_size` problems: seed + b; prompt style: the mode's unless given; `progress`: a tqdm bar)."""
     if k < 1 or batch_size < 1:
         raise ValueError(f"k and batch_size must be >= 1, got k={k}, batch_size={batch_size}")
     style = prompt_style or ("sequential" if mode == "sequential" else "parallel")
@@ -121,33 +116,27 @@ def average_mean_at_k(benches: dict[str, dict]) -> float | None:
     return _mean(m["mean_at_k"] for m in benches.values())
 
 def format_table(rows: dict[str, dict[str, dict]]) -> str:
-    """A Markdown table in Table 2's layout from {method: {benchmark: summarize() metrics}}: Mean@k and (k > 1)
-    Pass@k per benchmark, Parallel % pooled over the row, Avg; "-" where a row lacks a benchmark. ValueError for
-    two k of one benchmark."""
+    """Table 2's Markdown layout from {method: {benchmark: summarize() metrics}}: Mean@k (and Pass@k, k > 1) per
+    benchmark, Parallel % pooled over the row, Avg; "-" where a row lacks a benchmark; ValueError: two k of one."""
     ks: dict[str, int] = {}
     for method, benches in rows.items():
         for bench, m in benches.items():
             if ks.setdefault(bench, m["k"]) != m["k"]:
                 raise ValueError(f"{method!r} evaluated {bench} with k={m['k']}, another row with k={ks[bench]}")
-    header = ["Method", "Parallel %"]
-    for bench, k in ks.items():
-        label = BENCH_LABELS.get(bench, bench)
-        header += [f"{label} Mean@{k}"] + ([f"{label} Pass@{k}"] if k > 1 else [])
+    columns = [(bench, what) for bench, k in ks.items() for what in (["Mean", "Pass"] if k > 1 else ["Mean"])]
+    header = ["Method", "Parallel %"] + [f"{BENCH_LABELS.get(b, b)} {what}@{ks[b]}" for b, what in columns] + ["Avg"]
     pct = lambda x: "-" if x is None else f"{100 * x:.1f}"   # noqa: E731
-    lines = ["| " + " | ".join(header + ["Avg"]) + " |", "|" + "---|" * (len(header) + 1)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method, benches in rows.items():
         n = sum(m["num_responses"] for m in benches.values())
         parallel = sum(m["parallel_ratio"] * m["num_responses"] for m in benches.values()) / n if n else None
-        cells = [method, pct(parallel)]
-        for bench, k in ks.items():
-            m = benches.get(bench) or {}
-            cells += [pct(m.get("mean_at_k"))] + ([pct(m.get("pass_at_k"))] if k > 1 else [])
-        lines.append("| " + " | ".join(cells + [pct(average_mean_at_k(benches))]) + " |")
+        cells = [pct((benches.get(b) or {}).get(f"{what.lower()}_at_k")) for b, what in columns]
+        lines.append("| " + " | ".join([method, pct(parallel), *cells, pct(average_mean_at_k(benches))]) + " |")
     return "\n".join(lines)
 
 def own_tokenizer(name_or_path: str):
-    """The tokenizer a checkpoint or hub model ships with, before load_model adds anything (None for "tiny").
-    Raises OSError naming the model when it cannot be loaded."""
+    """The tokenizer a checkpoint or hub model ships with, before load_model adds the tags (None for "tiny"); OSError
+    naming the model when it cannot be loaded."""
     if name_or_path == "tiny":
         return None
     check_model_name(name_or_path, weights=False)
@@ -187,11 +176,10 @@ def fit_context(records: list[dict], tokenizer, style: str, prompt_file: str | N
     prompts = [tokenizer(build_prompt(tokenizer, r["problem"], style, prompt_file),
                          add_special_tokens=False)["input_ids"] for r in records]
     fit, over = split_by_context([len(p) for p in prompts], max_new_tokens, context)
+    if over and keep_long:
+        log(f"warning: {name}: {len(over)} of {len(records)} problems exceed the model's context ({context} tokens) "
+            "with max_new_tokens; sampling them anyway (--skip_long_prompts=False): those positions were never trained")
     if not over or keep_long:
-        if over:
-            log(f"warning: {name}: {len(over)} of {len(records)} problems exceed the model's context ({context} "
-                "tokens) with max_new_tokens; sampling them anyway (--skip_long_prompts=False): positions past the "
-                "context were never trained")
         return records, prompts, []
     what = (f"{name}: {len(over)} of {len(records)} problems have a prompt + max_new_tokens ({max_new_tokens}) longer "
             f"than the model's context ({context} tokens; prompts are {min(map(len, prompts))}-"
@@ -203,18 +191,15 @@ def fit_context(records: list[dict], tokenizer, style: str, prompt_file: str | N
 
 def parse_k_overrides(text: str) -> dict[str, int]:
     """"math500=1,amc23=4" -> {"math500": 1, "amc23": 4}. Raises ValueError on a malformed entry."""
-    out = {}
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        bench, eq, k = item.rpartition("=")
-        if not eq or not bench or not k.isdigit() or int(k) < 1:
-            raise ValueError(f"--k_overrides entry {item!r}: write benchmark=k, e.g. math500=1")
-        out[bench] = int(k)
-    return out
+    items = [item.strip().rpartition("=") for item in text.split(",") if item.strip()]
+    for bench, eq, k in items:
+        if not (eq and bench and k.isdigit() and int(k) >= 1):
+            raise ValueError(f"--k_overrides entry {bench + eq + k!r}: write benchmark=k, e.g. math500=1")
+    return {bench: int(k) for bench, _, k in items}
 
 @dataclass
 class EvalConfig:
-    """python eval.py --model=<checkpoint>: Mean@k, Pass@k and the parallel statistics. None = the preset of the
-    model (TINY or PAPER below)."""
+    """python eval.py --model=<checkpoint>: Mean@k, Pass@k, parallel statistics. None = the preset (TINY, PAPER)."""
     model: str = ""                    # a checkpoint folder, a hub name, or "tiny" (random weights)
     data: str | None = None            # comma list of data.load_data names, each one benchmark
     k: int | None = None               # responses per problem
@@ -235,7 +220,7 @@ class EvalConfig:
     out_dir: str = ""                  # "" = runs/eval/<name>
     data_dir: str = ""                 # local benchmark files (see data.py)
     device: str = ""                   # "" = cuda if available else cpu
-    allow_untrained_tags: bool = False
+    allow_untrained_tags: bool = False  # sample a checkpoint whose tokenizer lacks the tags (untrained embeddings)
     skip_long_prompts: bool = True     # skip problems whose prompt + max_new_tokens exceed the model's context
 
 TINY = dict(data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test", k=8, max_new_tokens=128,
@@ -246,16 +231,14 @@ def run(cfg: EvalConfig) -> dict:
     """Evaluate cfg.model on every benchmark of cfg.data; write results.md, samples.jsonl and summary.json."""
     if not cfg.model:
         raise ValueError("--model is required: a checkpoint folder, a hub name, or tiny")
+    log = lambda m: print(f"[eval] {m}", file=sys.stderr)   # noqa: E731
     saved, source = read_checkpoint_config(cfg.model)
     mode = cfg.mode or mode_from_config(saved) or "unseen"
     why = "--mode" if cfg.mode else (f"from {source}" if mode_from_config(saved) else "default: no saved mode")
-    prompt_file = cfg.prompt_file
-    if not prompt_file and saved.get("prompt_file"):
-        if os.path.isfile(saved["prompt_file"]):
-            prompt_file = saved["prompt_file"]
-        else:
-            print(f"[eval] the checkpoint was trained with prompt file {saved['prompt_file']!r}, which is not "
-                  "there; using the built-in prompt (pass --prompt_file)", file=sys.stderr)
+    saved_prompt = saved.get("prompt_file") or ""
+    prompt_file = cfg.prompt_file or (saved_prompt if os.path.isfile(saved_prompt) else None)
+    if not prompt_file and saved_prompt:
+        log(f"the checkpoint's prompt file {saved_prompt!r} is not there: using the built-in prompt (or --prompt_file)")
     tok = own_tokenizer(cfg.model)                # everything that can fail is checked before the weights load
     cfg = config.fill(cfg, TINY if tok is None or len(tok) < TINY_VOCAB_LIMIT else PAPER)
     overrides, benches = parse_k_overrides(cfg.k_overrides), [b.strip() for b in cfg.data.split(",") if b.strip()]
@@ -270,9 +253,9 @@ def run(cfg: EvalConfig) -> dict:
     style = cfg.prompt_style or ("sequential" if mode == "sequential" else "parallel")
     print(f"[eval] {name}: mode {mode} ({why}), {style} prompt{f' from {prompt_file}' if prompt_file else ''}, "
           f"T={cfg.temperature}, max_new_tokens {cfg.max_new_tokens}")
-    skipped, log = {}, lambda m: print(f"[eval] {m}", file=sys.stderr)
+    skipped = {}
     for b, recs in records.items():
-        records[b], _, over = fit_context(recs, tokenizer, style, prompt_file or None, cfg.max_new_tokens,
+        records[b], _, over = fit_context(recs, tokenizer, style, prompt_file, cfg.max_new_tokens,
                                           getattr(model.config, "max_position_embeddings", None), b, log,
                                           keep_long=not cfg.skip_long_prompts,
                                           hint=", or pass --skip_long_prompts=False to sample past the context")
@@ -285,26 +268,23 @@ def run(cfg: EvalConfig) -> dict:
         for bench, recs in records.items():
             k, t0 = overrides.get(bench, cfg.k), time.time()
             bar.set_description(bench)
-            metrics, samples = evaluate(model, tokenizer, recs, mode, k=k, max_new_tokens=cfg.max_new_tokens,
-                                        temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
-                                        batch_size=cfg.batch_size, prompt_style=style, prompt_file=prompt_file or None,
-                                        num_paths=cfg.num_paths, max_blocks=cfg.max_blocks, verifier=cfg.verifier,
-                                        progress=bar)
-            timings[bench], results[bench] = time.time() - t0, metrics
-            for s in samples:
-                fh.write(json.dumps(dict(s, benchmark=bench), ensure_ascii=False) + "\n")
-            bar.write(f"{bench}: Mean@{k} {100 * metrics['mean_at_k']:.1f}  Pass@{k} {100 * metrics['pass_at_k']:.1f}"
-                      f"  parallel {100 * metrics['parallel_ratio']:.1f}%  T {metrics['mean_T']:.0f}  D "
-                      f"{metrics['mean_D']:.0f}  ({metrics['num_problems']} problems, {timings[bench]:.0f}s)")
+            m, samples = evaluate(model, tokenizer, recs, mode, k=k, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                                  temperature=cfg.temperature, top_p=cfg.top_p, batch_size=cfg.batch_size,
+                                  prompt_style=style, prompt_file=prompt_file, num_paths=cfg.num_paths,
+                                  max_blocks=cfg.max_blocks, verifier=cfg.verifier, progress=bar)
+            timings[bench], results[bench] = time.time() - t0, m
+            fh.writelines(json.dumps(dict(s, benchmark=bench), ensure_ascii=False) + "\n" for s in samples)
+            bar.write(f"{bench}: Mean@{k} {100 * m['mean_at_k']:.1f}  Pass@{k} {100 * m['pass_at_k']:.1f}  parallel "
+                      f"{100 * m['parallel_ratio']:.1f}%  T {m['mean_T']:.0f}  D {m['mean_D']:.0f}  "
+                      f"({m['num_problems']} problems, {timings[bench]:.0f}s)")
     table = format_table({name: results})
     summary = {"model": cfg.model, "name": name, "mode": mode, "mode_source": why, "prompt_style": style,
-               "prompt_file": prompt_file or None, "avg_mean_at_k": average_mean_at_k(results),
+               "prompt_file": prompt_file, "avg_mean_at_k": average_mean_at_k(results),
                "benchmarks": results, "skipped_too_long": skipped, "seconds": timings, "table": table,
                "config": dataclasses.asdict(cfg)}
-    with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as fh:
-        fh.write(table + "\n")
-    with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as fh:
-        json.dump(summary, fh, indent=2)
+    for file, text in (("results.md", table + "\n"), ("summary.json", json.dumps(summary, indent=2))):
+        with open(os.path.join(out_dir, file), "w", encoding="utf-8") as fh:
+            fh.write(text)
     print(f"\n{table}\n\n[eval] wrote {out_dir}/results.md, samples.jsonl, summary.json")
     return summary
 

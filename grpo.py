@@ -6,16 +6,12 @@
     torchrun --nproc_per_node=8 grpo.py --recipe=unseen-s2 --model=runs/sft_qwen3_4b/checkpoint-230 --data=dapo \\
         --fsdp=True --grad_checkpointing=True --out_dir=runs/grpo_qwen3_4b_s2      # the paper's S2 run
 
-One step of `train`: draw prompts -> `sample_rollouts` -> `score_batch` (the recipe's reward at this step) ->
-`compute_advantages` ((r - mean) / (std + 1e-6) per group) -> `ppo_update` (ppo_mini_batches optimizer steps of
-the PPO-clip loss with clip-higher and dual clip, plus kl_coef times a KL estimate against the initial weights,
-aggregated by `loss_agg_mode` over the whole mini-batch) -> log, evaluate, save.
-Unlike the official code, on purpose (NOTES.md §8): logp_old is the sampler's own log-prob (the training forward's
-quantity: the ratio is 1 on-policy and a forward is saved; --recompute_logprobs=True checks it); injected tokens are
-not trained (--train_injected=True trains them); the loss is normalised per mini-batch, not per micro-batch.
-Recipes (NOTES.md §6): seen, unseen-s1, unseen-s2, scaffold, baseline (`stage_at`), each from the SFT checkpoint of
-its mode (`DEFAULT_INIT`). Every rank runs as many micro-batches (empty ones pad), so collectives never hang; under
-FSDP the sampler runs on a plain copy.
+One step of `train`: draw prompts -> `sample_rollouts` -> `score_batch` (the recipe's reward at this step,
+`stage_at`) -> `compute_advantages` -> `ppo_update` (ppo_mini_batches optimizer steps of the PPO-clip loss, plus
+kl_coef times a KL estimate against the initial weights) -> log, evaluate, save. Unlike the official code, on purpose
+(NOTES.md §8): logp_old is the sampler's own log-prob (the ratio is 1 on-policy and a forward is saved;
+--recompute_logprobs=True checks it), injected tokens are not trained (--train_injected=True trains them), the loss
+is normalised per mini-batch. Every rank runs as many micro-batches (empty ones pad), so collectives never hang.
 """
 import copy
 import dataclasses
@@ -47,8 +43,7 @@ RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "sc
 DEFAULT_INIT = {   # where each mode's SFT checkpoint is, and the command that writes it
     "unseen": ("runs/sft", "python sft.py"),
     "seen": ("runs/sft_seen", "python sft.py --mode=seen --out_dir=runs/sft_seen"),
-    "sequential": ("runs/sft_sequential",
-                   "python sft.py --style=sequential --mode=seen --out_dir=runs/sft_sequential")}
+    "sequential": ("runs/sft_sequential", "python sft.py --style=sequential --mode=seen --out_dir=runs/sft_sequential")}
 
 @dataclass
 class GRPOConfig:
@@ -127,7 +122,7 @@ def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOCo
 
 def default_init(mode: str, model: str = "") -> str:
     """`model`, else the latest SFT checkpoint of the mode. FileNotFoundError names the command that writes it."""
-    (folder, command) = DEFAULT_INIT[mode]
+    folder, command = DEFAULT_INIT[mode]
     try:
         return model or sft.find_latest_checkpoint(folder)
     except FileNotFoundError:
@@ -227,20 +222,18 @@ class RolloutBatch:
 def collate_rollouts(rollouts: list[Rollout], advantages, pad_id: int, train_injected: bool = False) -> RolloutBatch:
     """prompt [5, 6] + response [7, 8, 1], sampled [1, 0, 1] -> input_ids [5, 6, 7, 8, 1], response_mask
     [0, 1, 1, 1], sampled_mask [0, 1, 0, 1]; loss_mask = sampled_mask, or response_mask with train_injected."""
-    B, L = len(rollouts), max(len(r.prompt_ids) + len(r.response_ids) for r in rollouts)
-    input_ids, attention_mask = torch.full((B, L), pad_id, dtype=torch.long), torch.zeros(B, L, dtype=torch.long)
-    response_mask, sampled_mask, old_logprobs = torch.zeros(B, L - 1), torch.zeros(B, L - 1), torch.zeros(B, L - 1)
+    padded = sft.collate(rollouts, pad_id)                # SFT's padding; its loss_mask[:, 1:]: response targets
+    response_mask = padded.loss_mask[:, 1:].contiguous()
+    sampled_mask, old_logprobs = torch.zeros_like(response_mask), torch.zeros_like(response_mask)
     for b, r in enumerate(rollouts):
         if not r.prompt_ids:   # its first response token would be predicted from nothing
             raise ValueError(f"rollout {b} (prompt_index {r.prompt_index}) has an empty prompt: it needs >= 1 token")
         p, n = len(r.prompt_ids), len(r.prompt_ids) + len(r.response_ids)
-        input_ids[b, :n], attention_mask[b, :n] = torch.tensor(r.prompt_ids + r.response_ids), 1
-        response_mask[b, p - 1:n - 1] = 1
         sampled_mask[b, p - 1:n - 1] = torch.tensor(r.sampled_mask, dtype=torch.float32)
         old_logprobs[b, p - 1:n - 1] = torch.tensor(r.logprobs, dtype=torch.float32)
-    return RolloutBatch(input_ids, attention_mask, [len(r.prompt_ids) for r in rollouts], response_mask, sampled_mask,
+    return RolloutBatch(padded.input_ids, padded.attention_mask, padded.prompt_lengths, response_mask, sampled_mask,
                         (response_mask if train_injected else sampled_mask).clone(), old_logprobs,
-                        torch.as_tensor(advantages, dtype=torch.float32).view(B, 1))
+                        torch.as_tensor(advantages, dtype=torch.float32).view(len(rollouts), 1))
 
 def plan_micro_batches(lengths: list[int], ppo_mini_batches: int, micro_batch_size: int, micro_batch_tokens: int = 0):
     """Rollout indices in ppo_mini_batches contiguous near-equal mini-batches (whole groups when the sizes divide),
@@ -257,14 +250,10 @@ def plan_micro_batches(lengths: list[int], ppo_mini_batches: int, micro_batch_si
         plan.append(micro + [cur] if cur else micro)
     return plan
 
-def policy_logits(model, mb: RolloutBatch, tags: TagIds, mode: str) -> torch.Tensor:
-    return sft.forward(model, mb.input_ids, mb.attention_mask, mb.prompt_lengths, tags, mode)   # (B, L, V)
-
 def micro_batch_loss(logits, mb: RolloutBatch, cfg: GRPOConfig, clip_ratio_high: float, denominator: float,
                      world_size: int = 1) -> tuple[torch.Tensor, dict]:
     """This micro-batch's part of the mini-batch loss, sum(w * l) * world_size / D (D over every micro-batch of
-    every rank; the ranks' gradients are averaged), and the sums to all-reduce for the step's statistics. Only
-    the N loss tokens are scored, an (N, V) slice of the logits."""
+    every rank; the ranks' gradients are averaged), and the sums to all-reduce for the step's statistics."""
     sel = mb.loss_mask.bool()                                                       # (B, L-1)
     w = loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[0][sel]   # (N,)
     logits = logits[:, :-1][sel]                                                    # (N, V)
@@ -313,22 +302,21 @@ def recompute_logprobs(minis, model, ref_model, cfg: GRPOConfig, tags: TagIds, m
     max_diff = 0.0
     for mb in (mb for mini in minis for mb in mini):
         if cfg.train_injected or cfg.recompute_logprobs:
-            lp = token_logprobs(policy_logits(model, mb, tags, mode)[:, :-1], mb.input_ids[:, 1:], cfg.temperature)
+            lp = token_logprobs(sft.forward(model, mb, tags, mode)[:, :-1], mb.input_ids[:, 1:], cfg.temperature)
             diff = ((lp - mb.old_logprobs).abs() * mb.sampled_mask).max().item() if lp.numel() else 0.0
             max_diff = max(max_diff, diff)
             mb.old_logprobs = torch.where((mb.response_mask - mb.sampled_mask).bool(), lp, mb.old_logprobs)
         if want_ref:
-            mb.ref_logprobs = token_logprobs(policy_logits(ref_model, mb, tags, mode)[:, :-1], mb.input_ids[:, 1:],
+            mb.ref_logprobs = token_logprobs(sft.forward(ref_model, mb, tags, mode)[:, :-1], mb.input_ids[:, 1:],
                                              cfg.temperature)
     return sft.all_reduce([max_diff], device, op="max")[0]
 
 def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOConfig, *, tags: TagIds, pad_id: int,
                scheduler=None, ref_model=None, clip_ratio_high: float | None = None, world_size: int = 1,
                device=None) -> dict:
-    """cfg.ppo_mini_batches optimizer steps of the PPO-clip loss on this rank's rollouts (any number, also 0).
-    model: plain, DDP- or FSDP-wrapped; ref_model: the KL term's frozen reference; clip_ratio_high: this step's
-    (default cfg's, else 0.2). Returns global statistics (loss and pg_loss: means over mini-batches; kl, clip_frac,
-    dual_clip_frac, entropy, ratio_mean: token means; grad_norm: mean before clipping; counts)."""
+    """cfg.ppo_mini_batches optimizer steps of the PPO-clip loss on this rank's rollouts (any number, also 0); model:
+    plain, DDP- or FSDP-wrapped; clip_ratio_high: this step's (default cfg's, else 0.2). Global statistics: loss and
+    pg_loss (means over mini-batches), kl, clip_frac, dual_clip_frac, entropy, ratio_mean (token means), counts."""
     device = device or next(model.parameters()).device
     mode = cfg.mode or RECIPE_MODE[cfg.recipe]            # also for a config that skipped resolve_defaults
     high = next(x for x in (clip_ratio_high, cfg.clip_ratio_high, 0.2) if x is not None)
@@ -344,8 +332,7 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
             continue
         for j, mb in enumerate(mini):
             with sft.grad_sync(model, enabled=j == len(mini) - 1):
-                logits = policy_logits(model, mb, tags, mode)
-                loss, st = micro_batch_loss(logits, mb, cfg, high, denominator, world_size)
+                loss, st = micro_batch_loss(sft.forward(model, mb, tags, mode), mb, cfg, high, denominator, world_size)
                 loss.backward()
             sums = {k: v + st[k] for k, v in sums.items()}
         grad_norms.append(sft.optimizer_step(model, optimizer, scheduler, cfg.grad_clip))
@@ -379,22 +366,22 @@ def sample_rollouts(model, tokenizer, prompts: list[list[int]], cfg: GRPOConfig,
     model.train(was_training)
     return out
 
+MEANS = ("accuracy", "format_valid", "parallel_ratio", "num_blocks", "response_T", "response_D", "truncated")
+
 def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: torch.Tensor, device) -> dict:
     """Means over every rank's rollouts, and the share of groups whose rewards differ (the only ones to learn from)."""
     positions, st = [p for r in rollouts for p in parallel_positions(r.structure)], [r.structure for r in rollouts]
     rewards = [s["reward"] for s in scores]
     local = {"n": len(rollouts), "reward": sum(rewards), "reward_sq": sum(r ** 2 for r in rewards),
-             "correct": sum(bool(s["correct"]) for s in scores), "valid": sum(s.valid for s in st),
-             "parallel": sum(bool(s.blocks) for s in st), "blocks": sum(len(s.blocks) for s in st),
-             "T": sum(r.num_tokens for r in rollouts), "D": sum(r.critical_path for r in rollouts),
+             "accuracy": sum(bool(s["correct"]) for s in scores), "format_valid": sum(s.valid for s in st),
+             "parallel_ratio": sum(bool(s.blocks) for s in st), "num_blocks": sum(len(s.blocks) for s in st),
+             "response_T": sum(r.num_tokens for r in rollouts), "response_D": sum(r.critical_path for r in rollouts),
              "truncated": sum(r.finish_reason == "budget" for r in rollouts), "varied_groups": int(has_variance.sum()),
              "groups": len(has_variance), "position": sum(positions), "blocks_seen": len(positions)}
     g = dict(zip(local, sft.all_reduce(list(local.values()), device)))
     n, mean = max(g["n"], 1.0), g["reward"] / max(g["n"], 1.0)
     return {"reward_mean": mean, "reward_std": math.sqrt(max(g["reward_sq"] / n - mean ** 2, 0.0)),
-            "accuracy": g["correct"] / n, "format_valid": g["valid"] / n, "parallel_ratio": g["parallel"] / n,
-            "num_blocks": g["blocks"] / n, "response_T": g["T"] / n, "response_D": g["D"] / n,
-            "truncated": g["truncated"] / n, "groups_with_variance": g["varied_groups"] / max(g["groups"], 1.0),
+            **{k: g[k] / n for k in MEANS}, "groups_with_variance": g["varied_groups"] / max(g["groups"], 1.0),
             "parallel_position": g["position"] / g["blocks_seen"] if g["blocks_seen"] else None}
 
 EVAL_KEYS = ("mean_at_k", "pass_at_k", "format_valid", "parallel_ratio", "mean_blocks", "mean_parallel_position",
@@ -411,8 +398,7 @@ def evaluate_now(run, tag: str) -> dict:
             samples = evaluate(run.rollout_model, run.tokenizer, mine, cfg.mode, k=cfg.eval_k, seed=cfg.seed,
                                max_new_tokens=cfg.max_new_tokens, temperature=cfg.eval_temperature, top_p=cfg.top_p,
                                batch_size=max(1, 128 // cfg.eval_k), prompt_file=cfg.prompt_file or None,
-                               prompt_style="sequential" if cfg.mode == "sequential" else "parallel",
-                               num_paths=cfg.num_paths, max_blocks=cfg.max_blocks)[1]
+                               num_paths=cfg.num_paths, max_blocks=cfg.max_blocks)[1]   # prompt style: the mode's
     if dist.is_initialized():
         shards = [None] * d.world_size
         dist.all_gather_object(shards, samples)
@@ -431,6 +417,9 @@ def evaluate_now(run, tag: str) -> dict:
 
 # The training run
 
+LOG_KEYS = ("reward_mean", "accuracy", "format_valid", "parallel_ratio", "groups_with_variance", "loss", "clip_frac",
+            "entropy", "grad_norm", "time_sample", "time_reward", "time_update")      # the line every log_every steps
+
 @dataclass
 class GRPORun(sft.Run):
     rollout_model: torch.nn.Module = None               # what the sampler and the evaluation run on
@@ -441,15 +430,13 @@ class GRPORun(sft.Run):
     eval_records: list = field(default_factory=list)
 
 def setup(cfg: GRPOConfig, d, records, eval_records) -> GRPORun:
-    """The model, the resolved config, the recipe's prompt streams and held-out problems (those that fit the
-    context), the reference and rollout copies, the optimizer and the schedule."""
+    """The run: the resolved config, prompt streams and held-out problems, model copies, optimizer, schedule."""
     init = default_init(cfg.mode or RECIPE_MODE[cfg.recipe], cfg.model)
     run = sft.load(cfg, d, init, cls=GRPORun)
-    tiny = len(run.tokenizer) < TINY_VOCAB_LIMIT
-    run.cfg = cfg = resolve_defaults(dataclasses.replace(cfg, model=init), tiny, d.world_size)
-    style, init_mode = "sequential" if cfg.mode == "sequential" else "parallel", \
-        mode_from_config(read_checkpoint_config(init)[0])
-    if init_mode and init_mode != cfg.mode:
+    run.cfg = cfg = resolve_defaults(dataclasses.replace(cfg, model=init), len(run.tokenizer) < TINY_VOCAB_LIMIT,
+                                     d.world_size)
+    style = "sequential" if cfg.mode == "sequential" else "parallel"
+    if (init_mode := mode_from_config(read_checkpoint_config(init)[0])) and init_mode != cfg.mode:
         run.log(f"warning: {init} was trained in mode {init_mode!r}, this run samples and trains in {cfg.mode!r}")
     sources = {"train": records if records is not None else load_data(cfg.data, style=style, seed=cfg.seed)}
     if cfg.recipe == "seen" and (cfg.easy_steps or 0) > 0:
@@ -474,25 +461,12 @@ def setup(cfg: GRPOConfig, d, records, eval_records) -> GRPORun:
     if cfg.lr_schedule == "cosine" and saved_max != cfg.max_steps:
         run.log(f"note: the cosine lr schedule now ends at step {cfg.max_steps}, not {saved_max}: the lr jumps "
                 "from the old curve to the new one (use --lr_schedule=constant to train further flat)")
-    positions = run.state.get("data_position", {})
-    run.streams = {k: sft.ShuffledStream(len(v), cfg.seed + i, **positions.get(k, {}))
+    run.streams = {k: sft.ShuffledStream(len(v), cfg.seed + i, **run.state.get("data_position", {}).get(k, {}))
                    for i, (k, v) in enumerate(run.sources.items())}
     run.log(f"GRPO recipe {cfg.recipe} (mode {cfg.mode}) from {init}: {len(run.sources['train'])} problems of "
             f"{cfg.data if records is None else 'the given records'}, {cfg.batch_size} prompts x {cfg.group_size} per "
-            f"step on {d.world_size} rank(s) ({d.device.type}), lr {cfg.lr}, {cfg.ppo_mini_batches} mini-batch(es), "
-            f"max_new_tokens {cfg.max_new_tokens}" + (f", max_time {cfg.max_time:.0f}s" if cfg.max_time else ""))
+            f"step on {d.world_size} rank(s) ({d.device.type}), lr {cfg.lr}, max_new_tokens {cfg.max_new_tokens}")
     return run
-
-def first_evaluation(run) -> dict | None:
-    """The "before" evaluation: a resumed run's first one if its settings are today's, else a fresh one."""
-    cfg, before = run.cfg, run.state.get("eval_before")
-    settings = [cfg.eval_data, cfg.eval_samples, cfg.eval_k, cfg.eval_temperature, cfg.max_new_tokens]
-    if before and before.get("settings", settings) != settings:
-        run.log(f"note: the run's first evaluation used other settings {before['settings']} (eval_data, eval_samples,"
-                f" eval_k, eval_temperature, max_new_tokens) than now {settings}: the end summary shows no before/after"
-                " table")
-        return {}                                    # falsy: neither re-evaluated nor compared
-    return {**evaluate_now(run, "before"), "settings": settings} if before is None and run.eval_records else before
 
 def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list[dict] | None = None) -> dict:
     """Run GRPO (one process, or one rank under torchrun); `records` / `eval_records` replace cfg.data / eval_data.
@@ -501,9 +475,16 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
         run = setup(cfg, d, records, eval_records)
         cfg, per_rank, t_start, ckpt, row = run.cfg, run.cfg.batch_size // d.world_size, time.time(), None, {}
         pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else run.tags.eos
-        eval_before = first_evaluation(run)
-        if run.state:
-            sft.set_rng_state(run.state["rng"])
+        # the "before" evaluation: a resumed run's first one if its settings are today's, else a fresh one
+        eval_before = run.state.get("eval_before")
+        settings = [cfg.eval_data, cfg.eval_samples, cfg.eval_k, cfg.eval_temperature, cfg.max_new_tokens]
+        if eval_before and eval_before.get("settings", settings) != settings:
+            run.log(f"note: the run's first evaluation used other settings {eval_before['settings']} than now "
+                    f"{settings} (eval_data, eval_samples, eval_k, eval_temperature, max_new_tokens): the end summary "
+                    "shows no before/after table")
+            eval_before = {}                                 # falsy: neither re-evaluated nor compared
+        elif eval_before is None and run.eval_records:
+            eval_before = {**evaluate_now(run, "before"), "settings": settings}
         bar = tqdm(total=cfg.max_steps, initial=run.step, disable=not d.is_main, dynamic_ncols=True, desc="grpo")
         while run.step < cfg.max_steps:
             run.step += 1
@@ -535,7 +516,9 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
                    "lr": run.optimizer.param_groups[0]["lr"], "clip_ratio_high": stage.clip_ratio_high,
                    "time_sample": t1 - t0, "time_reward": t2 - t1, "time_update": t3 - t2,
                    "elapsed": time.time() - t_start}
-            log_step(run, row, bar)
+            run.log_step(row, bar, f"step {step}: " + " ".join(f"{k} {row[k]:.3f}" for k in LOG_KEYS),
+                         reward=f"{row['reward_mean']:+.2f}", acc=f"{row['accuracy']:.2f}",
+                         var=f"{row['groups_with_variance']:.2f}")
             last = step == cfg.max_steps or run.out_of_time(t_start)
             if run.eval_records and cfg.eval_every and step % cfg.eval_every == 0 and not last:
                 evaluate_now(run, f"step {step}")
@@ -552,20 +535,6 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
         run.log(f"GRPO done: {run.step} steps in {summary['seconds']:.0f}s. checkpoint: {ckpt} (python eval.py "
                 f"--model={ckpt}); log: {summary['log']} (before/after: python scripts/summary.py {cfg.out_dir})")
         return summary
-
-LOG_KEYS = ("reward_mean", "accuracy", "format_valid", "parallel_ratio", "groups_with_variance", "loss", "clip_frac",
-            "entropy", "grad_norm", "time_sample", "time_reward", "time_update")
-
-def log_step(run, row: dict, bar):
-    """A step's row into log.jsonl and the progress bar, and a line every log_every steps."""
-    run.write(row)
-    if not run.dist.is_main:
-        return
-    bar.update(1)
-    bar.set_postfix(reward=f"{row['reward_mean']:+.2f}", acc=f"{row['accuracy']:.2f}",
-                    var=f"{row['groups_with_variance']:.2f}")
-    if run.cfg.log_every and row["step"] % run.cfg.log_every == 0:
-        bar.write(f"step {row['step']}: " + " ".join(f"{k} {row[k]:.3f}" for k in LOG_KEYS))
 
 if __name__ == "__main__":
     try:

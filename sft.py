@@ -7,14 +7,14 @@ grpo.py builds on (ranks, optimizer and schedule, checkpoints with an exact resu
     torchrun --nproc_per_node=8 sft.py --model=Qwen/Qwen3-4B-Base --data=parallel_gsm8k --fsdp=True \\
         --grad_checkpointing=True --out_dir=runs/sft_qwen3_4b     # the paper's Unseen SFT (NOTES.md §5)
 
-One example is the prompt (no loss) and the trace + EOS (loss on every token, the tags the sampler will inject
-included), forwarded under the mode's mask and positions (attention.py). The loss is the response tokens' summed
-NLL over the response tokens of the *whole global batch* (the official trainer backpropagated each micro-batch's
-own mean, 16x too large before clipping, NOTES.md §8). Checkpoints out_dir/checkpoint-<step> are Hugging Face
-folders plus trainer_state.pt (optimizer, schedule, RNGs, data position, step, config): --resume is bit-exact.
+The loss: the summed NLL of the trace + EOS (the tags the sampler will inject included; the prompt is no target)
+under the mode's mask and positions (attention.py), over the response tokens of the *whole global batch* (the
+official trainer backpropagated each micro-batch's own mean, 16x too large before clipping, NOTES.md §8).
+out_dir/checkpoint-<step>: a Hugging Face folder + trainer_state.pt (optimizer, schedule, RNGs, data position).
 """
 import dataclasses
 import glob
+import itertools
 import json
 import math
 import os
@@ -80,8 +80,7 @@ class SFTConfig:
     eval_data: str = ""                  # "" = "<data>:test" for synthetic data, else the training problems
     wandb_project: str = ""              # also log log.jsonl's rows to this Weights & Biases project (needs wandb)
 
-# The tiny model: batch 32, lr 1e-3, 5% warm-up + cosine, 400 steps on the easy split (the curriculum: RL then
-# meets the longer lists). The paper's: NOTES.md §5 (5 epochs).
+# The tiny model: 400 steps on the easy split (the curriculum: RL meets the longer lists); the paper's: NOTES.md §5.
 TINY = dict(lr=1e-3, batch_size=32, micro_batch_size=8, warmup_ratio=0.05, max_time=0.0)
 PAPER = dict(lr=1e-5, batch_size=128, micro_batch_size=1, warmup_ratio=0.1, max_time=0.0)
 
@@ -103,34 +102,26 @@ class Dist:
     device: torch.device
     is_main = property(lambda self: self.rank == 0)
 
-def setup_distributed() -> Dist:
-    """Join torchrun's process group (nccl, one GPU per process; gloo on CPU), reusing one that exists; without
-    RANK one process, the collectives no-ops."""
-    if "RANK" not in os.environ:
-        return Dist(0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
-    if not dist.is_initialized() and device.type == "cuda":
-        torch.cuda.set_device(local)
-        dist.init_process_group("nccl", device_id=device)
-    elif not dist.is_initialized():
-        dist.init_process_group("gloo")
-    return Dist(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device)
-
-def teardown_distributed():
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
 @contextmanager
 def distributed():
-    """setup_distributed, and the teardown at the end if this call made the process group (a caller's stays)."""
-    owns = not dist.is_initialized()
-    try:
-        yield setup_distributed()
-    finally:
+    """Join torchrun's process group (nccl, one GPU per process; gloo on CPU), reusing one that exists, and tear it
+    down at the end if this call made it. Without RANK: one process, the collectives no-ops. Yields a Dist."""
+    owns, cuda, local = not dist.is_initialized(), torch.cuda.is_available(), int(os.environ.get("LOCAL_RANK", 0))
+    if "RANK" not in os.environ:
+        d = Dist(0, 1, torch.device("cuda" if cuda else "cpu"))
+    else:
+        d = Dist(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), torch.device("cuda", local) if cuda else
+                 torch.device("cpu"))
+        if owns and cuda:
+            torch.cuda.set_device(local)
         if owns:
-            teardown_distributed()
+            dist.init_process_group("nccl" if cuda else "gloo", device_id=d.device if cuda else None)
+    try:
+        yield d
+    finally:
+        if owns and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
 
 def all_reduce(values: list[float], device, op: str = "sum") -> list[float]:
     """Element-wise "sum" or "max" of numbers over ranks, in one collective; the numbers themselves for one process."""
@@ -152,11 +143,11 @@ def autocast(device: torch.device):
     """bf16 compute on GPUs (the weights and the optimizer stay fp32), nothing on CPU."""
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
-def forward(model, input_ids, attention_mask, prompt_lengths, tags: TagIds, mode: str) -> torch.Tensor:
-    """The training forward (B, L, V) under each row's own mask and positions, the mask in the compute dtype."""
-    with autocast(input_ids.device):
-        return structured_forward(model, input_ids, attention_mask, prompt_lengths, tags, mode,
-                                  dtype=torch.bfloat16 if input_ids.device.type == "cuda" else torch.float32)
+def forward(model, batch, tags: TagIds, mode: str) -> torch.Tensor:
+    """The training forward (B, L, V) of a Batch or grpo.RolloutBatch, each row under its own mask and positions."""
+    with autocast(batch.input_ids.device):
+        return structured_forward(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, tags, mode,
+                                  dtype=torch.bfloat16 if batch.input_ids.device.type == "cuda" else torch.float32)
 
 # Data: records -> token ids -> padded batches, and the shuffled stream of indices
 
@@ -198,20 +189,18 @@ class Batch:
     loss_mask: torch.Tensor        # (B, L) float: 1 where the token is a response token (a target)
 
 def collate(examples: list[Example], pad_id: int) -> Batch:
-    """Right-pad to the longest: prompt [5, 6] + response [7, 1] -> input_ids [5, 6, 7, 1, pad], loss 0 0 1 1 0."""
-    B, L = len(examples), max(len(e.prompt_ids) + len(e.response_ids) for e in examples)
-    input_ids, attention_mask, loss_mask = torch.full((B, L), pad_id), torch.zeros(B, L, dtype=torch.long), \
-        torch.zeros(B, L)
-    for b, e in enumerate(examples):
-        p, n = len(e.prompt_ids), len(e.prompt_ids) + len(e.response_ids)
-        input_ids[b, :n], attention_mask[b, :n] = torch.tensor(e.prompt_ids + e.response_ids), 1
-        loss_mask[b, p:n] = 1
-    return Batch(input_ids, attention_mask, [len(e.prompt_ids) for e in examples], loss_mask)
+    """Right-pad to the longest: prompt [5, 6] + response [7, 1] -> input_ids [5, 6, 7, 1, pad], loss 0 0 1 1 0.
+    Anything with prompt_ids and response_ids will do (grpo.collate_rollouts pads Rollouts with it)."""
+    rows, prompt_lengths = [e.prompt_ids + e.response_ids for e in examples], [len(e.prompt_ids) for e in examples]
+    L = max(map(len, rows))
+    input_ids = torch.tensor([r + [pad_id] * (L - len(r)) for r in rows])
+    attention_mask = torch.tensor([[1] * len(r) + [0] * (L - len(r)) for r in rows])
+    is_response = torch.arange(L)[None, :] >= torch.tensor(prompt_lengths)[:, None]
+    return Batch(input_ids, attention_mask, prompt_lengths, (attention_mask * is_response).float())
 
 def shard_micro_batches(examples: list[Example], batch_indices: list[int], rank: int, world_size: int,
                         micro_batch_size: int, pad_id: int) -> list[Batch]:
-    """This rank's contiguous share of a global batch, shortest first (less padding; the loss is a sum), cut into
-    micro-batches: as many on every rank."""
+    """This rank's contiguous share of a global batch, shortest first (less padding), cut into micro-batches."""
     per_rank = len(batch_indices) // world_size
     mine = sorted(batch_indices[rank * per_rank:(rank + 1) * per_rank],
                   key=lambda i: len(examples[i].prompt_ids) + len(examples[i].response_ids))
@@ -220,7 +209,6 @@ def shard_micro_batches(examples: list[Example], batch_indices: list[int], rank:
 
 class ShuffledStream:
     """An endless stream of indices, shuffled each epoch with seed + epoch: (epoch, index) is all a resume needs."""
-
     def __init__(self, n: int, seed: int, epoch: int = 0, index: int = 0):
         if not 0 <= index <= n:
             raise ValueError(f"data position {index} is outside the {n} examples: resume with the data "
@@ -247,9 +235,8 @@ class ShuffledStream:
 # The loss, one optimizer step, the schedule
 
 def response_nll(model, batch: Batch, tags: TagIds, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed NLL of the response tokens, their count). logits[:, t] predicts input_ids[:, t+1] in *sequence*
-    order, whatever the position ids say (as the official trainer)."""
-    logits = forward(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, tags, mode)  # (B, L, V)
+    """(summed NLL of the response tokens, their count); logits[:, t] predicts input_ids[:, t+1], in sequence order."""
+    logits = forward(model, batch, tags, mode)                                                        # (B, L, V)
     targets, weights = batch.input_ids[:, 1:], batch.loss_mask[:, 1:]     # (B, L-1): the target is a response token
     nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), reduction="none")
     return (nll.view_as(targets) * weights).sum(), weights.sum()
@@ -263,8 +250,7 @@ def accumulate_gradients(model, micro_batches: list[Batch], tags: TagIds, mode: 
     nll_total = 0.0
     for i, mb in enumerate(micro_batches):
         with grad_sync(model, enabled=i == len(micro_batches) - 1):
-            mb = Batch(mb.input_ids.to(device), mb.attention_mask.to(device), mb.prompt_lengths,
-                       mb.loss_mask.to(device))
+            mb = dataclasses.replace(mb, **{k: v.to(device) for k, v in vars(mb).items() if torch.is_tensor(v)})
             nll_sum, _ = response_nll(model, mb, tags, mode)
             (nll_sum * (world_size / global_tokens)).backward()
         nll_total += nll_sum.item()
@@ -294,17 +280,6 @@ def sft_schedule(total_steps: int, warmup_ratio: float):
     return lambda step: lr_factor(step, math.ceil(warmup_ratio * total_steps), total_steps - 1)
 
 # Checkpoints with trainer state, and the training run both trainers share
-
-def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
-            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}   # this rank's GPU
-
-def set_rng_state(state: dict):
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 def find_latest_checkpoint(out_dir: str) -> str:
     """The checkpoint-<step> folder with a trainer state and the highest step. Raises FileNotFoundError."""
@@ -366,7 +341,16 @@ class Run:
     def close(self):
         if self.dist.is_main:
             self.log_file.close()
-            self.wandb and self.wandb.finish()
+            if self.wandb:
+                self.wandb.finish()
+
+    def log_step(self, row: dict, bar, line: str, **postfix):
+        """A step's row into log.jsonl, its `postfix` on the progress bar, and `line` every log_every steps."""
+        self.write(row)
+        bar.set_postfix(**postfix)
+        bar.update(1)
+        if self.dist.is_main and self.cfg.log_every and row["step"] % self.cfg.log_every == 0:
+            bar.write(line)
 
     def out_of_time(self, t_start: float) -> bool:
         """Every rank takes the same stop decision (any rank's clock), or the next collective would hang."""
@@ -379,11 +363,13 @@ class Run:
         cfg, path = self.cfg, os.path.join(self.cfg.out_dir, f"checkpoint-{self.step}")
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         model_sd = {"state_dict": get_model_state_dict(self.train_model, options=opts)} if cfg.fsdp else {}
-        optim = get_optimizer_state_dict(self.train_model, self.optimizer, options=opts) if cfg.fsdp else None
+        optim = get_optimizer_state_dict(self.train_model, self.optimizer, options=opts) if cfg.fsdp else \
+            self.optimizer.state_dict()
         if self.dist.is_main:
-            state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state, rng=rng_state(),
-                         scheduler=self.scheduler.state_dict(), optimizer=optim if cfg.fsdp else
-                         self.optimizer.state_dict())
+            rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+                   "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}   # this rank's GPU
+            state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state, rng=rng,
+                         scheduler=self.scheduler.state_dict(), optimizer=optim)
             save_checkpoint(path, self.train_model, self.tokenizer, state, **model_sd)
             old = sorted(glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")),
                          key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or -1))
@@ -417,9 +403,8 @@ def prepare(run: Run, lr_lambda) -> Run:
     if cfg.fsdp:
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cuda else \
             MixedPrecisionPolicy()
-        for layer in model.model.layers:            # one all-gather per decoder layer, then one for the rest
-            fully_shard(layer, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+        for module in [*model.model.layers, model]:  # one all-gather per decoder layer, then one for the rest
+            fully_shard(module, mp_policy=mp)
     elif d.world_size > 1:
         run.train_model = torch.nn.parallel.DistributedDataParallel(model, [d.device.index] if cuda else None)
     run.optimizer = torch.optim.AdamW(run.train_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -433,21 +418,23 @@ def prepare(run: Run, lr_lambda) -> Run:
         else:
             run.optimizer.load_state_dict(run.state["optimizer"])
         run.scheduler.load_state_dict(run.state["scheduler"])
-        run.step = run.state["step"]
+        run.step, rng = run.state["step"], run.state["rng"]        # the RNGs as they were at the checkpoint
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
         run.log(f"resumed from {run.resume} at step {run.step}")
     if d.is_main:                                   # a fresh run moves an earlier run aside: nothing is deleted
         os.makedirs(cfg.out_dir, exist_ok=True)
         log_path = os.path.join(cfg.out_dir, "log.jsonl")
         old = [] if run.resume else glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")) + glob.glob(log_path)
         if old:
-            k = 1
-            while os.path.exists(aside := os.path.join(cfg.out_dir, f"earlier-{k}")):
-                k += 1
+            aside = next(a for k in itertools.count(1) if not os.path.exists(a := f"{cfg.out_dir}/earlier-{k}"))
             os.makedirs(aside)
             for p in old:
                 shutil.move(p, aside)
-            run.log(f"moved an earlier run in {cfg.out_dir} to {aside} "
-                    "(delete it when it is not needed; --resume=True continues a run instead)")
+            run.log(f"moved an earlier run in {cfg.out_dir} to {aside} (--resume=True continues a run instead)")
         kept = [line for line in open(log_path) if json.loads(line)["step"] <= run.step] \
             if run.resume and os.path.isfile(log_path) else []   # a resumed log: the lines up to its step
         run.log_file = open(log_path, "w")
@@ -464,22 +451,6 @@ def prepare(run: Run, lr_lambda) -> Run:
     return run
 
 # The SFT run
-
-def sft_data(run: Run, records: list[dict] | None) -> tuple[list[Example], str, list[dict]]:
-    """The examples (of `records` if given, else of cfg.data), and the name and records of the end-of-run check:
-    cfg.eval_data, else the test part of synthetic data, else the training problems."""
-    cfg = run.cfg
-    synthetic = records is None and all(re.fullmatch(r"synthetic:\w+", n.strip()) for n in cfg.data.split(","))
-    if records is None:
-        records = load_data(cfg.data, style=cfg.style, limit=cfg.limit or None, seed=cfg.seed, tokenizer=run.tokenizer,
-                            data_dir=cfg.data_dir or None, parallel_fraction=cfg.parallel_fraction)
-    records = records[:cfg.limit] if cfg.limit else records
-    examples = tokenize_records(records, run.tokenizer, cfg.style, cfg.max_length, cfg.prompt_file or None, run.log)
-    if not cfg.eval_samples or not (cfg.eval_data or synthetic):
-        return examples, f"{cfg.data} (training problems)", records
-    name = cfg.eval_data or ",".join(n.strip() + ":test" for n in cfg.data.split(","))
-    return examples, name, load_data(name, style=cfg.style, limit=cfg.eval_samples, data_dir=cfg.data_dir or None,
-                                     tokenizer=run.tokenizer if cfg.eval_data else None)
 
 def quick_eval(model, tokenizer, records: list[dict], mode: str, n: int, *, prompt_file: str | None = None,
                max_new_tokens: int = 256, seed: int = 0) -> dict:
@@ -505,7 +476,19 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
         run = load(cfg, d, cfg.model, **({"tokenizer": cfg.tokenizer or None} if cfg.model == "tiny" else {}))
         context = getattr(run.model.config, "max_position_embeddings", None) or 4096
         run.cfg = cfg = dataclasses.replace(cfg, max_length=cfg.max_length or min(4096, context))
-        examples, eval_name, eval_records = sft_data(run, records)
+        synthetic = records is None and all(re.fullmatch(r"synthetic:\w+", n.strip()) for n in cfg.data.split(","))
+        if records is None:
+            records = load_data(cfg.data, style=cfg.style, limit=cfg.limit or None, seed=cfg.seed,
+                                data_dir=cfg.data_dir or None, tokenizer=run.tokenizer,
+                                parallel_fraction=cfg.parallel_fraction)
+        records = records[:cfg.limit] if cfg.limit else records
+        examples = tokenize_records(records, run.tokenizer, cfg.style, cfg.max_length, cfg.prompt_file or None, run.log)
+        # the end-of-run samples: of cfg.eval_data, else the test part of synthetic data, else the training problems
+        eval_name, eval_records = f"{cfg.data} (training problems)", records
+        if cfg.eval_samples and (cfg.eval_data or synthetic):
+            eval_name = cfg.eval_data or ",".join(n.strip() + ":test" for n in cfg.data.split(","))
+            eval_records = load_data(eval_name, style=cfg.style, limit=cfg.eval_samples, data_dir=cfg.data_dir or None,
+                                     tokenizer=run.tokenizer if cfg.eval_data else None)
         total_steps = cfg.max_steps or math.ceil(cfg.epochs * len(examples) / cfg.batch_size)
         prepare(run, sft_schedule(total_steps, cfg.warmup_ratio))
         stream = ShuffledStream(len(examples), cfg.seed, **run.state.get("data_position", {}))
@@ -513,9 +496,7 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
                 f"{len(examples)} examples of {cfg.data}, mode={cfg.mode}, style={cfg.style}, {d.world_size} rank(s) "
                 f"on {d.device.type}, batch {cfg.batch_size}, lr {cfg.lr}, {total_steps} steps")
         bar = tqdm(total=total_steps, initial=run.step, disable=not d.is_main, dynamic_ncols=True, desc="sft")
-        if run.state:
-            set_rng_state(run.state["rng"])
-        t_start, losses, tokens_seen, ckpt, stopped_early = time.time(), [], 0, run.resume or None, False
+        t_start, losses, tokens_seen, ckpt = time.time(), [], 0, run.resume or None
         while run.step < total_steps:
             t0 = time.time()
             micro_batches = shard_micro_batches(examples, stream.take(cfg.batch_size), d.rank, d.world_size,
@@ -528,21 +509,17 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
             tokens = all_reduce([sum(mb.attention_mask.sum().item() for mb in micro_batches)], d.device)[0]
             dt, loss, tokens_seen = time.time() - t0, nll / loss_tokens, tokens_seen + tokens
             losses.append(loss)
-            run.write(dict(step=run.step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=int(tokens), epoch=stream.epoch,
-                           loss_tokens=int(loss_tokens), tokens_per_s=tokens / dt, elapsed=time.time() - t_start))
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens / dt:,.0f}")
-            bar.update(1)
-            if d.is_main and cfg.log_every and run.step % cfg.log_every == 0:
-                bar.write(f"step {run.step}: loss {loss:.4f}, lr {lr:.2e}, grad_norm {grad_norm:.3f}, "
-                          f"{tokens / dt:,.0f} tok/s")
-            out_of_time = run.out_of_time(t_start)
-            if run.step == total_steps or out_of_time or (cfg.save_every and run.step % cfg.save_every == 0):
+            row = dict(step=run.step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=int(tokens), epoch=stream.epoch,
+                       loss_tokens=int(loss_tokens), tokens_per_s=tokens / dt, elapsed=time.time() - t_start)
+            run.log_step(row, bar, f"step {run.step}: loss {loss:.4f}, lr {lr:.2e}, grad_norm {grad_norm:.3f}, "
+                         f"{tokens / dt:,.0f} tok/s", loss=f"{loss:.4f}", tok_s=f"{tokens / dt:,.0f}")
+            last = run.step == total_steps or run.out_of_time(t_start)
+            if last or (cfg.save_every and run.step % cfg.save_every == 0):
                 ckpt = run.save(data_position=stream.position())
-            if out_of_time and run.step < total_steps:
-                stopped_early = True
+            if last:
                 break
         bar.close()
-        seconds = time.time() - t_start
+        seconds, stopped_early = time.time() - t_start, run.step < total_steps       # stopped early: by max_time
         summary = {"checkpoint": ckpt, "steps": run.step, "total_steps": total_steps, "stopped_early": stopped_early,
                    "final_loss": float(np.mean(losses[-10:])) if losses else None, "seconds": seconds,
                    "tokens_per_s": tokens_seen / seconds if seconds > 0 else 0.0, "eval": None}

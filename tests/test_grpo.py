@@ -472,10 +472,14 @@ def _scenario_cfg(extra: dict) -> GRPOConfig:
 def _worker(folder: str):
     """One rank of the 2-rank test: for each scenario, ppo_update on this rank's share, then rank 0
     writes the full weights."""
+    from sft import distributed
+    with distributed() as info:
+        _scenarios(folder, info)
+
+
+def _scenarios(folder: str, info):
     import torch.distributed as dist
 
-    from sft import setup_distributed, teardown_distributed
-    info = setup_distributed()
     with open(os.path.join(folder, "data.pkl"), "rb") as f:
         pool, advs = pickle.load(f)
     _, tok = tiny()
@@ -504,7 +508,6 @@ def _worker(folder: str):
         if info.rank == 0:
             torch.save({"weights": flat_params(model), "stats": stats}, os.path.join(folder, f"{name}.pt"))
         dist.barrier()
-    teardown_distributed()
 
 
 def run_two_ranks(folder, timeout=300) -> tuple[int, str]:

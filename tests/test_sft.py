@@ -218,30 +218,29 @@ def test_accumulation_equals_one_batch(grad_checkpointing):
 def _worker(model_dir: str, out_dir: str):
     """Run by torchrun in 2 processes: gradients of an 8-sequence batch under DDP and under FSDP2
     (micro-batches of 2, so 2 per rank), then a 2-step DDP `train` run."""
-    info = sft.setup_distributed()
-    records = make_records(16)
-    for kind in ("ddp", "fsdp"):
-        model, tok = load_model(model_dir, device="cpu")
-        model.train()
-        if kind == "ddp":
-            wrapped = torch.nn.parallel.DistributedDataParallel(model)
-        else:
-            from torch.distributed.fsdp import fully_shard
-            for layer in model.model.layers:
-                fully_shard(layer)
-            wrapped = fully_shard(model)
-        ex = sft.tokenize_records(records[:8], tok, "parallel", 256)
-        mbs = sft.shard_micro_batches(ex, list(range(8)), info.rank, info.world_size, 2, tok.pad_token_id)
-        nll, n = sft.accumulate_gradients(wrapped, mbs, TagIds.from_tokenizer(tok), "unseen", info.world_size, info.device)
-        g = {k: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-             for k, p in model.named_parameters()}
-        if info.is_main:
-            torch.save({"grads": g, "nll": nll, "n": n}, os.path.join(out_dir, f"{kind}.pt"))
-    sft.train(config(model_dir, os.path.join(out_dir, "ddp_run"), max_steps=2, save_every=0), records=records)
-    if FSDP_CAN_SAVE:
-        sft.train(config(model_dir, os.path.join(out_dir, "fsdp_run"), max_steps=2, save_every=0, fsdp=True),
-                  records=records)
-    sft.teardown_distributed()
+    with sft.distributed() as info:
+        records = make_records(16)
+        for kind in ("ddp", "fsdp"):
+            model, tok = load_model(model_dir, device="cpu")
+            model.train()
+            if kind == "ddp":
+                wrapped = torch.nn.parallel.DistributedDataParallel(model)
+            else:
+                from torch.distributed.fsdp import fully_shard
+                for layer in model.model.layers:
+                    fully_shard(layer)
+                wrapped = fully_shard(model)
+            ex = sft.tokenize_records(records[:8], tok, "parallel", 256)
+            mbs = sft.shard_micro_batches(ex, list(range(8)), info.rank, info.world_size, 2, tok.pad_token_id)
+            nll, n = sft.accumulate_gradients(wrapped, mbs, TagIds.from_tokenizer(tok), "unseen", info.world_size, info.device)
+            g = {k: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+                 for k, p in model.named_parameters()}
+            if info.is_main:
+                torch.save({"grads": g, "nll": nll, "n": n}, os.path.join(out_dir, f"{kind}.pt"))
+        sft.train(config(model_dir, os.path.join(out_dir, "ddp_run"), max_steps=2, save_every=0), records=records)
+        if FSDP_CAN_SAVE:
+            sft.train(config(model_dir, os.path.join(out_dir, "fsdp_run"), max_steps=2, save_every=0, fsdp=True),
+                      records=records)
 
 
 # Saving an FSDP2 model needs model.save_checkpoint(..., state_dict=<gathered full state dict>).
