@@ -468,6 +468,17 @@ def setup(cfg: GRPOConfig, d, records, eval_records) -> GRPORun:
             f"step on {d.world_size} rank(s) ({d.device.type}), lr {cfg.lr}, max_new_tokens {cfg.max_new_tokens}")
     return run
 
+def first_evaluation(run) -> dict | None:
+    """The "before" evaluation: a resumed run's first one if its settings are today's, else a fresh one."""
+    cfg, before = run.cfg, run.state.get("eval_before")
+    settings = [cfg.eval_data, cfg.eval_samples, cfg.eval_k, cfg.eval_temperature, cfg.max_new_tokens]
+    if before and before.get("settings", settings) != settings:
+        run.log(f"note: the run's first evaluation used other settings {before['settings']} than now {settings} "
+                "(eval_data, eval_samples, eval_k, eval_temperature, max_new_tokens): the end summary shows no "
+                "before/after table")
+        return {}                                    # falsy: neither re-evaluated nor compared
+    return {**evaluate_now(run, "before"), "settings": settings} if before is None and run.eval_records else before
+
 def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list[dict] | None = None) -> dict:
     """Run GRPO (one process, or one rank under torchrun); `records` / `eval_records` replace cfg.data / eval_data.
     Returns {"checkpoint", "steps", "seconds", "eval_before", "eval_after", "last_step", "log"}."""
@@ -475,16 +486,7 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
         run = setup(cfg, d, records, eval_records)
         cfg, per_rank, t_start, ckpt, row = run.cfg, run.cfg.batch_size // d.world_size, time.time(), None, {}
         pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else run.tags.eos
-        # the "before" evaluation: a resumed run's first one if its settings are today's, else a fresh one
-        eval_before = run.state.get("eval_before")
-        settings = [cfg.eval_data, cfg.eval_samples, cfg.eval_k, cfg.eval_temperature, cfg.max_new_tokens]
-        if eval_before and eval_before.get("settings", settings) != settings:
-            run.log(f"note: the run's first evaluation used other settings {eval_before['settings']} than now "
-                    f"{settings} (eval_data, eval_samples, eval_k, eval_temperature, max_new_tokens): the end summary "
-                    "shows no before/after table")
-            eval_before = {}                                 # falsy: neither re-evaluated nor compared
-        elif eval_before is None and run.eval_records:
-            eval_before = {**evaluate_now(run, "before"), "settings": settings}
+        eval_before = first_evaluation(run)
         bar = tqdm(total=cfg.max_steps, initial=run.step, disable=not d.is_main, dynamic_ncols=True, desc="grpo")
         while run.step < cfg.max_steps:
             run.step += 1
