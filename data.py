@@ -1,10 +1,9 @@
 """Data: prompts, the embedded synthetic task (NOTES.md §9), and loaders for the real math sets (NOTES.md §6).
 
-Every loader returns one dict per problem: {"id", "problem", "answer", "solution" (the SFT target with the tags
-as text, no EOS; or None), "source"}. `load_data` takes synthetic:easy / :medium / :hard (4, 5, 6 numbers; ":rl" and
-":test" name the disjoint parts of RL's and the held-out number patterns), the real sets of `KNOWN_DATASETS` (read
-from `data_dir`, else $PARALLEL_R1_DATA, else ../shared/data, else `datasets.load_dataset`), a comma list of
-names, or a .jsonl / .json / .parquet file with a problem and an answer per row.
+Every loader returns one dict per problem: {"id", "problem", "answer", "solution" (the SFT target with the tags as
+text, no EOS; or None), "source"}. `load_data` takes synthetic:easy / :medium / :hard (4, 5, 6 numbers; ":rl" and
+":test": the disjoint parts of RL's and the held-out number patterns), the real sets of `KNOWN_DATASETS` (read from
+`data_dir`, else $PARALLEL_R1_DATA, else ../shared/data, else the hub), a comma list, or a .jsonl/.json/.parquet file.
 
     python scripts/show_data.py --show=synthetic:hard --n=2 [--style=sequential]     # problems, traces, lengths
 """
@@ -79,11 +78,9 @@ class PairProblem:
     numbers: tuple[int, ...]     # the list, in the order of the text (distinct, 1-9)
     target: int                  # the sum of exactly one pair of `numbers` (<= 9)
     pair: tuple[int, int]        # that pair, in list order
-
     @property
     def text(self) -> str:
         return f"Which two of {' '.join(map(str, self.numbers))} make {self.target}?"
-
     @property
     def answer(self) -> str:
         return f"{min(self.pair)}, {max(self.pair)}"
@@ -92,14 +89,11 @@ def make_problem(rng: random.Random, size: int) -> PairProblem:
     """`size` distinct numbers from 1-9 and a target (<= 9) that exactly one pair of them makes."""
     while True:
         numbers = tuple(rng.sample(range(1, 10), size))
-        sums = collections.defaultdict(list)
-        for i in range(size):
-            for j in range(i + 1, size):
-                sums[numbers[i] + numbers[j]].append((numbers[i], numbers[j]))
-        unique = sorted(s for s, pairs in sums.items() if len(pairs) == 1 and s <= 9)
-        if unique:
+        pairs = [(a, b) for i, a in enumerate(numbers) for b in numbers[i + 1:]]      # in list order
+        sums = collections.Counter(a + b for a, b in pairs)
+        if unique := sorted(s for s, count in sums.items() if count == 1 and s <= 9):
             target = rng.choice(unique)
-            return PairProblem(numbers, target, sums[target][0])
+            return PairProblem(numbers, target, next(pair for pair in pairs if sum(pair) == target))
 
 def problem_part(problem: PairProblem) -> str:
     """The part of a problem's number pattern (the list as a set, the target) by a fixed hash: "train" (3 in 5),
@@ -130,11 +124,8 @@ def render_trace(problem: PairProblem, rng: random.Random, parallel_fraction: fl
             tries.append((a, b) if rng.random() < 0.5 else (b, a))
         checks = [f"{a}+{b}={a + b} vs {p.target}: {'ok' if a + b == p.target else 'no'}" for a, b in tries]
         found = next((f"{a}, {b}" for a, b in tries if a + b == p.target), None)
-        if block:
-            lines.append("<Parallel>" + "".join(f"<Path>{c}</Path>" for c in checks)
-                         + f"</Parallel>\n<Summary>{found or 'none'}</Summary>")
-        else:
-            lines.append(checks[0])
+        paths = "".join(f"<Path>{c}</Path>" for c in checks)
+        lines.append(f"<Parallel>{paths}</Parallel>\n<Summary>{found or 'none'}</Summary>" if block else checks[0])
         if found:
             break
     return "\n".join(lines) + f"\nFinal Answer: {found}"
@@ -162,8 +153,7 @@ def normalize_answer(value, latex: bool = False) -> str:
     s = str(value).strip()
     if latex:
         return s
-    if re.fullmatch(r"[+-]?\d{1,3}(,\d{3})+", s):          # 1,450,000
-        s = s.replace(",", "")
+    s = s.replace(",", "") if re.fullmatch(r"[+-]?\d{1,3}(,\d{3})+", s) else s      # 1,450,000
     if re.fullmatch(r"[+-]?\d+(\.0*)?", s):                 # 025, 27.0, -1.0
         return str(int(s.split(".")[0]))
     return s
@@ -212,7 +202,6 @@ def check_trace(solution: str, tokenizer, tags: TagIds) -> str:
     return "" if re.search(r"Final Answer\s*:\s*\S", solution) else "no 'Final Answer:' line"
 
 # Known datasets: the file inside the data folder, and the hub candidates (path, config, split) tried in order
-
 KNOWN_DATASETS = {
     "gsm8k:train": ("gsm8k/train.jsonl", [("openai/gsm8k", "main", "train")]),
     "gsm8k:test": ("gsm8k/test.jsonl", [("openai/gsm8k", "main", "test")]),
@@ -313,25 +302,22 @@ def _records_from_rows(rows, name: str, style: str, strict: bool, where: str, to
         records.append({"id": rid, "problem": problem, "answer": answer, "solution": solution, "source": name})
     if skipped:
         print(f"[data] {where}: skipped {skipped} of {len(rows)} rows without a problem or answer", file=sys.stderr)
-    if not any(r["solution"] and _TAG.search(r["solution"]) for r in records):
+    parallel = [bool(r["solution"] and _TAG.search(r["solution"])) for r in records]
+    if not any(parallel):
         return records
     if style == "sequential":
         raise ValueError(f"{where} holds parallel traces, not sequential ones; for a sequential SFT set use "
                          "e.g. gsm8k:train with style='sequential'")
     if tokenizer is None:
         tokenizer = load_model("tiny", device="cpu")[1]
-    tags, kept, reasons, traces, blockless = TagIds.from_tokenizer(tokenizer), [], collections.Counter(), 0, 0
-    for r in records:
-        if r["solution"] and _TAG.search(r["solution"]):
-            traces += 1
-            r = dict(r, solution=canonicalize_trace(r["solution"]))
-            why = check_trace(r["solution"], tokenizer, tags)
-            if why:
-                reasons[why] += 1
-                continue
-        elif r["solution"]:
-            blockless += 1
-        kept.append(r)
+    tags, kept, reasons = TagIds.from_tokenizer(tokenizer), [], collections.Counter()
+    for r, is_parallel in zip(records, parallel):
+        r = dict(r, solution=canonicalize_trace(r["solution"])) if is_parallel else r
+        if is_parallel and (why := check_trace(r["solution"], tokenizer, tags)):
+            reasons[why] += 1
+        else:
+            kept.append(r)
+    traces, blockless = sum(parallel), sum(bool(r["solution"]) for r in records) - sum(parallel)
     dropped = "; ".join(f"{n} x {why}" for why, n in reasons.most_common()) or "none"
     print(f"[data] {where}: {traces - sum(reasons.values())} of {traces} parallel traces pass the format "
           f"check, {blockless} more traces have no parallel block; dropped: {dropped}", file=sys.stderr)
