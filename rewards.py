@@ -227,8 +227,8 @@ def _paper_line(line: str) -> str:
     i, j = line.find("\\boxed{"), line.rfind("}")          # \boxed{ ... up to the line's last "}"
     return line[:i] + line[i + len("\\boxed{"):j] + line[j + 1:] if i >= 0 and j >= i + len("\\boxed{") else line
 def normalize_paper(answer: str) -> str:
-    r"""The official (Minerva-style) normaliser: after the last "=", the replacements and removed words, per line the
-    first $...$ span and \text{} \textbf{} \overline{} \boxed{} unwrapped, \fracab \sqrta expanded, "$" dropped.
+    r"""The official (Minerva-style) normaliser: after the last "=", the replacements and removed words; per line the
+    first $...$ span, \text{} \textbf{} \overline{} \boxed{} unwrapped; \fracab \sqrta expanded; no "$", integer commas.
         >>> normalize_paper(r"x = \frac12"), normalize_paper(r"\$1,000"), normalize_paper(r"$\boxed{42}$.")
         ('\\frac{1}{2}', '1000', '42')
     """
