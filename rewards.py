@@ -3,12 +3,11 @@
     text (with the tags) --extract_answer--> pred --verify(pred, gold)--> correct --+
     Structure (attention.parse_structure) --> has_parallel, format_ok -------------+--> reward (RewardSchedule)
 
-`score_batch` does that for one GRPO step. Checks, cheapest first: exact after normalisation; numbers and lists of
-numbers by our own parser; math-verify's LaTeX parser in pebble workers, each check under a deadline (its worker is
-killed, the item wrong; math-verify's signal.alarm fails off the main thread and cannot stop a power computed in C).
-Model text is untrusted: nothing calls eval, exec or sympify on it (math-verify's plain-expression extractor runs
-parse_expr, which evaluates Python: never used). Unlike the official reward the whole response is read, not its last
-300 characters, and "0.5" equals "\\frac{1}{2}" (`verifier="paper"` keeps its string comparison).
+Checks, cheapest first: exact after normalisation; numbers and lists of numbers by our own parser; math-verify's LaTeX
+parser in pebble workers, each check under a deadline (its worker is killed, the pair wrong: math-verify's signal.alarm
+fails off the main thread and cannot stop a power computed in C). Model text is untrusted: nothing calls eval, exec or
+sympify on it (nor math-verify's plain-expression extractor: its parse_expr evaluates Python). Unlike the official
+reward the whole response is read, not its last 300 characters, and "0.5" equals "\\frac{1}{2}".
 """
 import atexit
 import logging
@@ -37,8 +36,7 @@ _MARKER_RE = re.compile(r"\\(?:boxed|fbox)\s*\{|####|final\s*answer\s*\**\s*:", 
 _LAST_NUMBER_RE = re.compile(r"(?<![\w.^])(?<!sqrt{)-?(?:\\[dt]?frac\{\d+\}\{\d+\}|\d{1,3}(?:(?:,|\{,\})\d{3})+(?!,?\d)"
                              r"|\d+)(?:\.\d+)?(?:/\d+)?(?![\w/^]|\s*\\(?:sqrt|pi|cdot|times|d?frac))(?:\s*\\?%)?")
 @lru_cache(maxsize=1)
-def _markers() -> re.Pattern:
-    """The tags, <eos>, <pad> and <|im_end|>-style markers (Qwen), removed before extraction."""
+def _markers() -> re.Pattern:   # the tags, <eos>, <pad> and <|im_end|>-style markers (Qwen): removed before extraction
     from model import EOS, PAD, TAGS                       # not at the top: the workers need no torch
     tags = sorted({*TAGS, EOS, PAD}, key=len, reverse=True)
     return re.compile("|".join(map(re.escape, tags)) + r"|<\|[^|<>\n]{1,40}\|>")
@@ -61,16 +59,12 @@ def _last_boxed(text: str) -> str | None:
     return ", ".join(dict.fromkeys(reversed(parts))) if parts else None
 def _last_line_after(pattern: str, text: str) -> str | None:
     """The rest of the line after the last match of `pattern` that some text follows (walked backwards)."""
-    for m in reversed(list(re.finditer(pattern, text, re.IGNORECASE))):
-        end = text.find("\n", m.end())
-        if line := text[m.end():end if end >= 0 else len(text)].strip().strip("*#").strip():
-            return line
-    return None
+    ends = ((m.end(), text.find("\n", m.end())) for m in reversed(list(re.finditer(pattern, text, re.IGNORECASE))))
+    return next(filter(None, (text[a:b if b >= 0 else None].strip().strip("*#").strip() for a, b in ends)), None)
 def extract_answer(text: str) -> str | None:
-    r"""The final answer of a response (without the tags and <eos>/<pad>/<|...|> markers), or None: the last non-empty
+    r"""The final answer of a response (tags and <eos>/<pad>/<|...|> markers removed), or None: the last non-empty
     `Final Answer:` line (any case, bold allowed; a `\boxed{}` in it: its content), else `_last_boxed`, else the last
-    `#### N` line; with none of these markers, the last number (GSM8K's "flexible" rule) without the punctuation
-    after it. A marker left empty ("\boxed{}", "Final Answer:" at the end) is no answer.
+    `#### N` line; with no marker at all (an empty one is no answer) the last number, GSM8K's "flexible" rule.
         >>> extract_answer(r"\boxed{1} then \boxed{\frac{1}{2}}"), extract_answer("#### 1,234"), extract_answer("no")
         ('\\frac{1}{2}', '1,234', None)
         >>> extract_answer(r"so \boxed{3}, \boxed{5}"), extract_answer("It is $70,000."), extract_answer(r"\boxed{} 4")
@@ -86,11 +80,10 @@ def extract_answer(text: str) -> str | None:
     end = max(map(text.rfind, "0123456789"))    # C-speed scans; the regex reads 300 characters at most
     return next(reversed(_LAST_NUMBER_RE.findall(text, max(0, end - 300), end + 8)), None)
 
-# ----------------------------------------------------------------------------------------------------
 # Normalisation and the fast checks (exact, numeric)
 REL_TOL = 1e-6             # numeric equality: |a - b| <= REL_TOL * max(|a|, |b|)
-_UNICODE = (("\u2212", "-"), ("\u2013", "-"), ("\u00d7", "\\times "), ("\u00b7", "\\cdot "), ("\u00b0", ""),
-            ("\u2009", " "), ("\u00a0", " "), ("\u221e", "\\infty "), ("\u03c0", "\\pi "))
+_UNICODE = str.maketrans({"\u2212": "-", "\u2013": "-", "\u00d7": "\\times ", "\u00b7": "\\cdot ", "\u00b0": "",
+                          "\u2009": " ", "\u00a0": " ", "\u221e": "\\infty ", "\u03c0": "\\pi "})
 _DROP_RE = re.compile(r"\\(?:left|right|displaystyle|quad|qquad)(?![a-zA-Z])|(?<!\\)\\[!,;: ]|~|\\\$|\$|\\[()\[\]]")
 _DEGREE_PERCENT_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|\\degree|\\?%")
 _TEXT_UNIT_RE = re.compile(r"(\d)\s*\\(?:text|mbox|mathrm)\s*\{[^{}]*\}(?:\s*\^\s*\{?\d\}?)?\s*$")  # 5\text{ cm}^2 -> 5
@@ -114,16 +107,14 @@ def _strip_unit_words(s: str) -> str:
     apart = s[m.end()].isspace()
     return m[0] if all(((k or apart) and len(w[1]) >= 2) or w[1] in _SHORT_UNITS for k, w in enumerate(words)) else s
 def normalize_answer(answer: str, keep_lhs: bool = False) -> str:
-    r"""The canonical string of an answer: without $ \( \) \[ \], an outer \boxed, \left/\right and spacing, units after
-    a number, degree and percent signs, a trailing period, thousands separators, a lone "x =" (also "x=2, x=3" -> "2,3";
-    kept with keep_lhs); \dfrac -> \frac, \frac12 -> \frac{1}{2}, \sqrt2 -> \sqrt{2}, "and"/"or" -> ",", "1 1/4" ->
-    1\frac{1}{4}; spaces only between two letters.
+    r"""The canonical string of an answer: without $ \( \) \[ \], an outer \boxed, \left/\right, units after a number,
+    degree and percent signs, a trailing period, thousands separators, a lone "x =" (also "x=2, x=3" -> "2,3"; kept
+    with keep_lhs), spaces but between two letters; \dfrac12 -> \frac{1}{2}, \sqrt2 -> \sqrt{2}, "1 1/4" ->
+    1\frac{1}{4}, "and"/"or" -> ",".
         >>> normalize_answer(r"$\boxed{\dfrac12}$."), normalize_answer(r"x = 1{,}000 \text{ dollars}")
         ('\\frac{1}{2}', '1000')
     """
-    s = answer.strip()
-    for old, new in _UNICODE:
-        s = s.replace(old, new)
+    s = answer.strip().translate(_UNICODE)
     s = _DROP_RE.sub(" ", _last_boxed(s) or s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("{,}", "")
     s = _TEXT_RE.sub(r" \1 ", _TEXT_UNIT_RE.sub(r"\1", _DEGREE_PERCENT_RE.sub("", s))).strip().rstrip(".").strip()
@@ -196,9 +187,7 @@ def symbolic_safe(s: str) -> bool:
         return False
     depths = list(accumulate({"{": 1, "}": -1}.get(c, 0) for c in s)) or [0]
     return depths[-1] == 0 and min(depths) >= 0 and max(depths) <= MAX_BRACE_DEPTH
-@lru_cache(maxsize=65536)
-def _normalize_gold(gold: str, keep_lhs: bool = False) -> str:
-    return normalize_answer(gold, keep_lhs)   # golds repeat group_size times per step
+_normalize_gold = lru_cache(maxsize=65536)(normalize_answer)   # golds repeat group_size times per step
 def _fast_check(pred: str | None, gold: str) -> tuple[bool | None, str, str]:
     """(equal?, or None: only the symbolic stage can tell; normalised pred; normalised gold)."""
     if pred is None or len(pred) > MAX_ANSWER_CHARS:
@@ -238,9 +227,8 @@ def _paper_line(line: str) -> str:
     i, j = line.find("\\boxed{"), line.rfind("}")          # \boxed{ ... up to the line's last "}"
     return line[:i] + line[i + len("\\boxed{"):j] + line[j + 1:] if i >= 0 and j >= i + len("\\boxed{") else line
 def normalize_paper(answer: str) -> str:
-    r"""The official (Minerva-style) normaliser: after the last "=", the replacements and removed words, per line the
-    first $...$ span and \text{} \textbf{} \overline{} \boxed{} unwrapped, \fracab \sqrta expanded, "$" and an
-    integer's commas dropped.
+    r"""The official (Minerva-style) normaliser: after the last "=", the replacements and removed words; per line the
+    first $...$ span, \text{} \textbf{} \overline{} \boxed{} unwrapped; \fracab \sqrta expanded; no "$", integer commas.
         >>> normalize_paper(r"x = \frac12"), normalize_paper(r"\$1,000"), normalize_paper(r"$\boxed{42}$.")
         ('\\frac{1}{2}', '1000', '42')
     """
@@ -251,7 +239,6 @@ def normalize_paper(answer: str) -> str:
     s = re.sub(r"(sqrt)([^{])", r"sqrt{\2}", re.sub(r"(frac)([^{])(.)", r"frac{\2}{\3}", s)).replace("$", "")
     return (s.replace(",", "") if s.replace(",", "").isdigit() else s).strip()
 
-# ----------------------------------------------------------------------------------------------------
 # The symbolic stage: math-verify in pebble worker processes, each check under a deadline
 WORKER_MEMORY_LIMIT = 4 << 30   # bytes a worker may map beyond what it maps at start (Linux): else MemoryError
 _WARMUP = (("\\frac{1}{2}", "0.5"), ("x(x+1)", "x^2+x"), ("\\sqrt{8}", "2\\sqrt{2}"), ("\\{1,2\\}", "\\{2,1\\}"),
@@ -305,8 +292,7 @@ def _pool(workers: int | None) -> pebble.ProcessPool:
         if _POOL is None or not _POOL[0].active or (workers and workers != _POOL[1]):
             if _POOL is not None:
                 _POOL[0].stop()
-            n = workers or default_workers()
-            context = multiprocessing.get_context("forkserver")
+            n, context = workers or default_workers(), multiprocessing.get_context("forkserver")
             _POOL = (pebble.ProcessPool(n, initializer=_init_worker, context=context), n)
         return _POOL[0]
 def close_pool() -> None:
@@ -338,6 +324,15 @@ def symbolic_equal_many(pairs: list[tuple[str, str]], timeout: float = 1.0, work
             _KILLED[0] += isinstance(e, TimeoutError)
         return False
     return [outcome(f) for f in futures]
+def _correct(preds: list, golds: list, verifier: str, timeout: float, workers: int | None = None) -> list[bool]:
+    """`verify` of each (pred, gold); the symbolic stage checks each distinct undecided pair once, all in parallel."""
+    if verifier == "paper":
+        return [p is not None and len(p) <= MAX_ANSWER_CHARS and normalize_paper(p) == normalize_paper(str(g))
+                for p, g in zip(preds, golds)]
+    fast = [_fast_check(pred, gold) for pred, gold in zip(preds, golds)]
+    pairs = list(dict.fromkeys((p, g) for ok, p, g in fast if ok is None))
+    symbolic = dict(zip(pairs, symbolic_equal_many(pairs, timeout, workers) if pairs else []))
+    return [symbolic[p, g] if ok is None else ok for ok, p, g in fast]
 def verify(pred: str | None, gold: str, verifier: str = "default", timeout: float = 1.0) -> bool:
     r"""Whether `pred` (from `extract_answer`) equals `gold`. "default": exact after `normalize_answer`, else numeric
     within REL_TOL (x% also equals x/100), else symbolic in a worker under `timeout` s (past it: False); "paper":
@@ -349,12 +344,8 @@ def verify(pred: str | None, gold: str, verifier: str = "default", timeout: floa
     """
     if verifier not in ("default", "paper") or timeout <= 0:
         raise ValueError(f"need verifier 'default' or 'paper' and timeout > 0 s, got verifier={verifier!r}, {timeout=}")
-    if verifier == "paper":
-        return pred is not None and len(pred) <= MAX_ANSWER_CHARS and normalize_paper(pred) == normalize_paper(str(gold))
-    decided, p, g = _fast_check(pred, gold)
-    return decided if decided is not None else symbolic_equal_many([(p, g)], timeout)[0]
+    return _correct([pred], [gold], verifier, timeout)[0]
 
-# ----------------------------------------------------------------------------------------------------
 # The format, the paper's rewards and the schedule that picks one per training step
 def _structures(responses, tokenizer=None, tags=None) -> list:
     """parse_structure of each response, given as text (needs tokenizer) or as ids (needs tags or tokenizer)."""
@@ -410,7 +401,8 @@ class RewardSchedule:
         after_switch = self.name == "scaffold" and step > self.switch_step
         return "accuracy" if after_switch or (step - 1) % self.window < self.accuracy_steps else "tiered"
         # <<< exercise 8
-    def reward(self, step: int, correct: bool, has_parallel: bool | None = None, format_ok: bool | None = None) -> float:
+    def reward(self, step: int, correct: bool, has_parallel: bool | None = None,
+               format_ok: bool | None = None) -> float:
         # >>> exercise 8: the reward of one response at a step
         kind = self.kind_at(step)
         if kind != "accuracy" and (has_parallel is None or format_ok is None):
@@ -434,15 +426,8 @@ def score_batch(responses: list[str], golds: list[str], *, structures=None, resp
         raise ValueError(f"score_batch got {n} responses but {len(structures)} structures/response_ids")
     if structures is None and kind != "accuracy":
         raise ValueError(f"the {kind!r} reward needs the structure: structures=, response_ids= with tags=, tokenizer=")
-    preds, correct, undecided = [extract_answer(r) for r in responses], [None] * n, {}
-    for i, (pred, gold) in enumerate(zip(preds, golds)):
-        decided, p, g = (verify(pred, gold, "paper"), "", "") if verifier == "paper" else _fast_check(pred, gold)
-        if decided is None:
-            undecided.setdefault((p, g), []).append(i)
-        correct[i] = decided
-    for pair, ok in zip(undecided, symbolic_equal_many(list(undecided), timeout, workers) if undecided else []):
-        for i in undecided[pair]:
-            correct[i] = ok
+    preds = [extract_answer(r) for r in responses]
+    correct = _correct(preds, golds, verifier, timeout, workers)
     fields = [(has_parallel(s), s.valid, num_blocks(s)) if s is not None else (None,) * 3
               for s in structures or [None] * n]
     return [{"reward": REWARDS[kind](ok, par, fmt), "correct": ok, "pred": pred, "kind": kind, "has_parallel": par,
