@@ -21,6 +21,7 @@ from attention import TagIds, parse_structure
 from model import load_model
 
 # Prompts: our own words for what the paper's prompt asks (its exact text: a file with {problem}, prompt_file=).
+
 PARALLEL_TEMPLATE = """\
 Solve the problem below step by step.
 Whenever a step would profit from several independent lines of thought, open a parallel block there with <Parallel>.
@@ -40,6 +41,7 @@ SHORT_TEMPLATE = "{problem}\n"
 TINY_VOCAB_LIMIT = 1000        # fewer entries: the tiny character tokenizer of model.py (105)
 Style = Literal["parallel", "sequential"]
 _PLACEHOLDER = re.compile(r"\{problem\}|\{Problem\}")
+
 def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: str | None = None) -> str:
     """The prompt of one problem: `prompt_file`'s template (with {problem}), else SHORT_TEMPLATE for the tiny
     tokenizer, else the style's template; in the chat template when the tokenizer has one."""
@@ -65,10 +67,12 @@ def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: 
 # chain ("6+3=9 vs 8: no") or, with probability parallel_fraction, a block of attempts whose summary keeps the pair
 # that checked ("none" if none did); "Final Answer: 5, 3" ends the trace. A checked guess is certain, so N attempts
 # beat one. The teacher guesses right with probability guess_accuracy; the last allowed round always does.
+
 SYNTHETIC_SPLITS = {"easy": 4, "medium": 5, "hard": 6}   # difficulty -> numbers in the list
 SYNTHETIC_SIZES = {"train": 20_000, "rl": 20_000, "test": 500}   # records per part when `limit` is not given
 SYNTHETIC_PARTS = ("test", "rl", "train", "train", "train")       # part of each of 5 pattern buckets
 SYNTHETIC_NAMES = [f"synthetic:{s}{p}" for s in SYNTHETIC_SPLITS for p in ("", ":rl", ":test")]
+
 @dataclass(frozen=True)
 class PairProblem:
     numbers: tuple[int, ...]     # the list, in the order of the text (distinct, 1-9)
@@ -80,6 +84,7 @@ class PairProblem:
     @property
     def answer(self) -> str:
         return f"{min(self.pair)}, {max(self.pair)}"
+
 def make_problem(rng: random.Random, size: int) -> PairProblem:
     """`size` distinct numbers from 1-9 and a target (<= 9) that exactly one pair of them makes."""
     while True:
@@ -89,11 +94,13 @@ def make_problem(rng: random.Random, size: int) -> PairProblem:
         if unique := sorted(s for s, count in sums.items() if count == 1 and s <= 9):
             target = rng.choice(unique)
             return PairProblem(numbers, target, next(pair for pair in pairs if sum(pair) == target))
+
 def problem_part(problem: PairProblem) -> str:
     """The part of a problem's number pattern (the list as a set, the target) by a fixed hash: "train" (3 in 5),
     "rl" or "test" (1 in 5 each). No two parts share a pattern: RL and test problems are new to the cold start."""
     key = repr((sorted(problem.numbers), problem.target)).encode()
     return SYNTHETIC_PARTS[int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % len(SYNTHETIC_PARTS)]
+
 def synthetic_problems(split: str, part: str = "train", n: int | None = None, seed: int = 0) -> list[PairProblem]:
     """`n` problems of difficulty `split` and `part`, the same on every machine; a shorter list is a prefix."""
     rng, out = random.Random(f"synthetic:{split}:{part}:{seed}"), []
@@ -102,6 +109,7 @@ def synthetic_problems(split: str, part: str = "train", n: int | None = None, se
         if problem_part(p) == part:
             out.append(p)
     return out
+
 def render_trace(problem: PairProblem, rng: random.Random, parallel_fraction: float = 0.5,
                  guess_accuracy: float = 0.5, num_paths: int = 2, max_rounds: int = 3) -> str:
     """The teacher's solution (text with tags, no EOS): rounds of attempts until a pair checks (see above)."""
@@ -121,6 +129,7 @@ def render_trace(problem: PairProblem, rng: random.Random, parallel_fraction: fl
         if found:
             break
     return "\n".join(lines) + f"\nFinal Answer: {found}"
+
 def synthetic_records(split: str, part: str, style: str, limit: int | None, seed: int,
                       parallel_fraction: float) -> list[dict]:
     """Records with teacher traces (style "sequential": every round one attempt), each with its own seed."""
@@ -133,6 +142,7 @@ def synthetic_records(split: str, part: str, style: str, limit: int | None, seed
             for i, p in enumerate(synthetic_problems(split, part, limit, seed))]
 
 # Answers, problems and traces of the real sets
+
 def normalize_answer(value, latex: bool = False) -> str:
     """The gold answer without the source's format accidents: 27.0 -> "27", "025" -> "25", "1,450" -> "1450"
     (with `latex`, MATH-500, a string is only stripped)."""
@@ -147,15 +157,19 @@ def normalize_answer(value, latex: bool = False) -> str:
     if re.fullmatch(r"[+-]?\d+(\.0*)?", s):                 # 025, 27.0, -1.0
         return str(int(s.split(".")[0]))
     return s
+
 def gsm8k_answer(text: str) -> str | None:
     """The answer of a GSM8K solution, from its "#### N" line: "...\\n#### 1,450" -> "1450"."""
     m = re.search(r"####\s*(.+?)\s*$", text)
     return normalize_answer(m.group(1)) if m else None
+
 def gsm8k_sequential_solution(text: str) -> str:
     """A GSM8K worked solution as a sequential SFT target: <<calculator notes>> out, "#### N" -> "Final Answer: N"."""
     body = re.sub(r"<<[^>]*>>", "", text)
     return re.sub(r"####\s*(.+?)\s*$", lambda m: f"Final Answer: {normalize_answer(m.group(1))}", body)
+
 _BASELINE_SUFFIX = re.compile(r"\s*Let's think step by step and output the final answer after \"Final Answer: \"\.\s*$")
+
 def extract_problem(text: str) -> str:
     """The bare problem inside a source's instruction prompt (after the last "Problem:", before the baseline's
     "Let's think step by step", or DAPO's second paragraph); repairs AIME 2025's "\\f" and "\\t" escapes."""
@@ -173,11 +187,13 @@ _JUNCTIONS = [(re.compile(a + r"\s*" + b), a + sep + b) for a, sep, b in
               (("<Parallel>", "", "<Path>"), ("</Path>", "", "<Path>"), ("</Path>", "", "</Parallel>"),
                ("</Parallel>", "\n", "<Summary>"))]
 _TAG = re.compile(r"</?(?:Parallel|Path|Summary)>")
+
 def canonicalize_trace(text: str) -> str:
     """The whitespace between structural tags in the sampler's layout; the model's own text is kept."""
     for pattern, repl in _JUNCTIONS:
         text = pattern.sub(repl, text)
     return text.strip()
+
 def check_trace(solution: str, tokenizer, tags: TagIds) -> str:
     """"" for a usable parallel SFT target (valid, with a Final Answer line), else why not (numbers as N)."""
     structure = parse_structure(tokenizer.encode(solution, add_special_tokens=False), tags)
@@ -198,10 +214,12 @@ KNOWN_DATASETS = {
     "parallel_gsm8k": ("parallel_gsm8k/train.parquet", [("Parallel-R1/Parallel-GSM8K", None, "train")]),
 }
 DATA_ENV = "PARALLEL_R1_DATA"
+
 def default_data_dir() -> str | None:
     """$PARALLEL_R1_DATA if set, else ../shared/data next to this repository if it exists, else None."""
     here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shared", "data")
     return os.environ.get(DATA_ENV) or (here if os.path.isdir(here) else None)
+
 def _read_rows(path: str) -> list[dict]:
     """Rows of a .jsonl, .json (a list, or JSON lines) or .parquet file."""
     if not os.path.isfile(path):
@@ -220,6 +238,7 @@ def _read_rows(path: str) -> list[dict]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}, line {n}: not valid JSON ({e})") from None
     return rows
+
 def _load_hub(name: str, local: str | None) -> list[dict]:
     import datasets                            # slow to import, and only needed without a local file
     errors = []
@@ -231,6 +250,7 @@ def _load_hub(name: str, local: str | None) -> list[dict]:
     raise FileNotFoundError(f"dataset {name!r}: {f'no local file {local}' if local else 'no local data folder'}, "
                             f"and the hub could not give it ({'; '.join(errors)}). Point --data_dir or ${DATA_ENV} "
                             f"at a folder holding {KNOWN_DATASETS[name][0]}, or go online.")
+
 def _first(row: dict, *keys):
     """The first non-empty value among `keys` ("a.b" reads row["a"]["b"])."""
     for key in keys:
@@ -240,6 +260,7 @@ def _first(row: dict, *keys):
         if v is not None and v != "" and not (isinstance(v, float) and v != v):
             return v
     return None
+
 def _row_record(row: dict, latex: bool, style: str) -> tuple[str | None, str | None, str | None]:
     """(problem, answer, solution) of one row, whatever the source's field names (a GSM8K worked solution: only
     for the sequential style)."""
@@ -263,6 +284,7 @@ def _row_record(row: dict, latex: bool, style: str) -> tuple[str | None, str | N
         found = re.findall(r"Final Answer\s*:\s*(.+)", solution)
         answer = normalize_answer(found[-1]) if found else None
     return problem, answer or None, solution
+
 def _records_from_rows(rows, name: str, style: str, strict: bool, where: str, tokenizer) -> list[dict]:
     """Records of one file's rows: incomplete rows skipped (or, strict, refused); parallel traces canonicalised
     and checked (`check_trace`), with the counts printed."""
@@ -300,6 +322,7 @@ def _records_from_rows(rows, name: str, style: str, strict: bool, where: str, to
     print(f"[data] {where}: {traces - sum(reasons.values())} of {traces} parallel traces pass the format "
           f"check, {blockless} more traces have no parallel block; dropped: {dropped}", file=sys.stderr)
     return kept
+
 def _load_one(name: str, style: str, strict: bool, limit: int | None, seed: int, data_dir: str | None, tokenizer,
               parallel_fraction: float) -> list[dict]:
     m = re.fullmatch(r"synthetic:(\w+)(?::(rl|test))?", name)
@@ -319,6 +342,7 @@ def _load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
                          "or a path to a .jsonl/.json/.parquet file")
     records = _records_from_rows(rows, name, style, strict, where, tokenizer)
     return records[:limit] if limit is not None else records
+
 def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: int | None = None, seed: int = 0,
               data_dir: str | None = None, tokenizer=None, parallel_fraction: float = 0.5) -> list[dict]:
     """The records of `spec` (a name, a comma list, or a file), solutions in `style` (None where a real set has
@@ -331,6 +355,7 @@ def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: i
     if not records:
         raise ValueError(f"{spec!r} gave no records")
     return records
+
 def format_response(record: dict) -> str:
     """The SFT target of a record (SFT appends EOS). Raises ValueError for a record without one."""
     if not record.get("solution"):
