@@ -244,6 +244,12 @@ def run(cfg: EvalConfig) -> dict:
     overrides, benches = parse_k_overrides(cfg.k_overrides), [b.strip() for b in cfg.data.split(",") if b.strip()]
     if set(overrides) - set(benches):
         raise ValueError(f"--k_overrides names {sorted(set(overrides) - set(benches))}, not in --data={cfg.data}")
+    if not benches or cfg.limit < 0 or cfg.k < 1:
+        raise ValueError(f"--data={cfg.data!r}, --limit={cfg.limit}, --k={cfg.k}: name at least one benchmark, "
+                         "a limit >= 0 (0 = every problem) and k >= 1")
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device={cfg.device}: this machine has no CUDA device; leave --device empty (cuda if "
+                         "available, else cpu) or pass --device=cpu")
     records = {b: load_data(b, limit=cfg.limit or None, data_dir=cfg.data_dir or None) for b in benches}
     check_tags(tok, cfg.model, mode, cfg.allow_untrained_tags)
     model, tokenizer = load_model(cfg.model, device=cfg.device or None)

@@ -265,3 +265,17 @@ def test_unknown_benchmark_is_a_clear_error_before_sampling(tmp_path):
         ev.run(ev.EvalConfig(model="tiny", data="synthetic:easy:test", k_overrides="math500=1", out_dir=str(out)))
     with pytest.raises(ValueError, match="benchmark=k"):
         ev.parse_k_overrides("math500:1")
+
+
+@pytest.mark.parametrize("kw, flag", [(dict(data=""), "--data=''"), (dict(data=" , "), "--data=' , '"),
+                                      (dict(limit=-1), "--limit=-1"), (dict(k=0), "--k=0"),
+                                      (dict(device="cuda"), "--device=cuda")])
+def test_bad_flags_are_one_error_before_anything_is_written(tmp_path, kw, flag):
+    """An empty --data once wrote an empty table, --limit=-1 blamed the data set, --device=cuda on a CPU-only
+    machine ended in torch's AssertionError."""
+    if "device" in kw and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=flag):
+        ev.run(ev.EvalConfig(model="tiny", out_dir=str(out), **kw))
+    assert not out.exists()
