@@ -536,7 +536,8 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
         run.close()
         e = summary["eval"] or {}
         run.log(f"SFT done: {run.step} steps{' (stopped by max_time)' if stopped_early else ''} in {seconds:.0f}s, "
-                f"final loss {summary['final_loss'] or 0:.4f}\ncheckpoint: {ckpt}\n"
+                + (f"final loss {summary['final_loss']:.4f}" if losses else "no step left to train")
+                + f"\ncheckpoint: {ckpt}\n"
                 f"log: {os.path.join(cfg.out_dir, 'log.jsonl')}"
                 + (f"\ngreedy samples on {e['n']} problems of {e['data']}: format valid {e['format_valid']:.0%}, "
                    f"parallel {e['parallel']:.0%}, accuracy {e['accuracy']:.0%}; first: {e['example'][:300]!r}"
