@@ -392,6 +392,17 @@ def load(cfg, d: Dist, name: str, cls=Run, **load_kw) -> Run:
                             **({} if path else load_kw))
     return cls(cfg, d, model, tok, TagIds.from_tokenizer(tok), resume=path)
 
+def start_wandb(cfg):
+    """The Weights & Biases run of --wandb_project, its files in out_dir/wandb. ValueError when it cannot start."""
+    try:
+        import wandb                                # imported only here: an optional requirement
+    except ImportError:
+        raise ValueError("--wandb_project needs wandb: pip install -r requirements-extra.txt") from None
+    try:
+        return wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg), dir=cfg.out_dir)
+    except wandb.errors.UsageError as e:
+        raise ValueError(f"--wandb_project: {e} (WANDB_MODE=offline logs without an account)") from None
+
 def prepare(run: Run, lr_lambda) -> Run:
     """Wrap the model for the ranks (DDP, or FSDP2 per decoder layer then the root), build AdamW (decay on every
     parameter, as the official trainers) and the schedule, restore both on --resume, open out_dir's log."""
@@ -426,7 +437,14 @@ def prepare(run: Run, lr_lambda) -> Run:
             torch.cuda.set_rng_state(rng["cuda"])
         run.log(f"resumed from {run.resume} at step {run.step}")
     if d.is_main:                                   # a fresh run moves an earlier run aside: nothing is deleted
+        fresh_dir = not os.path.isdir(cfg.out_dir)
         os.makedirs(cfg.out_dir, exist_ok=True)
+        try:                                        # first, so that a failed start changes nothing
+            run.wandb = start_wandb(cfg) if cfg.wandb_project else None
+        except ValueError:
+            if fresh_dir:
+                shutil.rmtree(cfg.out_dir, ignore_errors=True)
+            raise
         log_path = os.path.join(cfg.out_dir, "log.jsonl")
         old = [] if run.resume else glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")) + glob.glob(log_path)
         if old:
@@ -439,15 +457,6 @@ def prepare(run: Run, lr_lambda) -> Run:
             if run.resume and os.path.isfile(log_path) else []   # a resumed log: the lines up to its step
         run.log_file = open(log_path, "w")
         run.log_file.writelines(kept)
-        if cfg.wandb_project:                       # imported only then: an optional requirement
-            try:
-                import wandb
-            except ImportError:
-                raise ValueError("--wandb_project needs wandb: pip install -r requirements-extra.txt") from None
-            try:                                    # its files go to the run folder (out_dir/wandb)
-                run.wandb = wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg), dir=cfg.out_dir)
-            except wandb.errors.UsageError as e:
-                raise ValueError(f"--wandb_project: {e} (WANDB_MODE=offline logs without an account)") from None
     return run
 
 # The SFT run

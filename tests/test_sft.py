@@ -417,3 +417,22 @@ def test_wandb_gets_the_rows_of_log_jsonl(model_dir, tmp_path, wandb_rows):
             break
         time.sleep(0.1)
     assert all(k.encode() in open(runs[0], "rb").read() for k in logged[0])
+
+
+def test_a_wandb_start_that_fails_changes_nothing(model_dir, tmp_path, monkeypatch):
+    """A missing login is one ValueError, and neither a new out_dir nor an earlier run in a used one is touched
+    (the start once came after the earlier run was moved aside and the log opened)."""
+    wandb = pytest.importorskip("wandb", reason="optional: pip install -r requirements-extra.txt")
+
+    def no_login(**kw):
+        raise wandb.errors.UsageError("api_key not configured (no-tty)")
+    monkeypatch.setattr(wandb, "init", no_login)
+    records = make_records(10)
+    with pytest.raises(ValueError, match="WANDB_MODE=offline"):
+        sft.train(config(model_dir, tmp_path / "new", max_steps=1, wandb_project="p"), records=records)
+    assert not (tmp_path / "new").exists()
+    sft.train(config(model_dir, tmp_path / "used", max_steps=1, save_every=0), records=records)
+    before = sorted(os.listdir(tmp_path / "used"))
+    with pytest.raises(ValueError, match="WANDB_MODE=offline"):
+        sft.train(config(model_dir, tmp_path / "used", max_steps=1, wandb_project="p"), records=records)
+    assert sorted(os.listdir(tmp_path / "used")) == before == ["checkpoint-1", "log.jsonl"]
