@@ -16,11 +16,9 @@ One Unseen sample, and the method of `_Engine` that makes each transition:
     _finish       EOS or budget: each open path gets its </Path> (its reserved last token)
 
 The response is written in the training layout (path 1, then path 2, ...): attention depends on the mask and the
-positions baked into the cached keys, not on the slots' order, so each sampled token has the context
-`attention.build_mask_and_positions(mode="unseen")` gives it in training and the log-probs equal the training
-forward's (the official code samples paths causally and trains under another mask, NOTES.md §8). Seen: the
-paths follow one another, causally. "sequential": plain sampling. A decode step feeds q queries per row (fewer:
-hidden dummies) into a `SlotCache` written in place; finished rows are dropped once half the batch is done.
+positions baked into the cached keys, not on the slots' order, so each sampled token has its training context
+(`attention.build_mask_and_positions`) and the log-probs equal the training forward's (NOTES.md §8). Seen: the
+paths follow one another, causally; "sequential": plain sampling. Finished rows leave once half the batch is done.
 """
 import os
 import sys
@@ -108,8 +106,7 @@ class SlotCache:
 
     def select(self, rows: torch.Tensor):
         """New row i = old row rows[i] (long, on the cache's device): fans prompts out, drops finished rows."""
-        self.keys = [t.index_select(0, rows) for t in self.keys]
-        self.values = [t.index_select(0, rows) for t in self.values]
+        self.keys, self.values = ([t.index_select(0, rows) for t in ts] for ts in (self.keys, self.values))
         self.owner = self.owner.index_select(0, rows)
         self.row_ids = torch.arange(len(rows), device=rows.device)[:, None]
 
