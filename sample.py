@@ -7,11 +7,9 @@ One Unseen sample, and the method of `_Engine` that makes each transition:
 
     main chain    ... The total is<Parallel>         _advance: sampled until <Parallel>, EOS or the budget
     _open_block   <Path> injected into each of num_paths paths, all at position p+1 (p: <Parallel>'s)
-    paths         <Path>3*7=21</Path> | <Path>4*6=24</Path>   _advance: every decode step feeds one query per open
-                  path into the sample's row, at the path's own position; it sees the shared slots and its own
-                  path's only. _end_path: </Path> sampled, or injected at a path budget
-    _close_block  the path slots become shared (nothing is copied); </Parallel>\\n<Summary> injected at
-                  position p + longest path + 1
+    paths         <Path>3*7=21</Path> | <Path>4*6=24</Path>   _advance: one query per open path and decode step,
+                  at the path's own position, sees the shared slots and its own; _end_path: </Path> sampled or forced
+    _close_block  the path slots become shared (no copy); </Parallel>\\n<Summary> at p + longest path + 1
     summary       _advance: sampled until </Summary>, then the main chain goes on (more blocks, EOS)
     _finish       EOS or budget: each open path gets its </Path> (its reserved last token)
 
@@ -162,7 +160,7 @@ class _Engine:
         """Prefill every prompt once (left-padded), fan it out to group_size rows, decode until all are done."""
         P, L = len(prompts), max(map(len, prompts))
         ids = torch.tensor([[self.pad_id] * (L - len(p)) + p for p in prompts])
-        am = (torch.arange(L)[None] >= torch.tensor([L - len(p) for p in prompts])[:, None]).long()
+        am = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts])
         mask, pos = build_mask_and_positions(ids, [len(p) for p in prompts], am, self.tags, "seen", self.dtype)
         self.cache = c = SlotCache(P, L + min(self.max_new_tokens, 256) + 1, self.device)
         c.owner[:, :L] = am.to(self.device)                          # padding slots HIDDEN, prompts SHARED
