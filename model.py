@@ -55,7 +55,7 @@ def add_parallel_tags(model, tokenizer, seed: int = 0) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     emb, out = model.get_input_embeddings().weight, model.get_output_embeddings()
     untied = out is not None and out.weight.data_ptr() != emb.data_ptr()
-    new_ids = [tokenizer.convert_tokens_to_ids(t) for t in new]
+    new_ids = tokenizer.convert_tokens_to_ids(new)
     with torch.no_grad():
         for t, i in zip(new, new_ids):
             src = [p for p in pieces[t] if p < emb.shape[0]] or list(range(emb.shape[0]))
@@ -129,11 +129,11 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None,
     return model.to(device=device, dtype=dtype).eval(), tok
 
 def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = None, state_dict: dict | None = None):
-    """Write `model` and `tokenizer` in Hugging Face format to folder `path`, atomically (a temporary sibling renamed
-    to `path`; an old `path` is put back if that fails), `trainer_state` to trainer_state.pt. `state_dict`: the
-    gathered weights of an FSDP2 model. Returns `path`."""
+    """Write `model`, `tokenizer` (Hugging Face format) and `trainer_state` (trainer_state.pt) to folder `path`
+    atomically (a temporary sibling renamed; an old `path` is put back on failure); returns `path`. `state_dict`: the
+    gathered weights of an FSDP2 model."""
     path = os.path.abspath(path)
-    parent, name = os.path.dirname(path), os.path.basename(path)
+    parent, name = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
     tmp, old = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=parent), None
     os.chmod(tmp, 0o755)                                   # mkdtemp makes it private; a checkpoint is ordinary output

@@ -313,12 +313,10 @@ class _Engine:
 
     def _finish(self, s: _Sample):
         """The sample ended: close what is open, so the response parses into the spans it was sampled with."""
-        for p in s.paths:                                            # Unseen, inside a block
-            if p.kind == "path":
-                self._append(s, p, self.tags.end_path, 0, 0.0, closing=True)
-            s.main.toks += p.toks
-        if s.open_paths:                                             # Seen, inside a path
-            self._append(s, s.main, self.tags.end_path, 0, 0.0, closing=True)
+        for st in s.paths or [s.main]:                               # Unseen: every open path; Seen: the main chain
+            if st.kind == "path" and s.open_paths:
+                self._append(s, st, self.tags.end_path, 0, 0.0, closing=True)
+        s.main.toks += [t for p in s.paths for t in p.toks]
         s.paths = []
 
 @torch.inference_mode()
