@@ -181,14 +181,12 @@ class _Engine:
         """One decode step: each row feeds its streams' tokens, then hidden dummies up to q, in one forward."""
         feeds = [[] if s.done else [st for st in (s.paths or [s.main]) if st.feed is not None] for s in self.rows]
         q = max(1, max(map(len, feeds)))
-        ids, pos, codes, slots = [], [], [], []
-        for r, f in enumerate(feeds):
-            u, n = self.used[r], len(f)
-            ids.append([st.feed for st in f] + [self.pad_id] * (q - n))
-            pos.append([st.pos for st in f] + [0] * (q - n))
-            codes.append([st.code for st in f] + [HIDDEN] * (q - n))
-            slots.append(list(range(u, u + n)) + [u + n] * (q - n))  # the dummies share one scratch slot
-            self.used[r] += n
+        dummies = [q - len(f) for f in feeds]                       # hidden, per row; they share one scratch slot
+        ids = [[st.feed for st in f] + [self.pad_id] * d for f, d in zip(feeds, dummies)]
+        pos = [[st.pos for st in f] + [0] * d for f, d in zip(feeds, dummies)]
+        codes = [[st.code for st in f] + [HIDDEN] * d for f, d in zip(feeds, dummies)]
+        slots = [list(range(u, u + len(f))) + [u + len(f)] * d for u, f, d in zip(self.used, feeds, dummies)]
+        self.used = [u + len(f) for u, f in zip(self.used, feeds)]
         c, dev = self.cache, self.device
         c.slots, codes = torch.tensor(slots, device=dev), torch.tensor(codes, device=dev)
         c.reserve(max(row[-1] for row in slots) + 1)
@@ -204,9 +202,8 @@ class _Engine:
         self._decide(logits, fed)
 
     def _decide(self, logits: torch.Tensor, fed: list):
-        """Sample a token for every stream that fed (logits (n, V) float32, in `fed` order), then give each stream
-        its next token, in that order (a sample spends its budget in path order); once half the rows are done,
-        drop them from the batch (one index_select of every buffer)."""
+        """Sample a token for every stream that fed (logits (n, V) float32, in `fed` order), give each its next token
+        in that order (a sample spends its budget in path order); drop the done rows once they are half the batch."""
         kinds = ["free" if self.mode == "sequential" else "main_full" if st.kind == "main" and
                  s.blocks >= self.max_blocks else st.kind for s, st in fed]
         banned = self.ban[[_BANS.index(k) if k in _BANS else 0 for k in kinds]]
