@@ -211,7 +211,7 @@ class _Engine:
             banned[:, self.tags.eos] |= torch.tensor([s.used < self.min_new_tokens for s, _ in fed], device=self.device)
         first = torch.tensor([st.kind == "path" and st.path_len == 1 for _, st in fed], device=self.device)
         banned[:, [self.tags.end_path, self.tags.eos]] |= first[:, None]   # no empty path (NOTES.md §4)
-        chosen = _choose(logits, banned, *self.sampling)                # sampling: temperature first
+        chosen = _choose(logits, banned, *self.sampling)   # (temperature, top_p, top_k, greedy, gen)
         for (s, st), tok, lp in zip(fed, chosen.tolist(), token_logprobs(logits, chosen, self.sampling[0]).tolist()):
             if not s.done:
                 self._advance(s, st, tok, lp)
@@ -253,7 +253,7 @@ class _Engine:
                     return
                 s.open_paths, st.path_len = s.open_paths + 1, 0
             if self._append(s, st, tok, 0, 0.0):
-                st.feed = tok                                        # (a queue ending in <Summary> is a summary's)
+                st.feed = tok                                        # (a queue with <Summary>: kind is "summary")
             return
         if st.kind == "path":
             if st.path_len + 1 >= self.max_path_tokens or tok == T.eos:   # path budget; EOS -> injected </Path>
