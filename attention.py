@@ -1,8 +1,6 @@
-"""The parallel structure: one parser, and the Seen/Unseen attention masks and positions (NOTES.md §1-§2).
+"""The parallel structure: parse_structure, the one parser, and the Seen/Unseen masks and positions (NOTES.md §1-§2).
 
     main ... <Parallel><Path> p1 </Path><Path> p2 </Path></Parallel>\\n<Summary> s </Summary> main ... Final Answer: 7
-
-Everything that needs to know where blocks, paths and summaries are calls `parse_structure`: one definition.
 
 * Seen:   causal attention, positions 0..L-1; path 2 reads path 1.
 * Unseen: a path's tokens (its <Path> and </Path> included) see the shared prefix and their own path only;
@@ -38,16 +36,15 @@ class TagIds:
     @classmethod
     def from_tokenizer(cls, tokenizer) -> "TagIds":
         """Raises ValueError when a tag is not one token (load the model with model.load_model) or there is no EOS."""
-        ids = []
-        for tag in TAGS:
-            enc = tokenizer.encode(tag, add_special_tokens=False)
+        encs = [tokenizer.encode(tag, add_special_tokens=False) for tag in TAGS]
+        for tag, enc in zip(TAGS, encs):
             if len(enc) != 1 or enc[0] == getattr(tokenizer, "unk_token_id", None):
                 raise ValueError(f"tokenizer does not have {tag!r} as one token (it encodes to {enc}); "
                                  "load the model with model.load_model(), which adds the six parallel tags")
-            ids.append(enc[0])
         if tokenizer.eos_token_id is None:
             raise ValueError("tokenizer has no eos_token_id; set one before sampling or training")
-        return cls(*ids, newline=tuple(tokenizer.encode("\n", add_special_tokens=False)), eos=tokenizer.eos_token_id)
+        newline = tuple(tokenizer.encode("\n", add_special_tokens=False))
+        return cls(*(enc[0] for enc in encs), newline=newline, eos=tokenizer.eos_token_id)
 
 @dataclass
 class Block:
@@ -70,21 +67,15 @@ def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
     inside a path or summary, no text between paths, no stray tag in the main chain. Never raises. Recovery (what
     the mask builder uses): a tag out of place is an ordinary token; an unclosed <Path> runs to the end."""
     # >>> exercise 1: the format parser: block, path and summary spans
-    if isinstance(ids, torch.Tensor):
-        ids = ids.tolist()
-    P, EP, A, EA, S, ES = tags.parallel, tags.end_parallel, tags.path, tags.end_path, tags.summary, tags.end_summary
+    ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
     structural, newline = tags.structural, set(tags.newline)
     blocks: list[Block] = []
-    reason = ""
-
-    def bad(msg: str):
-        nonlocal reason
-        reason = reason or msg
-
+    problems: list[str] = []                      # the first one is the reason
+    bad = problems.append
     state, path_start = "main", 0
     for i, t in enumerate(ids):
         if state == "after":                      # just closed a block, waiting for <Summary>
-            if t == S:
+            if t == tags.summary:
                 state, sum_start = "summary", i
                 continue
             if t in newline:
@@ -92,17 +83,17 @@ def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
             bad(f"no <Summary> after </Parallel> (token {i})")
             state = "main"                        # fall through: t is main-chain text
         if state == "main":
-            if t == P:
+            if t == tags.parallel:
                 blocks.append(Block(start=i))
                 state = "block"
-            elif t == S:
+            elif t == tags.summary:
                 bad(f"<Summary> without a parallel block (token {i})")
             elif t in structural:
                 bad(f"stray structural tag {t} in the main chain (token {i})")
         elif state == "block":
-            if t == A:
+            if t == tags.path:
                 state, path_start = "path", i
-            elif t == EP:
+            elif t == tags.end_parallel:
                 blocks[-1].end = i
                 if len(blocks[-1].paths) < 2:
                     bad(f"block at token {blocks[-1].start} has {len(blocks[-1].paths)} path(s), needs >= 2")
@@ -110,7 +101,7 @@ def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
             else:
                 bad(f"token {i} inside a block but outside every path")
         elif state == "path":
-            if t == EA:
+            if t == tags.end_path:
                 if i == path_start + 1:
                     bad(f"empty path at token {path_start}")
                 blocks[-1].paths.append((path_start, i + 1))
@@ -118,7 +109,7 @@ def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
             elif t in structural:
                 bad(f"structural tag {t} inside a path (token {i})")
         elif state == "summary":
-            if t == ES:
+            if t == tags.end_summary:
                 blocks[-1].summary = (sum_start, i + 1)
                 state = "main"
             elif t in structural:
@@ -134,73 +125,59 @@ def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
     elif state == "summary":
         blocks[-1].summary = (sum_start, n)
         bad(f"unclosed <Summary> at token {sum_start}")
-    return Structure(blocks=blocks, valid=not reason, reason=reason, length=n)
+    return Structure(blocks=blocks, valid=not problems, reason=problems[0] if problems else "", length=n)
     # <<< exercise 1
 
 def unseen_positions(structure: Structure, start: int = 0) -> list[int]:
     """Multiverse position of every response token, the first at `start`: each path of a block counts from p+1
     (p: its <Parallel>'s); block-level tokens continue one past the furthest path so far; then +1."""
     # >>> exercise 2: Unseen position ids
-    pos = [0] * structure.length
     path_of = {s: (b.start, e) for b in structure.blocks for s, e in b.paths}   # path start -> (<Parallel>, end)
-    nxt, i = start, 0
+    pos, nxt, i = [0] * structure.length, start, 0
     while i < structure.length:
         if i in path_of:                          # a whole path: p+1, p+2, ...
             bstart, e = path_of[i]
-            p = pos[bstart]
-            for j in range(i, e):
-                pos[j] = p + 1 + (j - i)
-            nxt = max(nxt, p + 1 + (e - i))       # one past the furthest path of this block
-            i = e
-            continue
-        pos[i] = nxt
-        nxt += 1
-        i += 1
+            pos[i:e] = range(pos[bstart] + 1, pos[bstart] + 1 + e - i)
+            nxt, i = max(nxt, pos[e - 1] + 1), e  # one past the furthest path of this block
+        else:
+            pos[i] = nxt
+            nxt, i = nxt + 1, i + 1
     return pos
     # <<< exercise 2
 
 def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths, attention_mask_2d: torch.Tensor,
                              tag_ids: TagIds, mode: str, dtype: torch.dtype = torch.float32):
-    """The training forward's attention mask and position ids of a batch of prompt + response rows.
-    input_ids (B, L) long: each row [pad*] prompt response [pad*], its own structure; prompt_lengths (B,);
-    attention_mask_2d (B, L) 0/1 (one contiguous run of real tokens per row); mode "seen" or "unseen".
-    Returns mask (B, 1, L, L) additive in `dtype`, 0 visible and finfo(dtype).min hidden (never bool: eager
-    attention in transformers would silently add a bool mask as 0/1; a padding query sees itself, so no row is
-    all hidden and nothing is NaN), and position_ids (B, L) long (padding at 0). ValueError for an unknown mode,
-    a row that is not one run, a prompt longer than its row; never for a bad response."""
+    """The training forward's attention mask and position ids of a batch of prompt + response rows: input_ids
+    (B, L) long, each row [pad*] prompt response [pad*] with its own structure; prompt_lengths (B,);
+    attention_mask_2d (B, L) 0/1, one contiguous run of real tokens per row; mode "seen" or "unseen". Returns mask
+    (B, 1, L, L) additive in `dtype`, 0 visible, finfo(dtype).min hidden (never bool: eager attention would add a
+    bool mask as 0/1; a padding query sees itself, so nothing is NaN), and position_ids (B, L) long (padding at 0).
+    ValueError for an unknown mode, a row that is not one run, a prompt longer than its row, never a bad response."""
     # >>> exercise 3: the Seen/Unseen attention mask and positions
     if mode not in ("seen", "unseen"):
         raise ValueError(f"mode must be 'seen' or 'unseen', got {mode!r}")
-    B, L = input_ids.shape
-    prompt_lengths = torch.as_tensor(prompt_lengths).tolist()
-    device = input_ids.device
-    allowed = torch.zeros(B, L, L, dtype=torch.bool, device=device)
+    (B, L), device = input_ids.shape, input_ids.device
+    am, prompt_lengths = attention_mask_2d.bool().cpu(), torch.as_tensor(prompt_lengths).tolist()
+    allowed = torch.eye(L, dtype=torch.bool, device=device).repeat(B, 1, 1)   # padding queries see themselves
     positions = torch.zeros(B, L, dtype=torch.long)
     causal = torch.ones(L, L, dtype=torch.bool, device=device).tril()
-    am = attention_mask_2d.bool().cpu()
     for b in range(B):
         real = am[b].nonzero().flatten().tolist()
-        n, n_prompt = len(real), prompt_lengths[b]
-        lo = real[0] if n else 0
+        n, n_prompt, lo = len(real), prompt_lengths[b], real[0] if real else 0
         if n and real[-1] - lo + 1 != n:
             raise ValueError(f"row {b}: attention_mask_2d is not one contiguous run of real tokens")
         if n_prompt > n:
             raise ValueError(f"row {b}: prompt length {n_prompt} exceeds its {n} real tokens")
-        hi = lo + n
-        allowed[b].fill_diagonal_(True)           # padding queries see themselves
+        hi, r0 = lo + n, lo + n_prompt            # r0: the response's offset in the row
         allowed[b, lo:hi, lo:hi] = causal[:n, :n]
-        if mode == "seen":
-            positions[b, lo:hi] = torch.arange(n)
-            continue
-        r0 = lo + n_prompt                        # the response's offset in the row
-        structure = parse_structure(input_ids[b, r0:hi], tag_ids)
-        positions[b, lo:r0] = torch.arange(n_prompt)
-        positions[b, r0:hi] = torch.tensor(unseen_positions(structure, n_prompt), dtype=torch.long)
-        for blk in structure.blocks:
-            for s, e in blk.paths:                # a path hides everything of its block before it
-                allowed[b, r0 + s:r0 + e, r0 + blk.start + 1:r0 + s] = False
-    mask = torch.zeros(B, 1, L, L, dtype=dtype, device=device)
-    mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+        positions[b, lo:hi] = torch.arange(n)
+        if mode == "unseen":
+            structure = parse_structure(input_ids[b, r0:hi], tag_ids)
+            positions[b, r0:hi] = torch.tensor(unseen_positions(structure, n_prompt), dtype=torch.long)
+            for blk in structure.blocks:
+                for s, e in blk.paths:            # a path hides everything of its block before it
+                    allowed[b, r0 + s:r0 + e, r0 + blk.start + 1:r0 + s] = False
+    mask = torch.zeros(B, 1, L, L, dtype=dtype, device=device).masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
     return mask, positions.to(device)
     # <<< exercise 3
 
@@ -208,7 +185,6 @@ def structured_forward(model, input_ids, attention_mask_2d, prompt_lengths, tag_
                        dtype: torch.dtype | None = None):
     """One training forward under the mode's mask and positions ("sequential" = "seen"): logits (B, L, V).
     The mask is built in `dtype` (default the model's; pass the autocast dtype under mixed precision)."""
-    mask, pos = build_mask_and_positions(input_ids, prompt_lengths, attention_mask_2d, tag_ids,
-                                         "seen" if mode == "sequential" else mode,
-                                         dtype=dtype or next(model.parameters()).dtype)
+    mode, dtype = "seen" if mode == "sequential" else mode, dtype or next(model.parameters()).dtype
+    mask, pos = build_mask_and_positions(input_ids, prompt_lengths, attention_mask_2d, tag_ids, mode, dtype)
     return model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False).logits

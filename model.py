@@ -4,9 +4,8 @@
     model, tokenizer = load_model("Qwen/Qwen3-4B-Base")        # a hub name (needs the hub)
     model, tokenizer = load_model("runs/sft/checkpoint-400")   # a local folder, e.g. one of our checkpoints
 
-The tags become special tokens, one id each. A new tag's embedding starts at the mean of the embeddings of
-the pieces its text tokenized to, plus small noise: identical rows make the tags unlearnable (NOTES.md §1).
-`save_checkpoint` writes Hugging Face format plus an optional `trainer_state.pt`, atomically.
+The tags become special tokens, one id each, their embeddings the mean of their text's pieces plus small noise
+(identical rows make the tags unlearnable). `save_checkpoint` writes Hugging Face format, atomically.
 """
 import json
 import os
@@ -35,8 +34,7 @@ ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"   #
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 
 def build_char_tokenizer():
-    """A character-level tokenizer: ids 0-2 are <pad>, <eos>, <unk>, then one id per character of ALPHABET;
-    any other character is <unk>. The tags are added by `add_parallel_tags`, as for any tokenizer."""
+    """Ids 0-2 <pad>, <eos>, <unk>, then one per character of ALPHABET (others: <unk>); no tags yet."""
     vocab = {PAD: 0, EOS: 1, UNK: 2} | {ch: 3 + i for i, ch in enumerate(ALPHABET)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character alone
@@ -48,16 +46,16 @@ def add_parallel_tags(model, tokenizer, seed: int = 0) -> list[int]:
     """Add the tags the tokenizer lacks as special tokens; each new row (input, and output if untied) = mean of
     its pieces' rows + N(0, (0.02 std)^2). Returns the new ids."""
     new = [t for t in TAGS if t not in tokenizer.get_vocab()]
-    pieces = {t: tokenizer.encode(t, add_special_tokens=False) for t in new}
     if not new:
         return []
+    pieces = {t: tokenizer.encode(t, add_special_tokens=False) for t in new}   # before the tags exist
     tokenizer.add_special_tokens({"additional_special_tokens": new}, replace_extra_special_tokens=False)
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     gen = torch.Generator().manual_seed(seed)
     emb, out = model.get_input_embeddings().weight, model.get_output_embeddings()
     untied = out is not None and out.weight.data_ptr() != emb.data_ptr()
-    new_ids = [tokenizer.convert_tokens_to_ids(t) for t in new]
+    new_ids = tokenizer.convert_tokens_to_ids(new)
     with torch.no_grad():
         for t, i in zip(new, new_ids):
             src = [p for p in pieces[t] if p < emb.shape[0]] or list(range(emb.shape[0]))
@@ -131,11 +129,11 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None,
     return model.to(device=device, dtype=dtype).eval(), tok
 
 def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = None, state_dict: dict | None = None):
-    """Write `model` and `tokenizer` in Hugging Face format to folder `path`, atomically (a temporary sibling renamed
-    to `path`; an old `path` is put back if that fails), `trainer_state` to trainer_state.pt. `state_dict`: the
-    gathered weights of an FSDP2 model. Returns `path`."""
+    """Write `model`, `tokenizer` (Hugging Face format) and `trainer_state` (trainer_state.pt) to folder `path`
+    atomically (a temporary sibling renamed; an old `path` is put back on failure); returns `path`. `state_dict`: the
+    gathered weights of an FSDP2 model."""
     path = os.path.abspath(path)
-    parent, name = os.path.dirname(path), os.path.basename(path)
+    parent, name = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
     tmp, old = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=parent), None
     os.chmod(tmp, 0o755)                                   # mkdtemp makes it private; a checkpoint is ordinary output

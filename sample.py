@@ -7,20 +7,16 @@ One Unseen sample, and the method of `_Engine` that makes each transition:
 
     main chain    ... The total is<Parallel>         _advance: sampled until <Parallel>, EOS or the budget
     _open_block   <Path> injected into each of num_paths paths, all at position p+1 (p: <Parallel>'s)
-    paths         <Path>3*7=21</Path> | <Path>4*6=24</Path>   _advance: every decode step feeds one query per open
-                  path into the sample's row, at the path's own position; it sees the shared slots and its own
-                  path's only. _end_path: </Path> sampled, or injected at a path budget
-    _close_block  the path slots become shared (nothing is copied); </Parallel>\\n<Summary> injected at
-                  position p + longest path + 1
+    paths         <Path>3*7=21</Path> | <Path>4*6=24</Path>   _advance: one query per open path and decode step,
+                  at the path's own position, sees the shared slots and its own; _end_path: </Path> sampled or forced
+    _close_block  the path slots become shared (no copy); </Parallel>\\n<Summary> at p + longest path + 1
     summary       _advance: sampled until </Summary>, then the main chain goes on (more blocks, EOS)
     _finish       EOS or budget: each open path gets its </Path> (its reserved last token)
 
 The response is written in the training layout (path 1, then path 2, ...): attention depends on the mask and the
-positions baked into the cached keys, not on the slots' order, so each sampled token has the context
-`attention.build_mask_and_positions(mode="unseen")` gives it in training and the log-probs equal the training
-forward's (the official code samples paths causally and trains under another mask, NOTES.md §8). Seen: the
-paths follow one another, causally. "sequential": plain sampling. A decode step feeds q queries per row (fewer:
-hidden dummies) into a `SlotCache` written in place; finished rows are dropped once half the batch is done.
+positions baked into the cached keys, not on the slots' order, so each sampled token has its training context
+(`attention.build_mask_and_positions`) and the log-probs equal the training forward's (NOTES.md §8). Seen: the
+paths follow one another, causally; "sequential": plain sampling. Finished rows leave once half the batch is done.
 """
 import os
 import sys
@@ -29,6 +25,7 @@ from dataclasses import dataclass, field
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads sleep (see sft.py)
 
 import torch
+import torch.nn.functional as F
 
 import config
 from attention import Structure, TagIds, build_mask_and_positions, parse_structure
@@ -39,7 +36,6 @@ HIDDEN, SHARED = 0, 1   # slot owners: seen by no query / by every query of its 
 @dataclass
 class Rollout:
     """One sampled response. All lists are aligned with `response_ids`."""
-
     prompt_index: int               # index into the `prompts` argument
     prompt_ids: list[int]
     response_ids: list[int]         # canonical serialized layout (what training forwards over)
@@ -61,8 +57,8 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     # <<< exercise 4
 
 def _choose(logits, banned, temperature: float, top_p: float, top_k: int, greedy: bool, gen) -> torch.Tensor:
-    """One token per row of logits (n, V) float32; banned (n, V) bool: the runtime's masked tags.
-    Temperature, then top-k, then top-p (nucleus) truncation, then a multinomial draw from `gen`."""
+    """One token per row of logits (n, V) float32 (greedy, or drawn from `gen` after temperature, top-k, top-p);
+    banned (n, V) bool: the runtime's masked tags."""
     logits = logits.masked_fill(banned, float("-inf"))
     if greedy or temperature <= 0:
         return logits.argmax(-1)
@@ -100,18 +96,15 @@ class SlotCache:
     def reserve(self, width: int):
         """Attend over slots [0, width); the capacity doubles when short, so growing is O(1) per token."""
         cap = self.owner.shape[1]
-        if width > cap:
-            def grow(t, dim):                                        # zeros appended along the slot dim
-                more = t.new_zeros(t.shape[:dim] + (max(width, 2 * cap) - cap,) + t.shape[dim + 1:])
-                return torch.cat([t, more], dim)
-            self.keys, self.values = [grow(t, 2) for t in self.keys], [grow(t, 2) for t in self.values]
-            self.owner = grow(self.owner, 1)
+        if width > cap:                                              # zeros appended along the slot dim
+            more = max(width, 2 * cap) - cap
+            self.keys, self.values = ([F.pad(t, (0, 0, 0, more)) for t in ts] for ts in (self.keys, self.values))
+            self.owner = F.pad(self.owner, (0, more))
         self.width = width
 
     def select(self, rows: torch.Tensor):
         """New row i = old row rows[i] (long, on the cache's device): fans prompts out, drops finished rows."""
-        self.keys = [t.index_select(0, rows) for t in self.keys]
-        self.values = [t.index_select(0, rows) for t in self.values]
+        self.keys, self.values = ([t.index_select(0, rows) for t in ts] for ts in (self.keys, self.values))
         self.owner = self.owner.index_select(0, rows)
         self.row_ids = torch.arange(len(rows), device=rows.device)[:, None]
 
@@ -125,7 +118,6 @@ class SlotCache:
 @dataclass
 class _Stream:
     """What feeds one query per step: a sample's main chain (Seen paths, summaries), or an Unseen path."""
-
     kind: str                       # "main", "path", "summary"; "fork": open a block; "closed": </Path> given
     pos: int                        # position id of `feed`
     code: int = SHARED              # owner of its slots
@@ -168,7 +160,7 @@ class _Engine:
         """Prefill every prompt once (left-padded), fan it out to group_size rows, decode until all are done."""
         P, L = len(prompts), max(map(len, prompts))
         ids = torch.tensor([[self.pad_id] * (L - len(p)) + p for p in prompts])
-        am = (torch.arange(L)[None] >= torch.tensor([L - len(p) for p in prompts])[:, None]).long()
+        am = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts])
         mask, pos = build_mask_and_positions(ids, [len(p) for p in prompts], am, self.tags, "seen", self.dtype)
         self.cache = c = SlotCache(P, L + min(self.max_new_tokens, 256) + 1, self.device)
         c.owner[:, :L] = am.to(self.device)                          # padding slots HIDDEN, prompts SHARED
@@ -185,25 +177,16 @@ class _Engine:
             self._step()
         return samples
 
-    def _drop_finished(self):
-        """Once half the rows are done, drop them from the batch (one index_select of every buffer)."""
-        live = [r for r, s in enumerate(self.rows) if not s.done]
-        if 2 * len(live) <= len(self.rows):
-            self.cache.select(torch.tensor(live, dtype=torch.long, device=self.device))
-            self.rows, self.used = [self.rows[r] for r in live], [self.used[r] for r in live]
-
     def _step(self):
         """One decode step: each row feeds its streams' tokens, then hidden dummies up to q, in one forward."""
         feeds = [[] if s.done else [st for st in (s.paths or [s.main]) if st.feed is not None] for s in self.rows]
         q = max(1, max(map(len, feeds)))
-        ids, pos, codes, slots = [], [], [], []
-        for r, f in enumerate(feeds):
-            u, n = self.used[r], len(f)
-            ids.append([st.feed for st in f] + [self.pad_id] * (q - n))
-            pos.append([st.pos for st in f] + [0] * (q - n))
-            codes.append([st.code for st in f] + [HIDDEN] * (q - n))
-            slots.append(list(range(u, u + n)) + [u + n] * (q - n))  # the dummies share one scratch slot
-            self.used[r] += n
+        dummies = [q - len(f) for f in feeds]                       # hidden, per row; they share one scratch slot
+        ids = [[st.feed for st in f] + [self.pad_id] * d for f, d in zip(feeds, dummies)]
+        pos = [[st.pos for st in f] + [0] * d for f, d in zip(feeds, dummies)]
+        codes = [[st.code for st in f] + [HIDDEN] * d for f, d in zip(feeds, dummies)]
+        slots = [list(range(u, u + len(f))) + [u + len(f)] * d for u, f, d in zip(self.used, feeds, dummies)]
+        self.used = [u + len(f) for u, f in zip(self.used, feeds)]
         c, dev = self.cache, self.device
         c.slots, codes = torch.tensor(slots, device=dev), torch.tensor(codes, device=dev)
         c.reserve(max(row[-1] for row in slots) + 1)
@@ -219,8 +202,8 @@ class _Engine:
         self._decide(logits, fed)
 
     def _decide(self, logits: torch.Tensor, fed: list):
-        """Sample a token for every stream that fed (logits (n, V) float32, in `fed` order), then give each
-        stream its next token, in that order (a sample spends its budget in path order)."""
+        """Sample a token for every stream that fed (logits (n, V) float32, in `fed` order), give each its next token
+        in that order (a sample spends its budget in path order); drop the done rows once they are half the batch."""
         kinds = ["free" if self.mode == "sequential" else "main_full" if st.kind == "main" and
                  s.blocks >= self.max_blocks else st.kind for s, st in fed]
         banned = self.ban[[_BANS.index(k) if k in _BANS else 0 for k in kinds]]
@@ -228,14 +211,16 @@ class _Engine:
             banned[:, self.tags.eos] |= torch.tensor([s.used < self.min_new_tokens for s, _ in fed], device=self.device)
         first = torch.tensor([st.kind == "path" and st.path_len == 1 for _, st in fed], device=self.device)
         banned[:, [self.tags.end_path, self.tags.eos]] |= first[:, None]   # no empty path (NOTES.md §4)
-        temperature, top_p, top_k, greedy, gen = self.sampling
-        chosen = _choose(logits, banned, temperature, top_p, top_k, greedy, gen)
-        for (s, st), tok, lp in zip(fed, chosen.tolist(), token_logprobs(logits, chosen, temperature).tolist()):
+        chosen = _choose(logits, banned, *self.sampling)   # (temperature, top_p, top_k, greedy, gen)
+        for (s, st), tok, lp in zip(fed, chosen.tolist(), token_logprobs(logits, chosen, self.sampling[0]).tolist()):
             if not s.done:
                 self._advance(s, st, tok, lp)
                 if s.done:
                     self._finish(s)
-        self._drop_finished()
+        live = [r for r, s in enumerate(self.rows) if not s.done]
+        if 2 * len(live) <= len(self.rows):
+            self.cache.select(torch.tensor(live, dtype=torch.long, device=self.device))
+            self.rows, self.used = [self.rows[r] for r in live], [self.used[r] for r in live]
 
     def _append(self, s: _Sample, st: _Stream, tok: int, sampled: int, lp: float, closing: bool = False) -> bool:
         """Append a response token to a stream; False (and the sample ends) once the budget is spent.
@@ -268,7 +253,7 @@ class _Engine:
                     return
                 s.open_paths, st.path_len = s.open_paths + 1, 0
             if self._append(s, st, tok, 0, 0.0):
-                st.feed, st.kind = tok, "summary" if tok == T.summary else st.kind
+                st.feed = tok                                        # (a queue with <Summary>: kind is "summary")
             return
         if st.kind == "path":
             if st.path_len + 1 >= self.max_path_tokens or tok == T.eos:   # path budget; EOS -> injected </Path>
@@ -315,11 +300,9 @@ class _Engine:
     def _close_block(self, s: _Sample):
         """Every path fed its </Path>: they join the response in path order, their slots become shared, and
         </Parallel> goes at p + longest path + 1 (the main chain's position is still p + 1)."""
-        for p in s.paths:
-            s.main.toks += p.toks
-        owner = self.cache.owner[self.rows.index(s)]
+        m, T, owner = s.main, self.tags, self.cache.owner[self.rows.index(s)]
         owner.masked_fill_(owner > SHARED, SHARED)
-        m, T = s.main, self.tags
+        m.toks += [t for p in s.paths for t in p.toks]
         m.pos += max(p.path_len for p in s.paths)
         s.paths = []
         if self._append(s, m, T.end_parallel, 0, 0.0):
@@ -327,21 +310,11 @@ class _Engine:
 
     def _finish(self, s: _Sample):
         """The sample ended: close what is open, so the response parses into the spans it was sampled with."""
-        for p in s.paths:                                            # Unseen, inside a block
-            if p.kind == "path":
-                self._append(s, p, self.tags.end_path, 0, 0.0, closing=True)
-            s.main.toks += p.toks
-        if s.open_paths:                                             # Seen, inside a path
-            self._append(s, s.main, self.tags.end_path, 0, 0.0, closing=True)
+        for st in s.paths or [s.main]:                               # Unseen: every open path; Seen: the main chain
+            if st.kind == "path" and s.open_paths:
+                self._append(s, st, self.tags.end_path, 0, 0.0, closing=True)
+        s.main.toks += [t for p in s.paths for t in p.toks]
         s.paths = []
-
-def critical_path_length(structure: Structure, mode: str) -> int:
-    """D: decode steps a machine that runs the paths of a block side by side needs for this response.
-    Unseen: T minus, per block, (sum of its path lengths - its longest path). Seen, sequential: D = T."""
-    if mode != "unseen":
-        return structure.length
-    saved = sum(sum(e - s for s, e in b.paths) - max((e - s for s, e in b.paths), default=0) for b in structure.blocks)
-    return structure.length - saved
 
 @torch.inference_mode()
 def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen", max_new_tokens: int = 256,
@@ -377,17 +350,13 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
     for s in samples:
         ids, sampled, lps = (list(x) for x in zip(*s.main.toks)) if s.main.toks else ([], [], [])
         st = parse_structure(ids, tags)
-        body = ids[:-1] if ids and ids[-1] == tags.eos else ids
-        out.append(Rollout(prompt_index=s.prompt_index, prompt_ids=s.prompt_ids, response_ids=ids, sampled_mask=sampled,
-                           logprobs=lps, structure=st, num_tokens=len(ids), finish_reason=s.done or "budget",
-                           critical_path=critical_path_length(st, mode),
-                           text=tokenizer.decode(body, skip_special_tokens=False)))
+        lengths = [[e - a for a, e in b.paths] for b in st.blocks] if mode == "unseen" else []   # Seen: D = T
+        D = len(ids) - sum(sum(n) - max(n, default=0) for n in lengths)     # a block costs its longest path
+        text = tokenizer.decode(ids[:-1] if ids[-1:] == [tags.eos] else ids, skip_special_tokens=False)
+        out.append(Rollout(s.prompt_index, s.prompt_ids, ids, sampled, lps, st, len(ids), D, s.done or "budget", text))
     return out
 
-
-# ----------------------------------------------------------------------------------------------------
-# python sample.py --model=<checkpoint>: a few responses, each block laid out (what a student looks at first)
-
+# ---- python sample.py --model=<checkpoint>: a few responses, each block laid out (what a student looks at first)
 PROBLEMS = ("Which two of 4 9 5 1 make 9?", "Which two of 3 1 2 8 6 make 5?", "Which two of 4 6 8 3 5 9 make 8?")
 
 @dataclass
