@@ -12,6 +12,7 @@ layout), samples.jsonl and summary.json; scripts/table.py joins evaluations.
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -244,9 +245,14 @@ def run(cfg: EvalConfig) -> dict:
     overrides, benches = parse_k_overrides(cfg.k_overrides), [b.strip() for b in cfg.data.split(",") if b.strip()]
     if set(overrides) - set(benches):
         raise ValueError(f"--k_overrides names {sorted(set(overrides) - set(benches))}, not in --data={cfg.data}")
-    if not benches or cfg.limit < 0 or cfg.k < 1:
-        raise ValueError(f"--data={cfg.data!r}, --limit={cfg.limit}, --k={cfg.k}: name at least one benchmark, "
-                         "a limit >= 0 (0 = every problem) and k >= 1")
+    if not benches or cfg.limit < 0 or min(cfg.k, cfg.batch_size, cfg.max_new_tokens) < 1 or cfg.num_paths < 2 \
+            or cfg.temperature < 0:
+        raise ValueError(f"--data={cfg.data!r}, --limit={cfg.limit}, --k={cfg.k}, --batch_size={cfg.batch_size}, "
+                         f"--max_new_tokens={cfg.max_new_tokens}, --num_paths={cfg.num_paths}, --temperature="
+                         f"{cfg.temperature}: name at least one benchmark, a limit >= 0 (0 = every problem), k, "
+                         "batch_size and max_new_tokens >= 1, num_paths >= 2 and a temperature >= 0")
+    if cfg.device not in ("", "cpu") and not re.fullmatch(r"cuda(:\d+)?|mps", cfg.device):
+        raise ValueError(f"--device={cfg.device}: write cpu, cuda, cuda:<index> or mps (or leave it empty)")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device={cfg.device}: this machine has no CUDA device; leave --device empty (cuda if "
                          "available, else cpu) or pass --device=cpu")
@@ -268,7 +274,8 @@ def run(cfg: EvalConfig) -> dict:
         skipped.update({b: over} if over else {})
     os.makedirs(out_dir, exist_ok=True)
     results, timings = {}, {}
-    with open(os.path.join(out_dir, "samples.jsonl"), "w", encoding="utf-8") as fh, \
+    partial = os.path.join(out_dir, "samples.jsonl.partial")   # renamed at the end: a failed run keeps the old file
+    with open(partial, "w", encoding="utf-8") as fh, \
             tqdm(total=sum(len(r) * overrides.get(b, cfg.k) for b, r in records.items()), desc="eval", unit="resp",
                  dynamic_ncols=True) as bar:
         for bench, recs in records.items():
@@ -283,6 +290,7 @@ def run(cfg: EvalConfig) -> dict:
             bar.write(f"{bench}: Mean@{k} {100 * m['mean_at_k']:.1f}  Pass@{k} {100 * m['pass_at_k']:.1f}  parallel "
                       f"{100 * m['parallel_ratio']:.1f}%  T {m['mean_T']:.0f}  D {m['mean_D']:.0f}  "
                       f"({m['num_problems']} problems, {timings[bench]:.0f}s)")
+    os.replace(partial, os.path.join(out_dir, "samples.jsonl"))
     table = format_table({name: results})
     summary = {"model": cfg.model, "name": name, "mode": mode, "mode_source": why, "prompt_style": style,
                "prompt_file": prompt_file, "avg_mean_at_k": average_mean_at_k(results),

@@ -117,6 +117,8 @@ PAPER = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_siz
 
 def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOConfig:
     cfg = config.fill(cfg, TINY if tiny else PAPER)
+    sft.check_at_least_one(cfg, "batch_size", "group_size", "ppo_mini_batches", "micro_batch_size", "max_new_tokens",
+                           "eval_k")
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} prompts do not split evenly over {world_size} ranks")
     return dataclasses.replace(cfg, mode=cfg.mode or RECIPE_MODE[cfg.recipe])
@@ -485,7 +487,8 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
     Returns {"checkpoint", "steps", "seconds", "eval_before", "eval_after", "last_step", "log"}."""
     with sft.distributed() as d:
         run = setup(cfg, d, records, eval_records)
-        cfg, per_rank, t_start, ckpt, row = run.cfg, run.cfg.batch_size // d.world_size, time.time(), None, {}
+        cfg, per_rank, t_start, row = run.cfg, run.cfg.batch_size // d.world_size, time.time(), {}
+        ckpt, first_step = run.resume or None, run.step      # a finished run resumed: no step, no new evaluation
         pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else run.tags.eos
         eval_before = first_evaluation(run)
         bar = tqdm(total=cfg.max_steps, initial=run.step, disable=not d.is_main, dynamic_ncols=True, desc="grpo")
@@ -532,7 +535,7 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
                 break
         bar.close()
         summary = {"checkpoint": ckpt, "steps": run.step, "eval_before": eval_before, "last_step": row,
-                   "eval_after": evaluate_now(run, "after") if run.eval_records else None,
+                   "eval_after": evaluate_now(run, "after") if run.eval_records and run.step > first_step else None,
                    "log": os.path.join(cfg.out_dir, "log.jsonl"), "seconds": time.time() - t_start}
         run.close()
         run.log(f"GRPO done: {run.step} steps in {summary['seconds']:.0f}s. checkpoint: {ckpt} (python eval.py "

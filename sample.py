@@ -386,8 +386,9 @@ def layout(rollout: Rollout, tokenizer) -> str:
 
 def main(argv: list[str]) -> None:
     cfg = config.parse(SampleConfig, argv)
-    if cfg.n < 1 or cfg.temperature < 0:
-        raise ValueError(f"--n must be >= 1 and --temperature >= 0, got {cfg.n} and {cfg.temperature}")
+    if cfg.n < 1 or cfg.max_new_tokens < 1 or cfg.temperature < 0:
+        raise ValueError(f"--n and --max_new_tokens must be >= 1 and --temperature >= 0, got {cfg.n}, "
+                         f"{cfg.max_new_tokens} and {cfg.temperature}")
     mode = cfg.mode or mode_from_config(read_checkpoint_config(cfg.model)[0]) or "unseen"
     model, tokenizer = load_model(cfg.model)
     prompts = [cfg.prompt.replace("\\n", "\n")] if cfg.prompt else [p + "\n" for p in PROBLEMS]   # tiny layout

@@ -89,9 +89,16 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
     cfg = config.fill(cfg, TINY if cfg.model == "tiny" else PAPER)
     if cfg.max_steps is None and cfg.epochs is None:
         cfg = dataclasses.replace(cfg, **({"max_steps": 400} if cfg.model == "tiny" else {"epochs": 5.0}))
+    check_at_least_one(cfg, "batch_size", "micro_batch_size")
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} does not split evenly over {world_size} ranks")
     return cfg
+
+def check_at_least_one(cfg, *names: str):
+    """ValueError naming every one of these config fields that is below 1 (before anything is loaded or moved)."""
+    low = [f"--{n}={getattr(cfg, n)}" for n in names if getattr(cfg, n) is not None and getattr(cfg, n) < 1]
+    if low:
+        raise ValueError(f"{', '.join(low)}: must be at least 1")
 
 # Ranks (one process when RANK is not set)
 

@@ -11,9 +11,10 @@ from conftest import SHARED
 import data
 from data import build_prompt, canonicalize_trace, gsm8k_answer, load_data, normalize_answer, synthetic_problems
 
-DATA = os.path.join(SHARED, "data")
+DATA = os.environ.get(data.DATA_ENV) or os.path.join(SHARED, "data")   # as data.py looks for it
 QWEN3 = os.path.join(SHARED, "tokenizers", "qwen3")
-needs_data = pytest.mark.skipif(not os.path.isdir(DATA), reason="../shared/data is absent (real data sets)")
+needs_data = pytest.mark.skipif(not os.path.isdir(DATA),
+                                reason=f"{DATA} is absent (the real data sets; set $PARALLEL_R1_DATA)")
 needs_qwen = pytest.mark.skipif(not os.path.isdir(QWEN3), reason="../shared/tokenizers/qwen3 is absent")
 
 

@@ -279,3 +279,17 @@ def test_bad_flags_are_one_error_before_anything_is_written(tmp_path, kw, flag):
     with pytest.raises(ValueError, match=flag):
         ev.run(ev.EvalConfig(model="tiny", out_dir=str(out), **kw))
     assert not out.exists()
+
+
+def test_a_failed_evaluation_keeps_the_earlier_samples(tmp_path, monkeypatch):
+    """samples.jsonl is written as samples.jsonl.partial and renamed at the end (a failure once left it empty)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "samples.jsonl").write_text("earlier\n")
+
+    def broken(*a, **kw):
+        raise RuntimeError("out of memory")
+    monkeypatch.setattr(ev, "evaluate", broken)
+    with pytest.raises(RuntimeError):
+        ev.run(ev.EvalConfig(model="tiny", out_dir=str(out), limit=1, k=1))
+    assert (out / "samples.jsonl").read_text() == "earlier\n"

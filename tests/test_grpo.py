@@ -613,3 +613,29 @@ def test_wandb_gets_the_rows_of_log_jsonl(tmp_path, monkeypatch, wandb_rows):
                                 out_dir=str(tmp_path / "run"), wandb_project="test"), records=records)
     assert wandb_rows == [json.loads(line) for line in open(out["log"])] and len(wandb_rows) == 2
     assert {"step", "reward_mean", "loss", "kl", "time_sample"} <= wandb_rows[0].keys()
+
+
+def test_resuming_a_finished_run_names_its_checkpoint_and_adds_no_row(tmp_path, monkeypatch):
+    """It used to print "checkpoint: None (python eval.py --model=None)" and log the final evaluation again."""
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)
+    init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
+    base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=12, max_time=0.0, log_every=0, eval_k=1,
+                eval_every=0, max_steps=1, out_dir=str(tmp_path / "run"))
+    first = grpo.train(GRPOConfig(**base), records=records, eval_records=records)
+    rows = open(first["log"]).read()
+    again = grpo.train(GRPOConfig(**base, resume="True"), records=records, eval_records=records)
+    assert again["checkpoint"] == first["checkpoint"] and again["eval_after"] is None
+    assert open(first["log"]).read() == rows
+
+
+def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(tmp_path):
+    model, tok = tiny(seed=1)
+    init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "log.jsonl").write_text('{"step": 1}\n')
+    for flag in ("batch_size", "group_size", "ppo_mini_batches", "micro_batch_size"):
+        with pytest.raises(ValueError, match=f"--{flag}=0: must be at least 1"):
+            grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: 0}), records=[])
+    assert os.listdir(tmp_path / "run") == ["log.jsonl"]

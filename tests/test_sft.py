@@ -436,3 +436,13 @@ def test_a_wandb_start_that_fails_changes_nothing(model_dir, tmp_path, monkeypat
     with pytest.raises(ValueError, match="WANDB_MODE=offline"):
         sft.train(config(model_dir, tmp_path / "used", max_steps=1, wandb_project="p"), records=records)
     assert sorted(os.listdir(tmp_path / "used")) == before == ["checkpoint-1", "log.jsonl"]
+
+
+def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(model_dir, tmp_path):
+    """--micro_batch_size=0 used to move the finished run aside and then fail (range() arg 3 must not be zero)."""
+    records = make_records(10)
+    sft.train(config(model_dir, tmp_path / "run", max_steps=1, save_every=0), records=records)
+    for flag in ("batch_size", "micro_batch_size"):
+        with pytest.raises(ValueError, match=f"--{flag}=0: must be at least 1"):
+            sft.train(config(model_dir, tmp_path / "run", max_steps=1, **{flag: 0}), records=records)
+    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-1", "log.jsonl"]
