@@ -62,5 +62,5 @@ if __name__ == "__main__":
     try:
         for arg in sys.argv[1:]:
             print("\n".join(table(arg)))
-    except (OSError, ValueError) as e:
-        sys.exit(f"failures.py: error: {e} (pass eval.py output folders or their samples.jsonl)")
+    except (OSError, ValueError, KeyError) as e:   # KeyError: a JSONL file that is not eval.py's samples
+        sys.exit(f"failures.py: error: {type(e).__name__}: {e} (pass eval.py output folders or their samples.jsonl)")

@@ -45,7 +45,10 @@ if __name__ == "__main__":
     out = next((a[6:] for a in sys.argv[1:] if a.startswith("--out=")), None)
     if not args:
         sys.exit(__doc__)
-    table = seeds_table(args)
+    try:
+        table = seeds_table(args)
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"seeds_table.py: error: {type(e).__name__}: {e} (pass eval.py output folders named eval_<run>_seed<s>)")
     print(table)
     if out:
         with open(out, "w", encoding="utf-8") as fh:
