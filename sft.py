@@ -89,7 +89,9 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
     cfg = config.fill(cfg, TINY if cfg.model == "tiny" else PAPER)
     if cfg.max_steps is None and cfg.epochs is None:
         cfg = dataclasses.replace(cfg, **({"max_steps": 400} if cfg.model == "tiny" else {"epochs": 5.0}))
-    check_at_least_one(cfg, "batch_size", "micro_batch_size")
+    check_at_least_one(cfg, "batch_size", "micro_batch_size", "max_steps")
+    if cfg.eval_samples < 0:
+        raise ValueError(f"--eval_samples={cfg.eval_samples}: must be >= 0 (0 = no end-of-run samples)")
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} does not split evenly over {world_size} ranks")
     return cfg

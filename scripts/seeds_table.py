@@ -47,9 +47,10 @@ if __name__ == "__main__":
         sys.exit(__doc__)
     try:
         table = seeds_table(args)
+        print(table)
+        if out:
+            with open(out, "w", encoding="utf-8") as fh:
+                fh.write(table + "\n")
     except (OSError, ValueError, KeyError) as e:
-        sys.exit(f"seeds_table.py: error: {type(e).__name__}: {e} (pass eval.py output folders named eval_<run>_seed<s>)")
-    print(table)
-    if out:
-        with open(out, "w", encoding="utf-8") as fh:
-            fh.write(table + "\n")
+        sys.exit(f"seeds_table.py: error: {type(e).__name__}: {e} (pass eval.py output folders named eval_<run>_seed<s>"
+                 " and an --out in an existing folder)")

@@ -635,7 +635,10 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(tmp_path):
     init = save_checkpoint(str(tmp_path / "init"), model, tok)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "log.jsonl").write_text('{"step": 1}\n')
-    for flag in ("batch_size", "group_size", "ppo_mini_batches", "micro_batch_size"):
+    for flag in ("batch_size", "group_size", "ppo_mini_batches", "micro_batch_size", "max_steps"):
         with pytest.raises(ValueError, match=f"--{flag}=0: must be at least 1"):
             grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: 0}), records=[])
+    for flag in ("temperature", "eval_temperature", "generate_batch_size", "eval_samples"):
+        with pytest.raises(ValueError, match=f"--{flag}=-1: must be >= 0"):
+            grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: -1}), records=[])
     assert os.listdir(tmp_path / "run") == ["log.jsonl"]

@@ -442,7 +442,9 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(model_dir, tmp_pa
     """--micro_batch_size=0 used to move the finished run aside and then fail (range() arg 3 must not be zero)."""
     records = make_records(10)
     sft.train(config(model_dir, tmp_path / "run", max_steps=1, save_every=0), records=records)
-    for flag in ("batch_size", "micro_batch_size"):
-        with pytest.raises(ValueError, match=f"--{flag}=0: must be at least 1"):
-            sft.train(config(model_dir, tmp_path / "run", max_steps=1, **{flag: 0}), records=records)
+    for flag, value in (("batch_size", 0), ("micro_batch_size", 0), ("max_steps", 0), ("max_steps", -3)):
+        with pytest.raises(ValueError, match=f"--{flag}={value}: must be at least 1"):
+            sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: value}), records=records)
+    with pytest.raises(ValueError, match="--eval_samples=-1: must be >= 0"):
+        sft.train(config(model_dir, tmp_path / "run", max_steps=1, eval_samples=-1), records=records)
     assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-1", "log.jsonl"]
