@@ -117,12 +117,9 @@ PAPER = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_siz
 
 def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOConfig:
     cfg = config.fill(cfg, TINY if tiny else PAPER)
-    sft.check_at_least_one(cfg, "batch_size", "group_size", "ppo_mini_batches", "micro_batch_size", "max_new_tokens",
-                           "eval_k", "max_steps")
-    low = [f"--{n}={getattr(cfg, n)}" for n in ("temperature", "eval_temperature", "generate_batch_size",
-                                                 "eval_samples") if getattr(cfg, n) < 0]
-    if low:
-        raise ValueError(f"{', '.join(low)}: must be >= 0")
+    sft.check_minimum(cfg, 1, "batch_size", "group_size", "ppo_mini_batches", "micro_batch_size", "max_new_tokens",
+                      "eval_k", "max_steps")
+    sft.check_minimum(cfg, 0, "temperature", "eval_temperature", "generate_batch_size", "eval_samples")
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} prompts do not split evenly over {world_size} ranks")
     return dataclasses.replace(cfg, mode=cfg.mode or RECIPE_MODE[cfg.recipe])

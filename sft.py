@@ -89,18 +89,17 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
     cfg = config.fill(cfg, TINY if cfg.model == "tiny" else PAPER)
     if cfg.max_steps is None and cfg.epochs is None:
         cfg = dataclasses.replace(cfg, **({"max_steps": 400} if cfg.model == "tiny" else {"epochs": 5.0}))
-    check_at_least_one(cfg, "batch_size", "micro_batch_size", "max_steps")
-    if cfg.eval_samples < 0:
-        raise ValueError(f"--eval_samples={cfg.eval_samples}: must be >= 0 (0 = no end-of-run samples)")
+    check_minimum(cfg, 1, "batch_size", "micro_batch_size", "max_steps")
+    check_minimum(cfg, 0, "eval_samples")
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} does not split evenly over {world_size} ranks")
     return cfg
 
-def check_at_least_one(cfg, *names: str):
-    """ValueError naming every one of these config fields that is below 1 (before anything is loaded or moved)."""
-    low = [f"--{n}={getattr(cfg, n)}" for n in names if getattr(cfg, n) is not None and getattr(cfg, n) < 1]
+def check_minimum(cfg, minimum: int, *names: str):
+    """ValueError naming every one of these config fields below `minimum` (before anything is loaded or moved)."""
+    low = [f"--{n}={getattr(cfg, n)}" for n in names if getattr(cfg, n) is not None and getattr(cfg, n) < minimum]
     if low:
-        raise ValueError(f"{', '.join(low)}: must be at least 1")
+        raise ValueError(f"{', '.join(low)}: must be at least {minimum}")
 
 # Ranks (one process when RANK is not set)
 
