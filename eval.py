@@ -246,11 +246,12 @@ def run(cfg: EvalConfig) -> dict:
     if set(overrides) - set(benches):
         raise ValueError(f"--k_overrides names {sorted(set(overrides) - set(benches))}, not in --data={cfg.data}")
     if not benches or cfg.limit < 0 or min(cfg.k, cfg.batch_size, cfg.max_new_tokens) < 1 or cfg.num_paths < 2 \
-            or cfg.temperature < 0:
+            or cfg.temperature < 0 or cfg.max_blocks < 0 or not 0 < cfg.top_p <= 1:
         raise ValueError(f"--data={cfg.data!r}, --limit={cfg.limit}, --k={cfg.k}, --batch_size={cfg.batch_size}, "
                          f"--max_new_tokens={cfg.max_new_tokens}, --num_paths={cfg.num_paths}, --temperature="
-                         f"{cfg.temperature}: name at least one benchmark, a limit >= 0 (0 = every problem), k, "
-                         "batch_size and max_new_tokens >= 1, num_paths >= 2 and a temperature >= 0")
+                         f"{cfg.temperature}, --max_blocks={cfg.max_blocks}, --top_p={cfg.top_p}: name at least one "
+                         "benchmark, a limit >= 0 (0 = every problem), k, batch_size and max_new_tokens >= 1, "
+                         "num_paths >= 2, temperature and max_blocks >= 0, 0 < top_p <= 1")
     if cfg.device not in ("", "cpu") and not re.fullmatch(r"cuda(:\d+)?|mps", cfg.device):
         raise ValueError(f"--device={cfg.device}: write cpu, cuda, cuda:<index> or mps (or leave it empty)")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():

@@ -325,9 +325,11 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
     mode. max_new_tokens: a response's budget, injected tags included; max_path_tokens: a path's (then </Path> is
     injected); max_blocks: then <Parallel> is masked out (the official code ends the episode, NOTES.md §8); the
     same seed and inputs give the same rollouts; no EOS before min_new_tokens. `Rollout.logprobs`: of each sampled
-    token before truncation and tag masking, the training forward's quantity. ValueError for num_paths < 2."""
-    if num_paths < 2:
-        raise ValueError(f"num_paths must be >= 2 (a block needs at least two paths), got {num_paths}")
+    token before truncation and tag masking, the training forward's quantity. ValueError for a setting out of range."""
+    if num_paths < 2 or max_blocks < 0 or temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"num_paths={num_paths}, max_blocks={max_blocks}, temperature={temperature}, top_k={top_k}, "
+                         f"top_p={top_p}: a block needs num_paths >= 2; max_blocks, temperature, top_k >= 0 (top_k 0 "
+                         "= off); 0 < top_p <= 1")
     prompts = [tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p) for p in prompts]
     tags = TagIds.from_tokenizer(tokenizer)
     gen = torch.Generator()

@@ -269,10 +269,11 @@ def test_unknown_benchmark_is_a_clear_error_before_sampling(tmp_path):
 
 @pytest.mark.parametrize("kw, flag", [(dict(data=""), "--data=''"), (dict(data=" , "), "--data=' , '"),
                                       (dict(limit=-1), "--limit=-1"), (dict(k=0), "--k=0"),
-                                      (dict(device="cuda"), "--device=cuda")])
+                                      (dict(device="cuda"), "--device=cuda"), (dict(max_blocks=-1), "--max_blocks=-1"),
+                                      (dict(top_p=0.0), "--top_p=0.0")])
 def test_bad_flags_are_one_error_before_anything_is_written(tmp_path, kw, flag):
     """An empty --data once wrote an empty table, --limit=-1 blamed the data set, --device=cuda on a CPU-only
-    machine ended in torch's AssertionError."""
+    machine ended in torch's AssertionError, --top_p=0 quietly decoded greedily."""
     if "device" in kw and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     out = tmp_path / "out"

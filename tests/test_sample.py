@@ -151,6 +151,16 @@ def test_max_blocks_masks_parallel_so_the_answer_can_follow(models):
                and r.structure.blocks[0].summary[1] < r.num_tokens - 1 for r in rollouts)
 
 
+@pytest.mark.parametrize("kw", [dict(num_paths=1), dict(max_blocks=-1), dict(temperature=-0.5), dict(top_k=-1),
+                                dict(top_p=0.0), dict(top_p=1.5)])
+def test_settings_out_of_range_are_refused(models, kw):
+    """Each of these once sampled anyway (top_p=0 greedily, max_blocks=-1 as 0, top_k=-1 as off)."""
+    _, model, tok = models
+    name, value = next(iter(kw.items()))
+    with pytest.raises(ValueError, match=f"{name}={value}"):
+        generate(model, tok, PROMPTS[:1], max_new_tokens=4, **kw)
+
+
 def test_critical_path(models):
     """D = T - sum over blocks of (sum of path lengths - longest path) in Unseen; D = T in Seen."""
     _, model, tok = models
