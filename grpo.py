@@ -120,6 +120,9 @@ def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOCo
     sft.check_minimum(cfg, 1, "batch_size", "group_size", "ppo_mini_batches", "micro_batch_size", "max_new_tokens",
                       "eval_k", "max_steps")
     sft.check_minimum(cfg, 0, "temperature", "eval_temperature", "generate_batch_size", "eval_samples")
+    if cfg.group_size == 1:
+        raise ValueError("--group_size=1: a GRPO advantage compares responses to the same prompt, so with one "
+                         "every advantage is 0 and nothing is learned; use 2 or more")
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} prompts do not split evenly over {world_size} ranks")
     return dataclasses.replace(cfg, mode=cfg.mode or RECIPE_MODE[cfg.recipe])

@@ -641,4 +641,6 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(tmp_path):
     for flag in ("temperature", "eval_temperature", "generate_batch_size", "eval_samples"):
         with pytest.raises(ValueError, match=f"--{flag}=-1: must be at least 0"):
             grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: -1}), records=[])
+    with pytest.raises(ValueError, match="--group_size=1: .* every advantage is 0"):   # it trained on zeros
+        grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), group_size=1), records=[])
     assert os.listdir(tmp_path / "run") == ["log.jsonl"]
