@@ -218,7 +218,7 @@ class EvalConfig:
     verifier: Literal["default", "paper"] = "default"   # math-aware, or the official string match
     seed: int = 0
     name: str = ""                     # the table's Method cell; "" = from the model path
-    out_dir: str = ""                  # "" = runs/eval/<name>
+    out_dir: str = ""                  # "" = runs/eval/<--name, else the model path with _ for />
     data_dir: str = ""                 # local benchmark files (see data.py)
     device: str = ""                   # "" = cuda if available else cpu
     allow_untrained_tags: bool = False  # sample a checkpoint whose tokenizer lacks the tags (untrained embeddings)
@@ -262,7 +262,8 @@ def run(cfg: EvalConfig) -> dict:
     model, tokenizer = load_model(cfg.model, device=cfg.device or None)
     name = cfg.name or (os.path.join(*os.path.normpath(cfg.model).split(os.sep)[-2:]) if os.path.isdir(cfg.model)
                         else cfg.model)
-    out_dir = cfg.out_dir or os.path.join("runs", "eval", name.replace(os.sep, "_").replace("/", "_"))
+    key = cfg.name or os.path.normpath(cfg.model)    # the whole path: two runs' checkpoint-400 do not collide
+    out_dir = cfg.out_dir or os.path.join("runs", "eval", key.replace(os.sep, "_").replace("/", "_").strip("._"))
     style = cfg.prompt_style or ("sequential" if mode == "sequential" else "parallel")
     print(f"[eval] {name}: mode {mode} ({why}), {style} prompt{f' from {prompt_file}' if prompt_file else ''}, "
           f"T={cfg.temperature}, max_new_tokens {cfg.max_new_tokens}")

@@ -294,3 +294,16 @@ def test_a_failed_evaluation_keeps_the_earlier_samples(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         ev.run(ev.EvalConfig(model="tiny", out_dir=str(out), limit=1, k=1))
     assert (out / "samples.jsonl").read_text() == "earlier\n"
+
+
+def test_default_out_dirs_of_two_runs_checkpoints_differ(tmp_path, monkeypatch):
+    """The default out_dir once came from the path's last two parts: runs/a/sft/checkpoint-1 and runs/b/sft/
+    checkpoint-1 wrote into one folder, the second evaluation over the first."""
+    monkeypatch.chdir(tmp_path)
+    model, tok = load_model("tiny")
+    out = []
+    for run in ("a", "b"):
+        save_checkpoint(ckpt := os.path.join("runs", run, "sft", "checkpoint-1"), model, tok)
+        out.append(ev.run(ev.EvalConfig(model=ckpt, data="synthetic:easy:test", limit=1, k=1))["name"])
+    assert sorted(os.listdir(tmp_path / "runs" / "eval")) == ["runs_a_sft_checkpoint-1", "runs_b_sft_checkpoint-1"]
+    assert out == [os.path.join("sft", "checkpoint-1")] * 2     # the table's Method cell stays short
