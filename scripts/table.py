@@ -23,8 +23,11 @@ def combine_tables(eval_dirs: list[str], out_dir: str | None = None) -> str:
             raise FileNotFoundError(f"no {path}: run `python eval.py --model=... --out_dir={d}` first")
         with open(path, encoding="utf-8") as fh:
             s = json.load(fh)
-        rows[s["name"]] = s["benchmarks"]
+        name = s["name"] if s["name"] not in rows else f"{s['name']} ({d})"   # two runs of one name: both rows
+        rows[name] = s["benchmarks"]
     table = format_table(rows)
+    if out_dir and os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"--out_dir={out_dir} is a file: name a folder (results.md is written inside it)")
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as fh:

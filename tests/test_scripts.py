@@ -83,6 +83,11 @@ def test_table_has_a_row_per_evaluation(tmp_path):
     assert (tmp_path / "res" / "results.md").read_text().strip() == out.strip()
     with pytest.raises(FileNotFoundError, match="run `python eval.py"):
         table.combine_tables([str(tmp_path / "missing")])
+    _summary(tmp_path / "c", "SFT", 0.75)     # a second run of one name once replaced the first row silently
+    rows = table.combine_tables([str(tmp_path / "a"), str(tmp_path / "c")]).splitlines()[2:]
+    assert rows == ["| SFT | 25.0 | 25.0 | 50.0 | 25.0 |", f"| SFT ({tmp_path / 'c'}) | 25.0 | 75.0 | 50.0 | 75.0 |"]
+    with pytest.raises(ValueError, match="is a file: name a folder"):
+        table.combine_tables([str(tmp_path / "a")], out_dir=str(tmp_path / "a" / "summary.json"))
 
 
 # ----------------------------------------------------------------------------------------------------
