@@ -105,6 +105,9 @@ def test_show_data(capsys):
     show_data.main(["--show", "synthetic:hard", "--n=1", "--limit=20"])
     out = capsys.readouterr().out
     assert out.startswith("--- synthetic:hard-0") and "Final Answer:" in out and "20 records" in out
+    for bad in ("--n=-1", "--limit=-1"):
+        with pytest.raises(ValueError, match=f"{bad}.*must be >= 0"):
+            show_data.main(["--show", "synthetic:hard", bad])
 
 
 def test_show_mask_prints_the_worked_example():
