@@ -12,7 +12,15 @@ def summary(run_dir: str) -> str:
     path = os.path.join(run_dir, "log.jsonl")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no log.jsonl in {run_dir!r}: pass the out_dir of sft.py or grpo.py")
-    rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ValueError(f"{path} line {n} is not JSON: {line.strip()[:60]!r}") from None
     steps = [r for r in rows if "eval/avg_mean_at_k" not in r]
     lines = [f"{run_dir}: {len(steps)} steps logged"]
     losses = [r["loss"] for r in steps if "reward_mean" not in r and "loss" in r]

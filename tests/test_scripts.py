@@ -41,6 +41,9 @@ def test_summary_shows_before_and_after(tmp_path):
     assert "final loss (mean of the last 1 steps): 2.0000" in summary.summary(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no log.jsonl"):
         summary.summary(str(tmp_path / "nope"))
+    (tmp_path / "log.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo\n')   # a run killed mid-line
+    with pytest.raises(ValueError, match="log.jsonl line 2 is not JSON"):
+        summary.summary(str(tmp_path))
 
 
 def test_plot_writes_a_png_from_a_partial_log(tmp_path):
