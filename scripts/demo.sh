@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make demo [SEED=1]`: the whole curriculum on the embedded default (a ~1M-parameter model, CPU):
 #   1. cold-start SFT on easy pair searches (4 numbers), half its rounds written as parallel blocks (Unseen mask)
-#   2. 100 GRPO steps on held-out patterns of all three difficulties (4, 5, 6 numbers) with the Unseen S2 recipe (accuracy reward, every 10th and 9th
-#      step the tiered parallel reward)
+#   2. 100 GRPO steps on held-out patterns of all three difficulties (4, 5, 6 numbers) with the Unseen S1 recipe
+#      (accuracy reward only: the most accurate recipe on this task; S2 holds the parallel ratio, see README)
 #   3. both checkpoints evaluated on held-out problems of each difficulty, same seeds
 # then a before/after table (results.md) and one problem answered before and after RL.
 # Everything lands in runs/demo (runs/demo-seed<N> for another seed).
@@ -17,12 +17,12 @@ latest() { ls -d "$1"/checkpoint-* | sort -V | tail -1; }
 echo "== 1/3 SFT: python sft.py --seed=$SEED --out_dir=$OUT/sft"
 $PY sft.py --seed="$SEED" --out_dir="$OUT/sft"
 SFT_CKPT=$(latest "$OUT/sft")
-echo "== 2/3 GRPO: python grpo.py --recipe=unseen-s2 --seed=$SEED --model=$SFT_CKPT --out_dir=$OUT/grpo"
-$PY grpo.py --recipe=unseen-s2 --seed="$SEED" --model="$SFT_CKPT" --out_dir="$OUT/grpo"
+echo "== 2/3 GRPO: python grpo.py --recipe=unseen-s1 --seed=$SEED --model=$SFT_CKPT --out_dir=$OUT/grpo"
+$PY grpo.py --recipe=unseen-s1 --seed="$SEED" --model="$SFT_CKPT" --out_dir="$OUT/grpo"
 GRPO_CKPT=$(latest "$OUT/grpo")
 echo "== 3/3 eval: the SFT and the GRPO checkpoints, same problems, same sampling seeds"
 $PY eval.py --model="$SFT_CKPT" --name="Parallel-SFT-Unseen (tiny)" --out_dir="$OUT/eval_sft"
-$PY eval.py --model="$GRPO_CKPT" --name="Parallel-R1-Unseen S2 (tiny)" --out_dir="$OUT/eval_grpo"
+$PY eval.py --model="$GRPO_CKPT" --name="Parallel-R1-Unseen S1 (tiny)" --out_dir="$OUT/eval_grpo"
 $PY scripts/plot.py "$OUT/grpo" || echo "(no plot: pip install -r requirements-extra.txt)"
 
 echo
