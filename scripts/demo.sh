@@ -17,8 +17,9 @@ latest() { ls -d "$1"/checkpoint-* | sort -V | tail -1; }
 echo "== 1/3 SFT: python sft.py --seed=$SEED --out_dir=$OUT/sft"
 $PY sft.py --seed="$SEED" --out_dir="$OUT/sft"
 SFT_CKPT=$(latest "$OUT/sft")
-echo "== 2/3 GRPO: python grpo.py --recipe=unseen-s1 --seed=$SEED --model=$SFT_CKPT --out_dir=$OUT/grpo"
-$PY grpo.py --recipe=unseen-s1 --seed="$SEED" --model="$SFT_CKPT" --out_dir="$OUT/grpo"
+# --eval_data= : no evaluation inside GRPO (step 3 evaluates both checkpoints; training is the same either way)
+echo "== 2/3 GRPO: python grpo.py --recipe=unseen-s1 --seed=$SEED --model=$SFT_CKPT --eval_data= --out_dir=$OUT/grpo"
+$PY grpo.py --recipe=unseen-s1 --seed="$SEED" --model="$SFT_CKPT" --eval_data= --out_dir="$OUT/grpo"
 GRPO_CKPT=$(latest "$OUT/grpo")
 echo "== 3/3 eval: the SFT and the GRPO checkpoints, same problems, same sampling seeds"
 $PY eval.py --model="$SFT_CKPT" --name="Parallel-SFT-Unseen (tiny)" --out_dir="$OUT/eval_sft"

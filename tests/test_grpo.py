@@ -396,7 +396,7 @@ def test_filter_groups_trains_only_on_groups_with_variance(tmp_path, monkeypatch
 
 def test_same_seed_same_run_bit_for_bit(tmp_path, monkeypatch):
     """Two fresh runs with the same seed and thread count (KL anchor on): equal weights and log rows, but for the
-    wall-clock fields."""
+    wall-clock fields; a third that also evaluates after every step trains the same (the demo turns it off)."""
     monkeypatch.setattr(grpo, "score_batch", fake_scores)
     model, tok = tiny(seed=1)
     init = save_checkpoint(str(tmp_path / "init"), model, tok)
@@ -404,12 +404,16 @@ def test_same_seed_same_run_bit_for_bit(tmp_path, monkeypatch):
     base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=12, micro_batch_size=2, lr=1e-3, kl_coef=0.1,
                 max_steps=2, max_time=0.0, eval_data="", save_every=0, log_every=0, recipe="unseen-s2")
     runs = [grpo.train(GRPOConfig(**base, out_dir=str(tmp_path / d)), records=records) for d in "ab"]
+    runs.append(grpo.train(GRPOConfig(**base, out_dir=str(tmp_path / "c"), eval_every=1, eval_k=1),
+                           records=records, eval_records=records[:2]))
     from safetensors.torch import load_file
-    wa, wb = (load_file(os.path.join(r["checkpoint"], "model.safetensors")) for r in runs)
-    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    wa, wb, wc = (load_file(os.path.join(r["checkpoint"], "model.safetensors")) for r in runs)
+    assert wa.keys() == wb.keys() == wc.keys() and all(torch.equal(wa[k], wb[k]) and torch.equal(wa[k], wc[k])
+                                                       for k in wa)
     rows = [[{k: v for k, v in json.loads(line).items() if k != "elapsed" and not k.startswith("time_")}
              for line in open(r["log"])] for r in runs]
-    assert len(rows[0]) == 2 and rows[0] == rows[1]
+    evals = [r for r in rows[2] if "eval/avg_mean_at_k" in r]
+    assert len(rows[0]) == 2 and rows[0] == rows[1] == [r for r in rows[2] if r not in evals] and len(evals) == 3
 
 
 def fake_scores(responses, golds, *, structures=None, reward=None, step=1, **kw):
