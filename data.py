@@ -102,9 +102,11 @@ def problem_part(problem: PairProblem) -> str:
     return SYNTHETIC_PARTS[int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % len(SYNTHETIC_PARTS)]
 
 def synthetic_problems(split: str, part: str = "train", n: int | None = None, seed: int = 0) -> list[PairProblem]:
-    """`n` problems of difficulty `split` and `part`, the same on every machine; a shorter list is a prefix."""
-    rng, out = random.Random(f"synthetic:{split}:{part}:{seed}"), []
-    while len(out) < (SYNTHETIC_SIZES[part] if n is None else n):
+    """`n` problems of difficulty `split` and `part`, the same on every machine; a shorter list is a prefix. At most
+    the part's size (SYNTHETIC_SIZES), as a limit beyond a real set's size gives the whole set. Drawn with
+    replacement from the part's patterns: a problem can repeat (an i.i.d. sample of the task, as Mean@k assumes)."""
+    rng, out, size = random.Random(f"synthetic:{split}:{part}:{seed}"), [], SYNTHETIC_SIZES[part]
+    while len(out) < (size if n is None else min(n, size)):
         p = make_problem(rng, SYNTHETIC_SPLITS[split])
         if problem_part(p) == part:
             out.append(p)

@@ -28,7 +28,7 @@ import config
 from data import TINY_VOCAB_LIMIT, Style, build_prompt, load_data
 from model import TAGS, Mode, check_model_name, load_model, mode_from_config, read_checkpoint_config
 from rewards import parallel_positions, score_batch
-from sample import generate
+from sample import check_sampling, generate
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """1 - C(n-c, k) / C(n, k): the chance that k of the n responses, drawn without replacement, hold a correct one
@@ -245,13 +245,11 @@ def run(cfg: EvalConfig) -> dict:
     overrides, benches = parse_k_overrides(cfg.k_overrides), [b.strip() for b in cfg.data.split(",") if b.strip()]
     if set(overrides) - set(benches):
         raise ValueError(f"--k_overrides names {sorted(set(overrides) - set(benches))}, not in --data={cfg.data}")
-    if not benches or cfg.limit < 0 or min(cfg.k, cfg.batch_size, cfg.max_new_tokens) < 1 or cfg.num_paths < 2 \
-            or cfg.temperature < 0 or cfg.max_blocks < 0 or not 0 < cfg.top_p <= 1:
+    check_sampling(num_paths=cfg.num_paths, max_blocks=cfg.max_blocks, temperature=cfg.temperature, top_p=cfg.top_p)
+    if not benches or cfg.limit < 0 or min(cfg.k, cfg.batch_size, cfg.max_new_tokens) < 1:
         raise ValueError(f"--data={cfg.data!r}, --limit={cfg.limit}, --k={cfg.k}, --batch_size={cfg.batch_size}, "
-                         f"--max_new_tokens={cfg.max_new_tokens}, --num_paths={cfg.num_paths}, --temperature="
-                         f"{cfg.temperature}, --max_blocks={cfg.max_blocks}, --top_p={cfg.top_p}: name at least one "
-                         "benchmark, a limit >= 0 (0 = every problem), k, batch_size and max_new_tokens >= 1, "
-                         "num_paths >= 2, temperature and max_blocks >= 0, 0 < top_p <= 1")
+                         f"--max_new_tokens={cfg.max_new_tokens}: name at least one benchmark, a limit >= 0 (0 = every "
+                         "problem), k, batch_size and max_new_tokens >= 1")
     if cfg.device not in ("", "cpu") and not re.fullmatch(r"cuda(:\d+)?|mps", cfg.device):
         raise ValueError(f"--device={cfg.device}: write cpu, cuda, cuda:<index> or mps (or leave it empty)")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():

@@ -36,7 +36,7 @@ from data import TINY_VOCAB_LIMIT, load_data
 from eval import evaluate, fit_context, summarize
 from model import Mode, load_model, mode_from_config, read_checkpoint_config
 from rewards import RewardSchedule, parallel_positions, score_batch
-from sample import Rollout, generate, token_logprobs
+from sample import Rollout, check_sampling, generate, token_logprobs
 
 RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "scaffold": "unseen",
                "baseline": "sequential"}
@@ -119,7 +119,9 @@ def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOCo
     cfg = config.fill(cfg, TINY if tiny else PAPER)
     sft.check_minimum(cfg, 1, "batch_size", "group_size", "ppo_mini_batches", "micro_batch_size", "max_new_tokens",
                       "eval_k", "max_steps")
-    sft.check_minimum(cfg, 0, "temperature", "eval_temperature", "generate_batch_size", "eval_samples")
+    sft.check_minimum(cfg, 0, "generate_batch_size", "eval_samples")
+    check_sampling(num_paths=cfg.num_paths, max_blocks=cfg.max_blocks, temperature=cfg.temperature, top_p=cfg.top_p,
+                   top_k=cfg.top_k, eval_temperature=cfg.eval_temperature)
     if cfg.group_size == 1:
         raise ValueError("--group_size=1: a GRPO advantage compares responses to the same prompt, so with one "
                          "every advantage is 0 and nothing is learned; use 2 or more")
@@ -464,10 +466,6 @@ def setup(cfg: GRPOConfig, d, records, eval_records) -> GRPORun:
         run.rollout_model.to(torch.bfloat16)
     total = cfg.max_steps * cfg.ppo_mini_batches           # optimizer steps of the whole run
     sft.prepare(run, lambda s: sft.lr_factor(s, cfg.warmup_steps, total, cfg.lr_schedule))
-    saved_max = run.state.get("config", {}).get("max_steps", cfg.max_steps)
-    if cfg.lr_schedule == "cosine" and saved_max != cfg.max_steps:
-        run.log(f"note: the cosine lr schedule now ends at step {cfg.max_steps}, not {saved_max}: the lr jumps "
-                "from the old curve to the new one (use --lr_schedule=constant to train further flat)")
     run.streams = {k: sft.ShuffledStream(len(v), cfg.seed + i, **run.state.get("data_position", {}).get(k, {}))
                    for i, (k, v) in enumerate(run.sources.items())}
     run.log(f"GRPO recipe {cfg.recipe} (mode {cfg.mode}) from {init}: {len(run.sources['train'])} problems of "

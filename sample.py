@@ -316,6 +316,17 @@ class _Engine:
         s.main.toks += [t for p in s.paths for t in p.toks]
         s.paths = []
 
+SAMPLING_RANGES = {"num_paths": (lambda v: v >= 2, "num_paths >= 2"), "max_blocks": (lambda v: v >= 0, "max_blocks >= 0"),
+                   "temperature": (lambda v: v >= 0, "temperature >= 0"), "top_k": (lambda v: v >= 0, "top_k >= 0 (0 = off)"),
+                   "top_p": (lambda v: 0 < v <= 1, "0 < top_p <= 1"), "eval_temperature": (lambda v: v >= 0, "eval_temperature >= 0")}
+
+def check_sampling(**settings):
+    """ValueError naming each sampling setting out of range as --key=value (NaN is out of every range): the sampler,
+    eval.py and grpo.py call it before anything is loaded or moved. Keys: those of SAMPLING_RANGES."""
+    bad = [(f"--{k}={v}", SAMPLING_RANGES[k][1]) for k, v in settings.items() if not SAMPLING_RANGES[k][0](v)]
+    if bad:
+        raise ValueError(f"{', '.join(b for b, _ in bad)}: out of range; use {', '.join(r for _, r in bad)}")
+
 @torch.inference_mode()
 def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen", max_new_tokens: int = 256,
              max_path_tokens: int | None = None, num_paths: int = 2, max_blocks: int = 4,
@@ -326,10 +337,7 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
     injected); max_blocks: then <Parallel> is masked out (the official code ends the episode, NOTES.md §8); the
     same seed and inputs give the same rollouts; no EOS before min_new_tokens. `Rollout.logprobs`: of each sampled
     token before truncation and tag masking, the training forward's quantity. ValueError for a setting out of range."""
-    if num_paths < 2 or max_blocks < 0 or temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"num_paths={num_paths}, max_blocks={max_blocks}, temperature={temperature}, top_k={top_k}, "
-                         f"top_p={top_p}: a block needs num_paths >= 2; max_blocks, temperature, top_k >= 0 (top_k 0 "
-                         "= off); 0 < top_p <= 1")
+    check_sampling(num_paths=num_paths, max_blocks=max_blocks, temperature=temperature, top_k=top_k, top_p=top_p)
     prompts = [tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p) for p in prompts]
     tags = TagIds.from_tokenizer(tokenizer)
     gen = torch.Generator()
@@ -388,9 +396,9 @@ def layout(rollout: Rollout, tokenizer) -> str:
 
 def main(argv: list[str]) -> None:
     cfg = config.parse(SampleConfig, argv)
-    if cfg.n < 1 or cfg.max_new_tokens < 1 or cfg.temperature < 0:
-        raise ValueError(f"--n and --max_new_tokens must be >= 1 and --temperature >= 0, got {cfg.n}, "
-                         f"{cfg.max_new_tokens} and {cfg.temperature}")
+    if cfg.n < 1 or cfg.max_new_tokens < 1:
+        raise ValueError(f"--n={cfg.n}, --max_new_tokens={cfg.max_new_tokens}: both must be at least 1")
+    check_sampling(temperature=cfg.temperature)
     mode = cfg.mode or mode_from_config(read_checkpoint_config(cfg.model)[0]) or "unseen"
     model, tokenizer = load_model(cfg.model)
     prompts = [cfg.prompt.replace("\\n", "\n")] if cfg.prompt else [p + "\n" for p in PROBLEMS]   # tiny layout

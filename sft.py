@@ -437,6 +437,13 @@ def prepare(run: Run, lr_lambda) -> Run:
         else:
             run.optimizer.load_state_dict(run.state["optimizer"])
         run.scheduler.load_state_dict(run.state["scheduler"])
+        stored, step = run.optimizer.param_groups[0]["lr"], run.scheduler.last_epoch   # the checkpoint's next lr
+        run.scheduler.base_lrs = [cfg.lr] * len(run.optimizer.param_groups)     # this run's --lr and schedule ...
+        for g in run.optimizer.param_groups:                                     # ... from the next step on
+            g["lr"] = cfg.lr * lr_lambda(step)
+        if run.optimizer.param_groups[0]["lr"] != stored:
+            run.log(f"note: with this run's settings (lr, steps, schedule) the next step trains at lr "
+                    f"{run.optimizer.param_groups[0]['lr']:.3g}, not the checkpoint's {stored:.3g}")
         run.step, rng = run.state["step"], run.state["rng"]        # the RNGs as they were at the checkpoint
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])

@@ -76,6 +76,8 @@ def test_generator_is_deterministic():
     a = synthetic_problems("hard", "train", 300, seed=0)
     assert a == synthetic_problems("hard", "train", 300, seed=0)
     assert a[:100] == synthetic_problems("hard", "train", 100, seed=0)     # a prefix of a longer list
+    # a limit beyond the part's 500 problems once generated more (eval.py --limit=100000: 800,000 samples)
+    assert len(load_data("synthetic:easy:test", limit=100_000)) == len(load_data("synthetic:easy:test")) == 500
     assert [p.text for p in a] != [p.text for p in synthetic_problems("hard", "train", 300, seed=1)]
     recs = load_data("synthetic:easy", limit=50, seed=3)
     assert recs == load_data("synthetic:easy", limit=50, seed=3)

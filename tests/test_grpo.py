@@ -642,9 +642,14 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(tmp_path):
     for flag in ("batch_size", "group_size", "ppo_mini_batches", "micro_batch_size", "max_steps"):
         with pytest.raises(ValueError, match=f"--{flag}=0: must be at least 1"):
             grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: 0}), records=[])
-    for flag in ("temperature", "eval_temperature", "generate_batch_size", "eval_samples"):
+    for flag in ("generate_batch_size", "eval_samples"):
         with pytest.raises(ValueError, match=f"--{flag}=-1: must be at least 0"):
             grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: -1}), records=[])
+    # the sampler's own settings: a bad --top_k once failed only after the earlier run moved and the first evaluation
+    for flag, value in [("temperature", -1.0), ("eval_temperature", float("nan")), ("top_k", -1), ("top_p", 0.0),
+                        ("max_blocks", -1), ("num_paths", 1)]:
+        with pytest.raises(ValueError, match=f"--{flag}={value}: out of range"):
+            grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: value}), records=[])
     with pytest.raises(ValueError, match="--group_size=1: .* every advantage is 0"):   # it trained on zeros
         grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), group_size=1), records=[])
     assert os.listdir(tmp_path / "run") == ["log.jsonl"]

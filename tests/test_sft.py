@@ -14,6 +14,7 @@ This file is also the worker script of the 2-rank test: `torchrun --nproc_per_no
 import glob
 import inspect
 import json
+import math
 import os
 import random
 import signal
@@ -321,11 +322,15 @@ def test_resume_is_bit_exact(model_dir, tmp_path, capsys):
     assert not torch.equal(start["model.layers.0.mlp.up_proj.weight"], wa["model.layers.0.mlp.up_proj.weight"])
 
     capsys.readouterr()
-    more = sft.main([f"--out_dir={b}", "--resume=True", "--max_steps=7", "--eval_samples=2"])
-    assert more["steps"] == 7 and more["checkpoint"] == str(b / "checkpoint-7")
+    more = sft.main([f"--out_dir={b}", "--resume=True", "--max_steps=8", "--eval_samples=2"])
+    assert more["steps"] == 8 and more["checkpoint"] == str(b / "checkpoint-8")
     assert more["eval"]["n"] == 2 and 0.0 <= more["eval"]["format_valid"] <= 1.0
-    assert f"checkpoint: {b / 'checkpoint-7'}" in capsys.readouterr().out
-    assert [json.loads(line)["step"] for line in open(b / "log.jsonl")] == [4, 5, 6, 7]
+    out = capsys.readouterr().out
+    assert f"checkpoint: {b / 'checkpoint-8'}" in out and "next step trains at lr 9.55e-05, not the checkpoint's 0" in out
+    rows = [json.loads(line) for line in open(b / "log.jsonl")]
+    assert [r["step"] for r in rows] == [4, 5, 6, 7, 8]
+    # step 7 follows the 8-step schedule (warm-up 2, cosine to 0 at optimizer step 7), not the 6-step run's final lr 0
+    assert rows[3]["lr"] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 4 / 5))) and rows[4]["lr"] == 0.0
 
     # a fresh run into a used folder moves the earlier run aside instead of deleting it
     again = sft.main(args[:6] + ["--max_steps=3"] + args[7:])
