@@ -82,4 +82,8 @@ def bench(batch: int = 16, repeats: int = 2):
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        sys.exit(print(__doc__))   # print returns None: exit status 0
+    if sys.argv[1:]:
+        sys.exit(f"bench_sample.py takes no arguments (got {' '.join(sys.argv[1:])}):\n{__doc__}")
     bench()

@@ -57,6 +57,8 @@ def table(path: str) -> list[str]:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        sys.exit(print(__doc__))   # print returns None: exit status 0
     if not sys.argv[1:]:
         sys.exit(__doc__)
     try:

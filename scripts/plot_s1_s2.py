@@ -44,6 +44,8 @@ def main(out: str, runs: list[str]):
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        sys.exit(print(__doc__))   # print returns None: exit status 0
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     main(sys.argv[1], sys.argv[2:])

@@ -41,6 +41,8 @@ def seeds_table(folders: list[str]) -> str:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        sys.exit(print(__doc__))   # print returns None: exit status 0
     args = [a for a in sys.argv[1:] if not a.startswith("--out=")]
     out = next((a[6:] for a in sys.argv[1:] if a.startswith("--out=")), None)
     if not args:

@@ -5,6 +5,8 @@
 import os
 import sys
 
+if {"-h", "--help"} & set(sys.argv[1:]):
+    sys.exit(print(__doc__))   # print returns None: exit status 0
 if sys.argv[1:]:
     sys.exit(f"show_mask.py takes no arguments (got {' '.join(sys.argv[1:])}):\n{__doc__}")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules

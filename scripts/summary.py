@@ -38,6 +38,8 @@ def summary(run_dir: str) -> str:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        sys.exit(print(__doc__))   # print returns None: exit status 0
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     try:

@@ -18,6 +18,19 @@ def run_script(name, *args):
     return out.stdout
 
 
+def test_every_script_answers_help_and_does_nothing_else(tmp_path):
+    """`--help` prints the usage and exits 0 without running: bench_sample.py once ran its 6-minute benchmark,
+    summary/failures/seeds_table read "--help" as a path, show_mask/plot_s1_s2 exited 1. All run at once."""
+    names = sorted(n for n in os.listdir(os.path.join(ROOT, "scripts")) if n.endswith(".py") and n != "__init__.py")
+    procs = {n: subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", n), "--help"], cwd=tmp_path,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in names}
+    for n, p in procs.items():
+        out, err = p.communicate(timeout=120)
+        doc = open(os.path.join(ROOT, "scripts", n)).read().split('"""')[1]       # the module docstring
+        assert p.returncode == 0 and (out.startswith("usage:") or out.startswith(doc[:40])), (n, out[:200], err[-300:])
+    assert os.listdir(tmp_path) == []                 # nothing written
+
+
 # ----------------------------------------------------------------------------------------------------
 # Training curves
 
