@@ -24,10 +24,14 @@ def test_every_script_answers_help_and_does_nothing_else(tmp_path):
     names = sorted(n for n in os.listdir(os.path.join(ROOT, "scripts")) if n.endswith(".py") and n != "__init__.py")
     procs = {n: subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", n), "--help"], cwd=tmp_path,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in names}
-    for n, p in procs.items():
-        out, err = p.communicate(timeout=120)
-        doc = open(os.path.join(ROOT, "scripts", n)).read().split('"""')[1]       # the module docstring
-        assert p.returncode == 0 and (out.startswith("usage:") or out.startswith(doc[:40])), (n, out[:200], err[-300:])
+    try:
+        for n, p in procs.items():
+            out, err = p.communicate(timeout=120)
+            doc = open(os.path.join(ROOT, "scripts", n)).read().split('"""')[1]       # the module docstring
+            assert p.returncode == 0 and (out.startswith("usage:") or out.startswith(doc[:40])), (n, out[:200], err)
+    finally:
+        for p in procs.values():
+            p.kill()
     assert os.listdir(tmp_path) == []                 # nothing written
 
 
