@@ -125,8 +125,15 @@ def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOCo
     if cfg.group_size == 1:
         raise ValueError("--group_size=1: a GRPO advantage compares responses to the same prompt, so with one "
                          "every advantage is 0 and nothing is learned; use 2 or more")
+    sft.check_minimum(cfg, 0, "clip_ratio_low", "clip_ratio_high", "kl_coef", "grad_clip", "max_time", "eval_every",
+                      "log_every", "save_every", "keep_last", "micro_batch_tokens")
+    sft.check_minimum(cfg, 1, "clip_ratio_c")             # the dual clip bounds a negative advantage's ratio at c
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} prompts do not split evenly over {world_size} ranks")
+    if cfg.ppo_mini_batches > cfg.batch_size * cfg.group_size // world_size:
+        raise ValueError(f"--ppo_mini_batches={cfg.ppo_mini_batches} is more than the "
+                         f"{cfg.batch_size * cfg.group_size // world_size} rollouts a rank has per step: some "
+                         "optimizer steps would have no data")
     return dataclasses.replace(cfg, mode=cfg.mode or RECIPE_MODE[cfg.recipe])
 
 def default_init(mode: str, model: str = "") -> str:

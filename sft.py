@@ -90,7 +90,10 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
     if cfg.max_steps is None and cfg.epochs is None:
         cfg = dataclasses.replace(cfg, **({"max_steps": 400} if cfg.model == "tiny" else {"epochs": 5.0}))
     check_minimum(cfg, 1, "batch_size", "micro_batch_size", "max_steps")
-    check_minimum(cfg, 0, "eval_samples")
+    check_minimum(cfg, 0, "eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every", "save_every", "keep_last")
+    if cfg.warmup_ratio > 1 or cfg.epochs is not None and not cfg.epochs > 0:
+        raise ValueError(f"--warmup_ratio={cfg.warmup_ratio}, --epochs={cfg.epochs}: the warm-up is a share of the "
+                         "steps (0 to 1) and epochs must be above 0")
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} does not split evenly over {world_size} ranks")
     return cfg

@@ -102,7 +102,9 @@ if __name__ == "__main__":
     p.add_argument("--out", default=None, help="the image (default <run_dir>/curves.png)")
     p.add_argument("--smooth", type=float, default=0.1, help="EMA weight of the newest point")
     args = p.parse_args()
+    if not 0 < args.smooth <= 1:
+        p.error(f"--smooth={args.smooth}: the weight of the newest point must be in (0, 1] (1 = no smoothing)")
     try:
         print(f"[plot] wrote {plot_curves(args.run_dir, args.out, args.smooth)}")
-    except FileNotFoundError as e:
+    except (OSError, ValueError) as e:             # ValueError: an --out whose extension matplotlib cannot write
         sys.exit(f"plot.py: error: {e}")

@@ -650,6 +650,13 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(tmp_path):
                         ("max_blocks", -1), ("num_paths", 1)]:
         with pytest.raises(ValueError, match=f"--{flag}={value}: out of range"):
             grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: value}), records=[])
+    for flag, value, least in [("clip_ratio_low", -0.1, 0), ("kl_coef", -1.0, 0), ("grad_clip", -1.0, 0),
+                               ("save_every", -1, 0), ("keep_last", -1, 0), ("clip_ratio_c", 0.5, 1)]:
+        with pytest.raises(ValueError, match=f"--{flag}={value}: must be at least {least}"):
+            grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: value}), records=[])
+    with pytest.raises(ValueError, match="--ppo_mini_batches=9 is more than the 8 rollouts"):   # empty optimizer steps
+        grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), batch_size=2, group_size=4,
+                              ppo_mini_batches=9), records=[])
     with pytest.raises(ValueError, match="--group_size=1: .* every advantage is 0"):   # it trained on zeros
         grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), group_size=1), records=[])
     assert os.listdir(tmp_path / "run") == ["log.jsonl"]

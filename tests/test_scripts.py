@@ -71,6 +71,11 @@ def test_plot_writes_a_png_from_a_partial_log(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     (tmp_path / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")   # no plotted key at all
     assert plot.plot_curves(str(tmp_path), out=str(tmp_path / "empty.png")).endswith("empty.png")
+    for args, msg in [(["--smooth=0"], "--smooth=0.0: the weight of the newest point"),   # a flat line at the first
+                      (["--out=x.txt"], "plot.py: error: Format 'txt' is not supported")]:  # a traceback
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plot.py"), str(tmp_path), *args],
+                             capture_output=True, text=True)
+        assert out.returncode != 0 and msg in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):

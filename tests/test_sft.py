@@ -450,6 +450,10 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(model_dir, tmp_pa
     for flag, value in (("batch_size", 0), ("micro_batch_size", 0), ("max_steps", 0), ("max_steps", -3)):
         with pytest.raises(ValueError, match=f"--{flag}={value}: must be at least 1"):
             sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: value}), records=records)
-    with pytest.raises(ValueError, match="--eval_samples=-1: must be at least 0"):
-        sft.train(config(model_dir, tmp_path / "run", max_steps=1, eval_samples=-1), records=records)
+    for flag in ("eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every", "save_every", "keep_last"):
+        with pytest.raises(ValueError, match=f"--{flag}=-1: must be at least 0"):
+            sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: -1}), records=records)
+    for kw in (dict(warmup_ratio=1.5), dict(max_steps=None, epochs=0.0)):   # --epochs=0 moved the run, saved nothing
+        with pytest.raises(ValueError, match="the warm-up is a share of the steps"):
+            sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, **kw}), records=records)
     assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-1", "log.jsonl"]
