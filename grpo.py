@@ -556,3 +556,5 @@ if __name__ == "__main__":
         train(sft.parse_args(GRPOConfig, sys.argv[1:]))
     except (OSError, ValueError) as e:                # bad input: the message says what to do
         sys.exit(f"grpo.py: error: {e}")
+    except KeyboardInterrupt:
+        sys.exit("grpo.py: interrupted; the checkpoints in out_dir are kept (--resume=True continues the latest)")

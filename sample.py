@@ -316,9 +316,10 @@ class _Engine:
         s.main.toks += [t for p in s.paths for t in p.toks]
         s.paths = []
 
-SAMPLING_RANGES = {"num_paths": (lambda v: v >= 2, "num_paths >= 2"), "max_blocks": (lambda v: v >= 0, "max_blocks >= 0"),
-                   "temperature": (lambda v: v >= 0, "temperature >= 0"), "top_k": (lambda v: v >= 0, "top_k >= 0 (0 = off)"),
-                   "top_p": (lambda v: 0 < v <= 1, "0 < top_p <= 1"), "eval_temperature": (lambda v: v >= 0, "eval_temperature >= 0")}
+SAMPLING_RANGES = {   # setting -> (in range?, the rule as the error states it)
+    "num_paths": (lambda v: v >= 2, "num_paths >= 2"), "max_blocks": (lambda v: v >= 0, "max_blocks >= 0"),
+    "temperature": (lambda v: v >= 0, "temperature >= 0"), "top_k": (lambda v: v >= 0, "top_k >= 0 (0 = off)"),
+    "top_p": (lambda v: 0 < v <= 1, "0 < top_p <= 1"), "eval_temperature": (lambda v: v >= 0, "eval_temperature >= 0")}
 
 def check_sampling(**settings):
     """ValueError naming each sampling setting out of range as --key=value (NaN is out of every range): the sampler,

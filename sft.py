@@ -90,7 +90,8 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
     if cfg.max_steps is None and cfg.epochs is None:
         cfg = dataclasses.replace(cfg, **({"max_steps": 400} if cfg.model == "tiny" else {"epochs": 5.0}))
     check_minimum(cfg, 1, "batch_size", "micro_batch_size", "max_steps")
-    check_minimum(cfg, 0, "eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every", "save_every", "keep_last")
+    check_minimum(cfg, 0, "limit", "eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every", "save_every",
+                  "keep_last")
     if cfg.warmup_ratio > 1 or cfg.epochs is not None and not cfg.epochs > 0:
         raise ValueError(f"--warmup_ratio={cfg.warmup_ratio}, --epochs={cfg.epochs}: the warm-up is a share of the "
                          "steps (0 to 1) and epochs must be above 0")
@@ -581,3 +582,5 @@ if __name__ == "__main__":
         main(sys.argv[1:])
     except (OSError, ValueError) as e:                    # bad input: the message says what to do
         sys.exit(f"sft.py: error: {e}")
+    except KeyboardInterrupt:
+        sys.exit("sft.py: interrupted; the checkpoints in out_dir are kept (--resume=True continues the latest)")

@@ -48,4 +48,7 @@ if __name__ == "__main__":
         sys.exit(print(__doc__))   # print returns None: exit status 0
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2:])
+    try:
+        main(sys.argv[1], sys.argv[2:])
+    except (OSError, ValueError) as e:           # a run folder without log.jsonl, an --out matplotlib cannot write
+        sys.exit(f"plot_s1_s2.py: error: {e} (pass the image path, then grpo.py out_dirs)")

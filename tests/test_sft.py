@@ -248,6 +248,27 @@ def _worker(model_dir: str, out_dir: str):
 FSDP_CAN_SAVE = "state_dict" in inspect.signature(save_checkpoint).parameters
 
 
+def test_ctrl_c_is_one_line_that_says_the_checkpoints_are_kept(model_dir, tmp_path):
+    """SIGINT inside a run of sft.py and of grpo.py (both at once) ends in one line, not a bare traceback."""
+    root, env = os.path.dirname(os.path.dirname(os.path.abspath(__file__))), dict(os.environ, PYTHONUNBUFFERED="1")
+    cmds = {"sft.py": [f"--model={model_dir}", "--max_steps=100000", "--log_every=1"],
+            "grpo.py": [f"--model={model_dir}", "--batch_size=2", "--group_size=2", "--eval_data="]}
+    procs = {n: subprocess.Popen([sys.executable, os.path.join(root, n), f"--out_dir={tmp_path / n}", *args], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n, args in cmds.items()}
+    try:
+        for name, p in procs.items():
+            while not (line := p.stdout.readline()).startswith(("SFT ", "GRPO ")):   # inside train()
+                assert line, f"{name} ended before it started training: {p.stderr.read()[-2000:]}"
+            time.sleep(1)
+            p.send_signal(signal.SIGINT)
+            err = p.communicate(timeout=60)[1]
+            assert p.returncode == 1 and f"{name}: interrupted; the checkpoints in out_dir are kept" in err, err[-2000:]
+            assert "Traceback" not in err, err[-2000:]
+    finally:
+        for p in procs.values():
+            p.kill()
+
+
 def test_two_ranks_equal_one_process(model_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -450,7 +471,7 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(model_dir, tmp_pa
     for flag, value in (("batch_size", 0), ("micro_batch_size", 0), ("max_steps", 0), ("max_steps", -3)):
         with pytest.raises(ValueError, match=f"--{flag}={value}: must be at least 1"):
             sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: value}), records=records)
-    for flag in ("eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every", "save_every", "keep_last"):
+    for flag in ("limit", "eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every", "save_every", "keep_last"):
         with pytest.raises(ValueError, match=f"--{flag}=-1: must be at least 0"):
             sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: -1}), records=records)
     for kw in (dict(warmup_ratio=1.5), dict(max_steps=None, epochs=0.0)):   # --epochs=0 moved the run, saved nothing
