@@ -547,8 +547,10 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
                    "eval_after": evaluate_now(run, "after") if run.eval_records and run.step > first_step else None,
                    "log": os.path.join(cfg.out_dir, "log.jsonl"), "seconds": time.time() - t_start}
         run.close()
-        run.log(f"GRPO done: {run.step} steps in {summary['seconds']:.0f}s. checkpoint: {ckpt} (python eval.py "
-                f"--model={ckpt}); log: {summary['log']} (before/after: python scripts/summary.py {cfg.out_dir})")
+        stopped = f" (stopped by --max_time={cfg.max_time:g} of {cfg.max_steps})" if run.step < cfg.max_steps else ""
+        run.log(f"GRPO done: {run.step} steps{stopped} in {summary['seconds']:.0f}s. checkpoint: {ckpt} (python eval.py "
+                f"--model={ckpt}); log: {summary['log']}"
+                + (f" (before/after: python scripts/summary.py {cfg.out_dir})" if run.eval_records else ""))
         return summary
 
 if __name__ == "__main__":

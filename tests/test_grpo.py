@@ -390,6 +390,20 @@ def test_filter_groups_trains_only_on_groups_with_variance(tmp_path, monkeypatch
     assert row["groups_with_variance"] == 0.5 and row["rollouts_trained"] == 3 and row["optimizer_steps"] == 2
 
 
+def test_max_time_stops_after_a_step_and_says_so(tmp_path, monkeypatch, capsys):
+    """--max_time ends the run after the step that crosses it, with a checkpoint; the last line once read as if
+    every step had run. Without evaluations it does not suggest summary.py (it has nothing to show)."""
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)
+    init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
+    out = grpo.train(GRPOConfig(model=init, batch_size=2, group_size=2, max_new_tokens=12, max_steps=3, max_time=1e-9,
+                                eval_data="", log_every=0, out_dir=str(tmp_path / "run")), records=records)
+    printed = capsys.readouterr().out
+    assert out["steps"] == 1 and out["checkpoint"] == str(tmp_path / "run" / "checkpoint-1")
+    assert "GRPO done: 1 steps (stopped by --max_time=1e-09 of 3) in" in printed and "summary.py" not in printed
+
+
 # ----------------------------------------------------------------------------------------------------
 # Resume: 4 steps = 2 steps + resume + 2 steps
 
