@@ -353,6 +353,7 @@ class Run:
     def close(self):
         if self.dist.is_main:
             self.log_file.close()
+            os.remove(os.path.join(self.cfg.out_dir, ".lock"))
             if self.wandb:
                 self.wandb.finish()
 
@@ -415,6 +416,23 @@ def start_wandb(cfg):
     except wandb.errors.UsageError as e:
         raise ValueError(f"--wandb_project: {e} (WANDB_MODE=offline logs without an account)") from None
 
+def lock_out_dir(out_dir: str):
+    """out_dir/.lock holds this process's pid until Run.close: a run into a folder that another live process is
+    writing is refused (two runs once interleaved one log.jsonl). The lock of a process that is gone, or of this
+    one (a run that raised), is taken over. ValueError names the other process."""
+    path = os.path.join(out_dir, ".lock")
+    try:
+        other = int(open(path).read())
+        os.kill(other, 0)                           # ProcessLookupError when that process is gone
+        alive = other != os.getpid()
+    except (OSError, ValueError):                   # no lock, a dead process's, or not a pid: nothing to respect
+        alive = False
+    if alive:
+        raise ValueError(f"--out_dir={out_dir} is being written by another run (pid {other}): wait for it or pass "
+                         f"another --out_dir (if no such run is alive, remove {path})")
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+
 def prepare(run: Run, lr_lambda) -> Run:
     """Wrap the model for the ranks (DDP, or FSDP2 per decoder layer then the root), build AdamW (decay on every
     parameter, as the official trainers) and the schedule, restore both on --resume, open out_dir's log."""
@@ -458,9 +476,11 @@ def prepare(run: Run, lr_lambda) -> Run:
     if d.is_main:                                   # a fresh run moves an earlier run aside: nothing is deleted
         fresh_dir = not os.path.isdir(cfg.out_dir)
         os.makedirs(cfg.out_dir, exist_ok=True)
+        lock_out_dir(cfg.out_dir)
         try:                                        # first, so that a failed start changes nothing
             run.wandb = start_wandb(cfg) if cfg.wandb_project else None
         except ValueError:
+            os.remove(os.path.join(cfg.out_dir, ".lock"))
             if fresh_dir:
                 shutil.rmtree(cfg.out_dir, ignore_errors=True)
             raise

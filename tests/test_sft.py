@@ -464,6 +464,21 @@ def test_a_wandb_start_that_fails_changes_nothing(model_dir, tmp_path, monkeypat
     assert sorted(os.listdir(tmp_path / "used")) == before == ["checkpoint-1", "log.jsonl"]
 
 
+def test_a_folder_that_a_live_run_writes_is_refused(model_dir, tmp_path):
+    """Two runs into one out_dir once interleaved their log.jsonl lines. A live process's lock refuses the second
+    run before anything moves; a lock whose process is gone is taken over, and a finished run leaves none."""
+    records, run = make_records(10), tmp_path / "run"
+    sft.train(config(model_dir, run, max_steps=1, save_every=0), records=records)
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as other:
+        (run / ".lock").write_text(str(other.pid))
+        with pytest.raises(ValueError, match=f"being written by another run \\(pid {other.pid}\\)"):
+            sft.train(config(model_dir, run, max_steps=1, save_every=0), records=records)
+        assert sorted(os.listdir(run)) == [".lock", "checkpoint-1", "log.jsonl"]
+        other.kill()
+    sft.train(config(model_dir, run, max_steps=1, save_every=0), records=records)    # that process is gone
+    assert sorted(os.listdir(run)) == ["checkpoint-1", "earlier-1", "log.jsonl"]
+
+
 def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(model_dir, tmp_path):
     """--micro_batch_size=0 used to move the finished run aside and then fail (range() arg 3 must not be zero)."""
     records = make_records(10)
