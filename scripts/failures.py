@@ -51,6 +51,8 @@ def table(path: str) -> list[str]:
             if line.strip():
                 s = json.loads(line)
                 counts[s["benchmark"]][classify(s["prompt"], s["response"], s["correct"])] += 1
+    if not counts:                                    # an empty file printed a blank line
+        raise ValueError(f"{path} holds no samples")
     return [f"{path} {bench} ({sum(c.values())} samples): "
             + ", ".join(f"{k} {100 * c[k] / sum(c.values()):.1f}%" for k in CLASSES if c[k])
             for bench, c in counts.items()]

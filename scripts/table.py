@@ -40,7 +40,10 @@ if __name__ == "__main__":
     p.add_argument("eval_dirs", nargs="+", help="eval.py output folders (a comma list works too)")
     p.add_argument("--out_dir", default=None, help="write <out_dir>/results.md")
     args = p.parse_args()
+    dirs = [d for a in args.eval_dirs for d in a.split(",") if d.strip()]
+    if not dirs:                                      # table.py "" printed a table with no row
+        p.error(f"no evaluation folder in {args.eval_dirs}: pass eval.py output folders")
     try:
-        print(combine_tables([d for a in args.eval_dirs for d in a.split(",") if d], args.out_dir))
+        print(combine_tables(dirs, args.out_dir))
     except (OSError, ValueError) as e:
         sys.exit(f"table.py: error: {e}")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from scripts import bench_rewards, plot, show_data, summary, table
+from scripts import bench_rewards, failures, plot, show_data, summary, table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -113,6 +113,26 @@ def test_table_has_a_row_per_evaluation(tmp_path):
     assert rows == ["| SFT | 25.0 | 25.0 | 50.0 | 25.0 |", f"| SFT ({tmp_path / 'c'}) | 25.0 | 75.0 | 50.0 | 75.0 |"]
     with pytest.raises(ValueError, match="is a file: name a folder"):
         table.combine_tables([str(tmp_path / "a")], out_dir=str(tmp_path / "a" / "summary.json"))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "table.py"), ""], capture_output=True, text=True)
+    assert out.returncode == 2 and "no evaluation folder" in out.stderr     # once an empty table, exit 0
+
+
+def test_failures_classes_by_hand(tmp_path):
+    """One hand-made wrong response per class of "Which two of 6 1 5 3 make 8?" (the pair 5, 3)."""
+    p = "Which two of 6 1 5 3 make 8?"
+    cases = {"cut by the budget": "6+1=7 vs 8: no\n5+3", "false ok": "6+1=7 vs 8: ok\nFinal Answer: 6, 1",
+             "missed ok": "5+3=8 vs 8: no\nFinal Answer: 6, 1", "wrong sum": "6+1=8 vs 8: no\nFinal Answer: 6, 1",
+             "number not in the list": "6+2=8 vs 8: ok\nFinal Answer: 6, 2",
+             "answer is not the checked pair": "5+3=8 vs 8: ok\nFinal Answer: 6, 1", "other": "5+3=8 vs 8: ok\nFinal Answer: 5, 3</Path>"}   # wrong by the reward (malformed)
+    assert {k: failures.classify(p, r, False) for k, r in cases.items()} == {k: k for k in cases}
+    assert failures.classify(p, "anything", True) == "right"
+    rows = [{"benchmark": "synthetic:hard:test", "prompt": p, "response": r, "correct": False} for r in cases.values()]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert failures.table(str(tmp_path)) == [f"{tmp_path / 'samples.jsonl'} synthetic:hard:test (7 samples): "
+                                             + ", ".join(f"{k} 14.3%" for k in cases)]
+    (tmp_path / "samples.jsonl").write_text("")       # once a blank line
+    with pytest.raises(ValueError, match="holds no samples"):
+        failures.table(str(tmp_path))
 
 
 # ----------------------------------------------------------------------------------------------------
