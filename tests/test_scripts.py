@@ -113,7 +113,8 @@ def test_table_has_a_row_per_evaluation(tmp_path):
     assert rows == ["| SFT | 25.0 | 25.0 | 50.0 | 25.0 |", f"| SFT ({tmp_path / 'c'}) | 25.0 | 75.0 | 50.0 | 75.0 |"]
     with pytest.raises(ValueError, match="is a file: name a folder"):
         table.combine_tables([str(tmp_path / "a")], out_dir=str(tmp_path / "a" / "summary.json"))
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "table.py"), ""], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "table.py"), ""], capture_output=True,
+                         text=True)
     assert out.returncode == 2 and "no evaluation folder" in out.stderr     # once an empty table, exit 0
 
 
@@ -123,7 +124,8 @@ def test_failures_classes_by_hand(tmp_path):
     cases = {"cut by the budget": "6+1=7 vs 8: no\n5+3", "false ok": "6+1=7 vs 8: ok\nFinal Answer: 6, 1",
              "missed ok": "5+3=8 vs 8: no\nFinal Answer: 6, 1", "wrong sum": "6+1=8 vs 8: no\nFinal Answer: 6, 1",
              "number not in the list": "6+2=8 vs 8: ok\nFinal Answer: 6, 2",
-             "answer is not the checked pair": "5+3=8 vs 8: ok\nFinal Answer: 6, 1", "other": "5+3=8 vs 8: ok\nFinal Answer: 5, 3</Path>"}   # wrong by the reward (malformed)
+             "answer is not the checked pair": "5+3=8 vs 8: ok\nFinal Answer: 6, 1",
+             "other": "5+3=8 vs 8: ok\nFinal Answer: 5, 3</Path>"}          # wrong by the reward: malformed
     assert {k: failures.classify(p, r, False) for k, r in cases.items()} == {k: k for k in cases}
     assert failures.classify(p, "anything", True) == "right"
     rows = [{"benchmark": "synthetic:hard:test", "prompt": p, "response": r, "correct": False} for r in cases.values()]
