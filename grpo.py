@@ -1,6 +1,6 @@
 """GRPO: reinforcement learning of parallel thinking (NOTES.md §5, §6).
 
-    python grpo.py                                     # tiny model from runs/sft: 100 steps, ~7 min on 2 cores
+    python grpo.py                                     # tiny model from runs/sft: 100 steps, ~9 min on 2 cores
     python grpo.py --recipe=unseen-s2 --max_steps=50   # any config field: --key=value or --key value
     python grpo.py --resume=True                       # continue the latest checkpoint in out_dir, exactly
     torchrun --nproc_per_node=8 grpo.py --recipe=unseen-s2 --model=runs/sft_qwen3_4b/checkpoint-230 --data=dapo \\
