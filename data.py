@@ -197,10 +197,11 @@ def canonicalize_trace(text: str) -> str:
     return text.strip()
 
 def check_trace(solution: str, tokenizer, tags: TagIds) -> str:
-    """"" for a usable parallel SFT target (valid, with a Final Answer line), else why not (numbers as N)."""
+    """"" for a usable parallel SFT target (valid, with a Final Answer line), else why not (token positions and
+    counts as N, so that reasons group; a bound such as ">= 2" stays)."""
     structure = parse_structure(tokenizer.encode(solution, add_special_tokens=False), tags)
     if not structure.valid:
-        return re.sub(r"\d+", "N", structure.reason)
+        return re.sub(r"(?<!>= )\b\d+", "N", structure.reason)
     return "" if re.search(r"Final Answer\s*:\s*\S", solution) else "no 'Final Answer:' line"
 
 # Known datasets: the file inside the data folder, and the hub candidates (path, config, split) tried in order

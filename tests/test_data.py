@@ -72,6 +72,17 @@ def test_hand_worked_traces():
                                          "<Summary>none</Summary>\n5+3=8 vs 8: ok\nFinal Answer: 5, 3")
 
 
+def test_check_trace_reasons_group_by_position_but_keep_bounds():
+    """A one-path block once read "block at token N has N path(s), needs >= N": the bound was replaced too."""
+    from attention import TagIds
+    from model import load_model
+    tok = load_model("tiny")[1]                            # the character tokenizer with the six tags
+    tags = TagIds.from_tokenizer(tok)
+    one_path = "<Parallel><Path>2+3=5 vs 5: ok</Path></Parallel>\n<Summary>2, 3</Summary>\nFinal Answer: 2, 3"
+    assert data.check_trace(one_path, tok, tags) == "block at token N has N path(s), needs >= 2"
+    assert data.check_trace("2+3=5 vs 5: ok", tok, tags) == "no 'Final Answer:' line"
+
+
 def test_generator_is_deterministic():
     a = synthetic_problems("hard", "train", 300, seed=0)
     assert a == synthetic_problems("hard", "train", 300, seed=0)
