@@ -123,6 +123,10 @@ def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOCo
     sft.check_minimum(cfg, 0, "generate_batch_size", "eval_samples")
     check_sampling(num_paths=cfg.num_paths, max_blocks=cfg.max_blocks, temperature=cfg.temperature, top_p=cfg.top_p,
                    top_k=cfg.top_k, eval_temperature=cfg.eval_temperature)
+    sft.check_positive(cfg, "lr")
+    if cfg.temperature == 0:
+        raise ValueError("--temperature=0: GRPO compares the responses of a group, and greedy ones are all the same, "
+                         "so every advantage is 0 and nothing is learned; use a temperature above 0 (the paper: 1.0)")
     if cfg.group_size == 1:
         raise ValueError("--group_size=1: a GRPO advantage compares responses to the same prompt, so with one "
                          "every advantage is 0 and nothing is learned; use 2 or more")
@@ -549,8 +553,8 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
                    "log": os.path.join(cfg.out_dir, "log.jsonl"), "seconds": time.time() - t_start}
         run.close()
         stopped = f" (stopped by --max_time={cfg.max_time:g} of {cfg.max_steps})" if run.step < cfg.max_steps else ""
-        run.log(f"GRPO done: {run.step} steps{stopped} in {summary['seconds']:.0f}s. checkpoint: {ckpt} (python eval.py "
-                f"--model={ckpt}); log: {summary['log']}"
+        run.log(f"GRPO done: {run.step} steps{stopped} in {summary['seconds']:.0f}s. checkpoint: {ckpt} (python "
+                f"eval.py --model={ckpt}); log: {summary['log']}"
                 + (f" (before/after: python scripts/summary.py {cfg.out_dir})" if run.eval_records else ""))
         return summary
 

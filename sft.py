@@ -92,12 +92,18 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
     check_minimum(cfg, 1, "batch_size", "micro_batch_size", "max_steps")
     check_minimum(cfg, 0, "limit", "eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every", "save_every",
                   "keep_last")
-    if cfg.warmup_ratio > 1 or cfg.epochs is not None and not cfg.epochs > 0:
-        raise ValueError(f"--warmup_ratio={cfg.warmup_ratio}, --epochs={cfg.epochs}: the warm-up is a share of the "
-                         "steps (0 to 1) and epochs must be above 0")
+    if cfg.warmup_ratio > 1:
+        raise ValueError(f"--warmup_ratio={cfg.warmup_ratio}: the warm-up is a share of the steps, 0 to 1")
+    check_positive(cfg, "lr", "epochs")
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} does not split evenly over {world_size} ranks")
     return cfg
+
+def check_positive(cfg, *names: str):
+    """ValueError naming every one of these config fields that is set and not a finite number above 0."""
+    bad = [f"--{n}={v}" for n in names if (v := getattr(cfg, n)) is not None and not 0 < v < math.inf]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: must be above 0 (and finite)")
 
 def check_minimum(cfg, minimum: int, *names: str):
     """ValueError naming every one of these config fields below `minimum` (before anything is loaded or moved)."""
@@ -269,9 +275,14 @@ def accumulate_gradients(model, micro_batches: list[Batch], tags: TagIds, mode: 
     return all_reduce([nll_total], device)[0], global_tokens
 
 def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> float:
-    """Clip the global grad norm (0: no clipping), step the optimizer and the schedule; the norm before clipping."""
+    """Clip the global grad norm (0: no clipping), step the optimizer and the schedule; the norm before clipping.
+    ValueError, before the step, when the norm is not finite (the loss diverged): the weights stay as they were
+    and the checkpoints so far are kept (every rank sees the same all-reduced norm, so all of them stop)."""
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP2: a DTensor
+    if not torch.isfinite(grad_norm):
+        raise ValueError(f"the gradient norm is {grad_norm.item()}: the loss diverged, so training stops before "
+                         f"this optimizer step (the checkpoints so far are kept); lower --lr")
     optimizer.step()
     if scheduler is not None:
         scheduler.step()
@@ -485,13 +496,16 @@ def prepare(run: Run, lr_lambda) -> Run:
                 shutil.rmtree(cfg.out_dir, ignore_errors=True)
             raise
         log_path = os.path.join(cfg.out_dir, "log.jsonl")
-        old = [] if run.resume else glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")) + glob.glob(log_path)
+        ckpts = glob.glob(os.path.join(cfg.out_dir, "checkpoint-*"))   # a resume from an older one: the newer ones
+        old = [p for p in ckpts if int(re.sub(r"\D", "", os.path.basename(p)) or -1) > run.step] if run.resume \
+            else ckpts + glob.glob(log_path)          # belong to the run it abandons, and --resume=True would pick them
         if old:
             aside = next(a for k in itertools.count(1) if not os.path.exists(a := f"{cfg.out_dir}/earlier-{k}"))
             os.makedirs(aside)
             for p in old:
                 shutil.move(p, aside)
-            run.log(f"moved an earlier run in {cfg.out_dir} to {aside} (--resume=True continues a run instead)")
+            run.log(f"moved {'the checkpoints after step ' + str(run.step) if run.resume else 'an earlier run'} in "
+                    f"{cfg.out_dir} to {aside}" + ("" if run.resume else " (--resume=True continues a run instead)"))
         kept = [line for line in open(log_path) if json.loads(line)["step"] <= run.step] \
             if run.resume and os.path.isfile(log_path) else []   # a resumed log: the lines up to its step
         run.log_file = open(log_path, "w")

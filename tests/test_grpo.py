@@ -668,6 +668,10 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(tmp_path):
                                ("save_every", -1, 0), ("keep_last", -1, 0), ("clip_ratio_c", 0.5, 1)]:
         with pytest.raises(ValueError, match=f"--{flag}={value}: must be at least {least}"):
             grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: value}), records=[])
+    with pytest.raises(ValueError, match="--temperature=0: GRPO compares the responses of a group"):  # learned nothing
+        grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), temperature=0.0), records=[])
+    with pytest.raises(ValueError, match="^--lr=inf: must be above 0"):
+        grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), lr=float("inf")), records=[])
     with pytest.raises(ValueError, match="--ppo_mini_batches=9 is more than the 8 rollouts"):   # empty optimizer steps
         grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), batch_size=2, group_size=4,
                               ppo_mini_batches=9), records=[])

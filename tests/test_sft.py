@@ -464,6 +464,31 @@ def test_a_wandb_start_that_fails_changes_nothing(model_dir, tmp_path, monkeypat
     assert sorted(os.listdir(tmp_path / "used")) == before == ["checkpoint-1", "log.jsonl"]
 
 
+def test_a_diverged_loss_stops_before_the_step_and_keeps_the_checkpoints(model_dir, tmp_path):
+    """--lr=1e3 once ran to the end, saved a NaN checkpoint and reported "format valid 100%" for <pad> samples;
+    eval.py and sample.py then crashed on it. Now the first non-finite gradient norm stops the run."""
+    records, run = make_records(10), tmp_path / "run"
+    sft.train(config(model_dir, run, max_steps=2, save_every=2), records=records)
+    with pytest.raises(ValueError, match="the gradient norm is (nan|inf): the loss diverged"):
+        sft.train(config(model_dir, run, resume=str(run / "checkpoint-2"), max_steps=12, lr=1e3, save_every=0),
+                  records=records)
+    state = load_file(run / "checkpoint-2" / "model.safetensors")
+    assert sorted(os.listdir(run)) == [".lock", "checkpoint-2", "log.jsonl"] and \
+        all(torch.isfinite(v).all() for v in state.values())
+
+
+def test_resuming_an_older_checkpoint_moves_the_abandoned_newer_ones_aside(model_dir, tmp_path, capsys):
+    """Resuming checkpoint-2 of a run that reached checkpoint-4 once left checkpoint-4 in place, and a later
+    --resume=True continued it: the abandoned run, not the one just trained."""
+    records, run = make_records(10), tmp_path / "run"
+    sft.train(config(model_dir, run, max_steps=4, save_every=2), records=records)
+    sft.train(config(model_dir, run, resume=str(run / "checkpoint-2"), max_steps=3, save_every=0), records=records)
+    assert sorted(os.listdir(run)) == ["checkpoint-2", "checkpoint-3", "earlier-1", "log.jsonl"]
+    assert os.listdir(run / "earlier-1") == ["checkpoint-4"] and "moved the checkpoints after step 2" in \
+        capsys.readouterr().out
+    assert sft.find_latest_checkpoint(str(run)) == str(run / "checkpoint-3")
+
+
 def test_a_folder_that_a_live_run_writes_is_refused(model_dir, tmp_path):
     """Two runs into one out_dir once interleaved their log.jsonl lines. A live process's lock refuses the second
     run before anything moves; a lock whose process is gone is taken over, and a finished run leaves none."""
@@ -489,7 +514,9 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(model_dir, tmp_pa
     for flag in ("limit", "eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every", "save_every", "keep_last"):
         with pytest.raises(ValueError, match=f"--{flag}=-1: must be at least 0"):
             sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: -1}), records=records)
-    for kw in (dict(warmup_ratio=1.5), dict(max_steps=None, epochs=0.0)):   # --epochs=0 moved the run, saved nothing
-        with pytest.raises(ValueError, match="the warm-up is a share of the steps"):
+    for kw, msg in [(dict(warmup_ratio=1.5), "--warmup_ratio=1.5: the warm-up is a share of the steps, 0 to 1$"),
+                    (dict(max_steps=None, epochs=0.0), "^--epochs=0.0: must be above 0"),   # moved the run, saved nothing
+                    (dict(lr=float("inf")), "^--lr=inf: must be above 0")]:
+        with pytest.raises(ValueError, match=msg):
             sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, **kw}), records=records)
     assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-1", "log.jsonl"]
