@@ -397,12 +397,17 @@ def layout(rollout: Rollout, tokenizer) -> str:
 
 def main(argv: list[str]) -> None:
     cfg = config.parse(SampleConfig, argv)
-    if cfg.n < 1 or cfg.max_new_tokens < 1:
-        raise ValueError(f"--n={cfg.n}, --max_new_tokens={cfg.max_new_tokens}: both must be at least 1")
+    if bad := [f"--{k}={getattr(cfg, k)}" for k in ("n", "max_new_tokens") if getattr(cfg, k) < 1]:
+        raise ValueError(f"{', '.join(bad)}: must be at least 1")
     check_sampling(temperature=cfg.temperature)
     mode = cfg.mode or mode_from_config(read_checkpoint_config(cfg.model)[0]) or "unseen"
     model, tokenizer = load_model(cfg.model)
     prompts = [cfg.prompt.replace("\\n", "\n")] if cfg.prompt else [p + "\n" for p in PROBLEMS]   # tiny layout
+    context = getattr(model.config, "max_position_embeddings", None)
+    longest = max(len(tokenizer.encode(p, add_special_tokens=False)) for p in prompts)
+    if context and longest + cfg.max_new_tokens > context:      # past it the positions are ones it never learned
+        raise ValueError(f"a {longest}-token prompt + --max_new_tokens={cfg.max_new_tokens} is more than the model's "
+                         f"context of {context} positions: lower --max_new_tokens or shorten --prompt")
     rollouts = generate(model, tokenizer, prompts, group_size=cfg.n, mode=mode, max_new_tokens=cfg.max_new_tokens,
                         temperature=cfg.temperature, seed=cfg.seed)
     for j, r in enumerate(rollouts):

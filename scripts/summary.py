@@ -34,6 +34,9 @@ def summary(run_dir: str) -> str:
         for key in [k for k in a if k.endswith(("/mean_at_k", "/parallel_ratio"))]:
             lines.append(f"  {key[5:]:38}{f(b.get(key)):>10}{f(a[key]):>10}")
         lines.append(f"  {'Avg Mean@k':38}{f(b['eval/avg_mean_at_k']):>10}{f(a['eval/avg_mean_at_k']):>10}")
+    elif any("reward_mean" in r for r in steps):     # a GRPO run with --eval_data= (the demo's): nothing to compare
+        lines.append("no held-out evaluation before and after in this log (the run had --eval_data= or stopped "
+                     "early); compare checkpoints with eval.py and scripts/table.py")
     return "\n".join(lines)
 
 

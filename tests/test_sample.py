@@ -322,6 +322,10 @@ def test_sample_cli_prints_the_responses(capsys):
     sample.main(["--model=tiny", "--n=2", "--max_new_tokens=12", "--mode=unseen"])
     out = capsys.readouterr().out
     assert out.count("=== ") == 3 and out.count("--- sample ") == 6 and "mode unseen" in out
+    with pytest.raises(ValueError, match="^a 4-token prompt \\+ --max_new_tokens=1000 is more than the model's"):
+        sample.main(["--model=tiny", "--prompt=9999", "--max_new_tokens=1000"])    # once sampled past it silently
+    with pytest.raises(ValueError, match="^--n=0: must be at least 1$"):
+        sample.main(["--model=tiny", "--n=0"])
 
 
 @pytest.mark.parametrize("mode", ["unseen", "seen"])

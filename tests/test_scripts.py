@@ -56,6 +56,8 @@ def test_summary_shows_before_and_after(tmp_path):
     assert "1 steps logged" in out and "hard/mean_at_k" in out and "25.0" in out and "100.0" in out
     (tmp_path / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
     assert "final loss (mean of the last 1 steps): 2.0000" in summary.summary(str(tmp_path))
+    (tmp_path / "log.jsonl").write_text(json.dumps(rows[1]) + "\n")     # the demo's GRPO: --eval_data=, no evals
+    assert "no held-out evaluation before and after in this log" in summary.summary(str(tmp_path))   # was silent
     with pytest.raises(FileNotFoundError, match="no log.jsonl"):
         summary.summary(str(tmp_path / "nope"))
     (tmp_path / "log.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo\n')   # a run killed mid-line
@@ -153,7 +155,7 @@ def test_show_data(capsys):
     out = capsys.readouterr().out
     assert out.startswith("--- synthetic:hard-0") and "Final Answer:" in out and "20 records" in out
     for bad in ("--n=-1", "--limit=-1"):
-        with pytest.raises(ValueError, match=f"{bad}.*must be >= 0"):
+        with pytest.raises(ValueError, match=f"^{bad}: must be >= 0"):
             show_data.main(["--show", "synthetic:hard", bad])
 
 
