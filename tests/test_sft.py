@@ -254,7 +254,9 @@ def test_ctrl_c_is_one_line_that_says_the_checkpoints_are_kept(model_dir, tmp_pa
     cmds = {"sft.py": [f"--model={model_dir}", "--max_steps=100000", "--log_every=1"],
             "grpo.py": [f"--model={model_dir}", "--batch_size=2", "--group_size=2", "--eval_data="]}
     procs = {n: subprocess.Popen([sys.executable, os.path.join(root, n), f"--out_dir={tmp_path / n}", *args], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n, args in cmds.items()}
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,   # SIGINT as in a terminal
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # (a background
+             for n, args in cmds.items()}                    # job inherits it ignored, and Python keeps it so)
     try:
         for name, p in procs.items():
             while not (line := p.stdout.readline()).startswith(("SFT ", "GRPO ")):   # inside train()
