@@ -225,8 +225,9 @@ def default_data_dir() -> str | None:
 
 def _read_rows(path: str) -> list[dict]:
     """Rows of a .jsonl, .json (a list, or JSON lines) or .parquet file."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"data file not found: {path}")
+    if not os.path.isfile(path):                # a folder once read as "not found"; commas separate data specs
+        raise FileNotFoundError(f"data file not found: {path}" + (" (a folder: name a .jsonl, .json or .parquet "
+                                "file in it)" if os.path.isdir(path) else ""))
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq           # only for parquet files
         return pq.read_table(path).to_pylist()

@@ -281,6 +281,8 @@ def test_errors(tmp_path, capfd):
     missing = str(tmp_path / "nope.jsonl")
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         load_data(missing)
+    with pytest.raises(FileNotFoundError, match="a folder: name a .jsonl, .json or .parquet file in it"):
+        load_data(str(tmp_path))                        # once "not found" for a folder that exists
     with pytest.raises(FileNotFoundError, match="no_such_folder"):
         load_data("aime24", data_dir=str(tmp_path / "no_such_folder"))
     with pytest.raises(FileNotFoundError, match="no local file .*aime24/test.jsonl.*HuggingFaceH4/aime_2024"):
