@@ -131,7 +131,8 @@ def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOCo
         raise ValueError("--group_size=1: a GRPO advantage compares responses to the same prompt, so with one "
                          "every advantage is 0 and nothing is learned; use 2 or more")
     sft.check_minimum(cfg, 0, "clip_ratio_low", "clip_ratio_high", "kl_coef", "grad_clip", "max_time", "eval_every",
-                      "log_every", "save_every", "keep_last", "micro_batch_tokens")
+                      "log_every", "save_every", "keep_last", "micro_batch_tokens", "warmup_steps", "easy_steps",
+                      "scaffold_steps", "weight_decay")
     sft.check_minimum(cfg, 1, "clip_ratio_c")             # the dual clip bounds a negative advantage's ratio at c
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} prompts do not split evenly over {world_size} ranks")

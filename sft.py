@@ -91,7 +91,7 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
         cfg = dataclasses.replace(cfg, **({"max_steps": 400} if cfg.model == "tiny" else {"epochs": 5.0}))
     check_minimum(cfg, 1, "batch_size", "micro_batch_size", "max_steps")
     check_minimum(cfg, 0, "limit", "eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every", "save_every",
-                  "keep_last")
+                  "keep_last", "weight_decay")
     if cfg.warmup_ratio > 1:
         raise ValueError(f"--warmup_ratio={cfg.warmup_ratio}: the warm-up is a share of the steps, 0 to 1")
     check_positive(cfg, "lr", "epochs")
@@ -107,7 +107,7 @@ def check_positive(cfg, *names: str):
 
 def check_minimum(cfg, minimum: int, *names: str):
     """ValueError naming every one of these config fields below `minimum` (before anything is loaded or moved)."""
-    low = [f"--{n}={getattr(cfg, n)}" for n in names if getattr(cfg, n) is not None and getattr(cfg, n) < minimum]
+    low = [f"--{n}={v}" for n in names if (v := getattr(cfg, n)) is not None and not v >= minimum]   # NaN too
     if low:
         raise ValueError(f"{', '.join(low)}: must be at least {minimum}")
 
@@ -504,6 +504,8 @@ def prepare(run: Run, lr_lambda) -> Run:
             os.makedirs(aside)
             for p in old:
                 shutil.move(p, aside)
+            if run.resume and os.path.isfile(log_path):   # the abandoned steps' log lines go with their checkpoints
+                shutil.copy(log_path, aside)
             run.log(f"moved {'the checkpoints after step ' + str(run.step) if run.resume else 'an earlier run'} in "
                     f"{cfg.out_dir} to {aside}" + ("" if run.resume else " (--resume=True continues a run instead)"))
         kept = [line for line in open(log_path) if json.loads(line)["step"] <= run.step] \

@@ -660,11 +660,14 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(tmp_path):
         with pytest.raises(ValueError, match=f"--{flag}=-1: must be at least 0"):
             grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: -1}), records=[])
     # the sampler's own settings: a bad --top_k once failed only after the earlier run moved and the first evaluation
-    for flag, value in [("temperature", -1.0), ("eval_temperature", float("nan")), ("top_k", -1), ("top_p", 0.0),
+    for flag, value in [("temperature", -1.0), ("eval_temperature", float("nan")), ("temperature", float("inf")),
+                        ("top_k", -1), ("top_p", 0.0),
                         ("max_blocks", -1), ("num_paths", 1)]:
         with pytest.raises(ValueError, match=f"--{flag}={value}: out of range"):
             grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: value}), records=[])
     for flag, value, least in [("clip_ratio_low", -0.1, 0), ("kl_coef", -1.0, 0), ("grad_clip", -1.0, 0),
+                               ("clip_ratio_low", float("nan"), 0), ("kl_coef", float("nan"), 0), ("warmup_steps", -5, 0),
+                               ("easy_steps", -3, 0),
                                ("save_every", -1, 0), ("keep_last", -1, 0), ("clip_ratio_c", 0.5, 1)]:
         with pytest.raises(ValueError, match=f"--{flag}={value}: must be at least {least}"):
             grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: value}), records=[])

@@ -486,8 +486,9 @@ def test_resuming_an_older_checkpoint_moves_the_abandoned_newer_ones_aside(model
     sft.train(config(model_dir, run, max_steps=4, save_every=2), records=records)
     sft.train(config(model_dir, run, resume=str(run / "checkpoint-2"), max_steps=3, save_every=0), records=records)
     assert sorted(os.listdir(run)) == ["checkpoint-2", "checkpoint-3", "earlier-1", "log.jsonl"]
-    assert os.listdir(run / "earlier-1") == ["checkpoint-4"] and "moved the checkpoints after step 2" in \
-        capsys.readouterr().out
+    assert sorted(os.listdir(run / "earlier-1")) == ["checkpoint-4", "log.jsonl"] and \
+        "moved the checkpoints after step 2" in capsys.readouterr().out
+    assert [json.loads(x)["step"] for x in open(run / "earlier-1" / "log.jsonl")] == [1, 2, 3, 4]   # once lost
     assert sft.find_latest_checkpoint(str(run)) == str(run / "checkpoint-3")
 
 
@@ -516,6 +517,9 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(model_dir, tmp_pa
     for flag in ("limit", "eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every", "save_every", "keep_last"):
         with pytest.raises(ValueError, match=f"--{flag}=-1: must be at least 0"):
             sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: -1}), records=records)
+    for flag in ("warmup_ratio", "grad_clip", "weight_decay"):     # NaN passed every "< 0" check
+        with pytest.raises(ValueError, match=f"--{flag}=nan: must be at least 0"):
+            sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: float("nan")}), records=records)
     for kw, msg in [(dict(warmup_ratio=1.5), "--warmup_ratio=1.5: the warm-up is a share of the steps, 0 to 1$"),
                     (dict(max_steps=None, epochs=0.0), "^--epochs=0.0: must be above 0"),   # moved the run, saved nothing
                     (dict(lr=float("inf")), "^--lr=inf: must be above 0")]:
