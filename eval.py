@@ -26,7 +26,7 @@ from transformers import AutoTokenizer
 
 import config
 from data import TINY_VOCAB_LIMIT, Style, build_prompt, load_data
-from model import TAGS, Mode, check_model_name, load_model, mode_from_config, read_checkpoint_config
+from model import TAGS, Mode, check_model_name, load_model, mode_from_config, move_aside, read_checkpoint_config
 from rewards import parallel_positions, score_batch
 from sample import check_sampling, generate
 
@@ -293,6 +293,8 @@ def run(cfg: EvalConfig) -> dict:
             bar.write(f"{bench}: Mean@{k} {100 * m['mean_at_k']:.1f}  Pass@{k} {100 * m['pass_at_k']:.1f}  parallel "
                       f"{100 * m['parallel_ratio']:.1f}%  T {m['mean_T']:.0f}  D {m['mean_D']:.0f}  "
                       f"({m['num_problems']} problems, {timings[bench]:.0f}s)")
+    if earlier := [p for f in ("samples.jsonl", "results.md", "summary.json") if os.path.isfile(p := f"{out_dir}/{f}")]:
+        log(f"moved the earlier evaluation in {out_dir} to {move_aside(out_dir, earlier)}")   # not overwritten
     os.replace(partial, os.path.join(out_dir, "samples.jsonl"))
     table = format_table({name: results})
     summary = {"model": cfg.model, "name": name, "mode": mode, "mode_source": why, "prompt_style": style,

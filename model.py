@@ -7,6 +7,7 @@
 The tags become special tokens, one id each, their embeddings the mean of their text's pieces plus small noise
 (identical rows make the tags unlearnable). `save_checkpoint` writes Hugging Face format, atomically.
 """
+import itertools
 import json
 import os
 import re
@@ -127,6 +128,15 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None,
     model.config.pad_token_id = tok.pad_token_id
     model.set_attn_implementation(attn_implementation)
     return model.to(device=device, dtype=dtype).eval(), tok
+
+def move_aside(folder: str, paths: list[str]) -> str:
+    """Move `paths` (inside `folder`) into a new folder/earlier-<k>, the first k free, and return it: a run or an
+    evaluation into a used folder keeps what was there instead of overwriting it."""
+    aside = next(a for k in itertools.count(1) if not os.path.exists(a := os.path.join(folder, f"earlier-{k}")))
+    os.makedirs(aside)
+    for p in paths:
+        shutil.move(p, aside)
+    return aside
 
 def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = None, state_dict: dict | None = None):
     """Write `model`, `tokenizer` (Hugging Face format) and `trainer_state` (trainer_state.pt) to folder `path`

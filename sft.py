@@ -14,7 +14,6 @@ out_dir/checkpoint-<step>: a Hugging Face folder + trainer_state.pt (optimizer, 
 """
 import dataclasses
 import glob
-import itertools
 import json
 import math
 import os
@@ -43,7 +42,7 @@ import config
 from attention import TagIds, parse_structure, structured_forward
 from data import Style, build_prompt, format_response, load_data
 from eval import evaluate, fit_context
-from model import load_model, load_trainer_state, save_checkpoint
+from model import load_model, load_trainer_state, move_aside, save_checkpoint
 
 @dataclass
 class SFTConfig:
@@ -500,10 +499,7 @@ def prepare(run: Run, lr_lambda) -> Run:
         old = [p for p in ckpts if int(re.sub(r"\D", "", os.path.basename(p)) or -1) > run.step] if run.resume \
             else ckpts + glob.glob(log_path)          # belong to the run it abandons, and --resume=True would pick them
         if old:
-            aside = next(a for k in itertools.count(1) if not os.path.exists(a := f"{cfg.out_dir}/earlier-{k}"))
-            os.makedirs(aside)
-            for p in old:
-                shutil.move(p, aside)
+            aside = move_aside(cfg.out_dir, old)
             if run.resume and os.path.isfile(log_path):   # the abandoned steps' log lines go with their checkpoints
                 shutil.copy(log_path, aside)
             run.log(f"moved {'the checkpoints after step ' + str(run.step) if run.resume else 'an earlier run'} in "

@@ -297,6 +297,16 @@ def test_a_failed_evaluation_keeps_the_earlier_samples(tmp_path, monkeypatch):
     assert (out / "samples.jsonl").read_text() == "earlier\n"
 
 
+def test_a_second_evaluation_into_one_folder_keeps_the_first(tmp_path):
+    """A second eval.py run into one out_dir once overwrote the first's three files without a word."""
+    out = tmp_path / "out"
+    first = ev.run(ev.EvalConfig(model="tiny", data="synthetic:easy:test", out_dir=str(out), limit=1, k=1, name="a"))
+    ev.run(ev.EvalConfig(model="tiny", data="synthetic:easy:test", out_dir=str(out), limit=1, k=1, name="b"))
+    assert sorted(os.listdir(out)) == ["earlier-1", "results.md", "samples.jsonl", "summary.json"]
+    assert json.loads((out / "earlier-1" / "summary.json").read_text())["table"] == first["table"]
+    assert json.loads((out / "summary.json").read_text())["name"] == "b"
+
+
 def test_default_out_dirs_of_two_runs_checkpoints_differ(tmp_path, monkeypatch):
     """The default out_dir once came from the path's last two parts: runs/a/sft/checkpoint-1 and runs/b/sft/
     checkpoint-1 wrote into one folder, the second evaluation over the first."""
