@@ -319,8 +319,9 @@ class _Engine:
 
 SAMPLING_RANGES = {   # setting -> (in range?, the rule as the error states it)
     "num_paths": (lambda v: v >= 2, "num_paths >= 2"), "max_blocks": (lambda v: v >= 0, "max_blocks >= 0"),
-    "temperature": (lambda v: 0 <= v < math.inf, "0 <= temperature < inf"), "top_k": (lambda v: v >= 0, "top_k >= 0 (0 = off)"),
-    "top_p": (lambda v: 0 < v <= 1, "0 < top_p <= 1"), "eval_temperature": (lambda v: 0 <= v < math.inf, "0 <= eval_temperature < inf")}
+    "temperature": (lambda v: 0 <= v < math.inf, "0 <= temperature < inf"),
+    "eval_temperature": (lambda v: 0 <= v < math.inf, "0 <= eval_temperature < inf"),
+    "top_k": (lambda v: v >= 0, "top_k >= 0 (0 = off)"), "top_p": (lambda v: 0 < v <= 1, "0 < top_p <= 1")}
 
 def check_sampling(**settings):
     """ValueError naming each sampling setting out of range as --key=value (NaN is out of every range): the sampler,

@@ -303,6 +303,10 @@ def sft_schedule(total_steps: int, warmup_ratio: float):
 
 # Checkpoints with trainer state, and the training run both trainers share
 
+def checkpoint_step(path: str) -> int:
+    """The step of an out_dir/checkpoint-<step> folder (-1 for a name without digits)."""
+    return int(re.sub(r"\D", "", os.path.basename(path)) or -1)
+
 def find_latest_checkpoint(out_dir: str) -> str:
     """The checkpoint-<step> folder with a trainer state and the highest step. Raises FileNotFoundError."""
     found = [(int(m[1]), p) for p in glob.glob(os.path.join(out_dir, "checkpoint-*")) if
@@ -395,7 +399,7 @@ class Run:
                          scheduler=self.scheduler.state_dict(), optimizer=optim)
             save_checkpoint(path, self.train_model, self.tokenizer, state, **model_sd)
             old = sorted(glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")),
-                         key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or -1))
+                         key=checkpoint_step)
             for p in old[:-cfg.keep_last] if cfg.keep_last > 0 else []:
                 shutil.rmtree(p, ignore_errors=True)
         if dist.is_initialized():
@@ -496,7 +500,7 @@ def prepare(run: Run, lr_lambda) -> Run:
             raise
         log_path = os.path.join(cfg.out_dir, "log.jsonl")
         ckpts = glob.glob(os.path.join(cfg.out_dir, "checkpoint-*"))   # a resume from an older one: the newer ones
-        old = [p for p in ckpts if int(re.sub(r"\D", "", os.path.basename(p)) or -1) > run.step] if run.resume \
+        old = [p for p in ckpts if checkpoint_step(p) > run.step] if run.resume \
             else ckpts + glob.glob(log_path)          # belong to the run it abandons, and --resume=True would pick them
         if old:
             aside = move_aside(cfg.out_dir, old)
