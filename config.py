@@ -1,11 +1,10 @@
 """The command line of every script, generated from its config dataclass (a typed nanoGPT configurator.py).
 
     cfg = config.parse(SFTConfig, ["--lr=3e-4", "--mode", "seen"])     # --key=value or --key value
-    python sft.py --help                                               # every field with its comment
 
 A field's annotation is its type: int, float, str, bool (true/false), `X | None` ("None"), tuple[float, float]
-("0.9,0.95") and Literal[...] (the allowed values). The comment after a field is its help. `base` (the config
-saved in a checkpoint, for --resume) replaces the class defaults; `fill` applies a preset to the None fields.
+("0.9,0.95"), Literal[...] (the allowed values); the comment after it is its --help. `base` (a checkpoint's config, for
+--resume) replaces the defaults; `fill` applies a preset to the None fields; `at_least` is every script's range check.
 """
 import argparse
 import dataclasses
@@ -14,12 +13,10 @@ import re
 import types
 import typing
 
-BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-
 def true_or_false(text: str) -> bool:
-    if text.lower() not in BOOLS:
+    if text.lower() not in ("true", "1", "yes", "false", "0", "no"):
         raise ValueError(text)
-    return BOOLS[text.lower()]
+    return text.lower() in ("true", "1", "yes")
 
 def converter(hint):
     """(the function that parses a value of this annotation, the allowed values or None)."""
@@ -32,11 +29,7 @@ def converter(hint):
     if origin is typing.Literal:
         return str, list(args)
     if origin is tuple:                                                  # "0.9,0.95" -> (0.9, 0.95)
-        def values(text):
-            parts = text.strip("()").split(",")
-            if len(parts) != len(args):
-                raise ValueError(text)
-            return tuple(t(p) for t, p in zip(args, parts))
+        values = lambda text: tuple(t(p) for t, p in zip(args, text.strip("()").split(","), strict=True))  # noqa: E731
         values.__name__ = f"{len(args)}-tuple"
         return values, None
     return (true_or_false if hint is bool else hint), None
@@ -58,3 +51,10 @@ def parse(cls, argv: list[str], base: dict | None = None):
 def fill(cfg, preset: dict):
     """`cfg` with the preset's value in every field that is None (the tiny or the real-model defaults)."""
     return dataclasses.replace(cfg, **{k: v for k, v in preset.items() if getattr(cfg, k) is None})
+
+def at_least(cfg, least: float, *names: str, above: bool = False):
+    """ValueError naming each set field below `least` (`above`: not above it, or infinite); NaN fails both."""
+    bad = [f"--{n}={v}" for n in names if (v := getattr(cfg, n)) is not None and not
+           (least < v < float("inf") if above else v >= least)]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: must be {f'above {least} (and finite)' if above else f'at least {least}'}")

@@ -349,12 +349,13 @@ def _load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
 
 def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: int | None = None, seed: int = 0,
               data_dir: str | None = None, tokenizer=None, parallel_fraction: float = 0.5) -> list[dict]:
-    """The records of `spec` (a name, a comma list, or a file), solutions in `style` (None where a real set has
-    none). `strict`: refuse a row without a problem or an answer. `limit`: the first this-many of each part.
+    """The records of `spec` (a name, a comma list, or a file, also one with a comma in its name), solutions in
+    `style` (None where a real set has none). `strict`: refuse a row without a problem or an answer. `limit`: the
+    first this-many of each part.
     ValueError: an unknown name (listing the known ones), nothing loaded; FileNotFoundError: a missing file or
     folder, or a set with neither a local file nor the hub."""
     records = []
-    for name in filter(None, (n.strip() for n in spec.split(","))):
+    for name in filter(None, (n.strip() for n in ([spec] if os.path.isfile(spec) else spec.split(",")))):
         records += _load_one(name, style, strict, limit, seed, data_dir, tokenizer, parallel_fraction)
     if not records:
         raise ValueError(f"{spec!r} gave no records")

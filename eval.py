@@ -248,11 +248,8 @@ def run(cfg: EvalConfig) -> dict:
     check_sampling(num_paths=cfg.num_paths, max_blocks=cfg.max_blocks, temperature=cfg.temperature, top_p=cfg.top_p)
     if not benches:
         raise ValueError(f"--data={cfg.data!r} names no benchmark: e.g. --data=synthetic:hard:test or aime25,math500")
-    low = [f"--{n}={getattr(cfg, n)}" for n, least in (("limit", 0), ("k", 1), ("batch_size", 1), ("max_new_tokens", 1))
-           if getattr(cfg, n) < least]
-    if low:
-        raise ValueError(f"{', '.join(low)}: out of range; use limit >= 0 (0 = every problem), k, batch_size and "
-                         "max_new_tokens >= 1")
+    config.at_least(cfg, 0, "limit")                # 0 = every problem
+    config.at_least(cfg, 1, "k", "batch_size", "max_new_tokens")
     if cfg.device not in ("", "cpu") and not re.fullmatch(r"cuda(:\d+)?|mps", cfg.device):
         raise ValueError(f"--device={cfg.device}: write cpu, cuda, cuda:<index> or mps (or leave it empty)")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():

@@ -33,7 +33,7 @@ import config
 import sft
 from attention import TagIds
 from data import TINY_VOCAB_LIMIT, load_data
-from eval import evaluate, fit_context, summarize
+from eval import evaluate, fit_context, own_tokenizer, summarize
 from model import Mode, load_model, mode_from_config, read_checkpoint_config
 from rewards import RewardSchedule, parallel_positions, score_batch
 from sample import Rollout, check_sampling, generate, token_logprobs
@@ -118,22 +118,20 @@ PAPER = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_siz
 
 def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOConfig:
     cfg = config.fill(cfg, TINY if tiny else PAPER)
-    sft.check_minimum(cfg, 1, "batch_size", "group_size", "ppo_mini_batches", "micro_batch_size", "max_new_tokens",
-                      "eval_k", "max_steps")
-    sft.check_minimum(cfg, 0, "generate_batch_size", "eval_samples")
+    config.at_least(cfg, 1, "batch_size", "group_size", "ppo_mini_batches", "micro_batch_size", "max_new_tokens",
+                    "eval_k", "max_steps", "clip_ratio_c")      # the dual clip bounds a negative advantage's ratio at c
+    config.at_least(cfg, 0, "generate_batch_size", "eval_samples", "clip_ratio_low", "clip_ratio_high", "kl_coef",
+                    "grad_clip", "max_time", "eval_every", "log_every", "save_every", "keep_last", "micro_batch_tokens",
+                    "warmup_steps", "easy_steps", "scaffold_steps", "weight_decay")
+    config.at_least(cfg, 0, "lr", above=True)
     check_sampling(num_paths=cfg.num_paths, max_blocks=cfg.max_blocks, temperature=cfg.temperature, top_p=cfg.top_p,
                    top_k=cfg.top_k, eval_temperature=cfg.eval_temperature)
-    sft.check_positive(cfg, "lr")
     if cfg.temperature == 0:
         raise ValueError("--temperature=0: GRPO compares the responses of a group, and greedy ones are all the same, "
                          "so every advantage is 0 and nothing is learned; use a temperature above 0 (the paper: 1.0)")
     if cfg.group_size == 1:
         raise ValueError("--group_size=1: a GRPO advantage compares responses to the same prompt, so with one "
                          "every advantage is 0 and nothing is learned; use 2 or more")
-    sft.check_minimum(cfg, 0, "clip_ratio_low", "clip_ratio_high", "kl_coef", "grad_clip", "max_time", "eval_every",
-                      "log_every", "save_every", "keep_last", "micro_batch_tokens", "warmup_steps", "easy_steps",
-                      "scaffold_steps", "weight_decay")
-    sft.check_minimum(cfg, 1, "clip_ratio_c")             # the dual clip bounds a negative advantage's ratio at c
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} prompts do not split evenly over {world_size} ranks")
     if cfg.ppo_mini_batches > cfg.batch_size * cfg.group_size // world_size:
@@ -454,9 +452,13 @@ class GRPORun(sft.Run):
 def setup(cfg: GRPOConfig, d, records, eval_records) -> GRPORun:
     """The run: the resolved config, prompt streams and held-out problems, model copies, optimizer, schedule."""
     init = default_init(cfg.mode or RECIPE_MODE[cfg.recipe], cfg.model)
+    tok = own_tokenizer(sft.resume_path(cfg) or init)        # the preset and its checks come before the weights load
+    cfg = resolve_defaults(dataclasses.replace(cfg, model=init), tok is None or len(tok) < TINY_VOCAB_LIMIT,
+                           d.world_size)
     run = sft.load(cfg, d, init, cls=GRPORun)
-    run.cfg = cfg = resolve_defaults(dataclasses.replace(cfg, model=init), len(run.tokenizer) < TINY_VOCAB_LIMIT,
-                                     d.world_size)
+    if cfg.recipe == "seen" and cfg.easy_steps >= cfg.max_steps:
+        run.log(f"note: --easy_steps={cfg.easy_steps} >= --max_steps={cfg.max_steps}: the run never leaves the "
+                "easy-RL stage (recipe seen)")
     style = "sequential" if cfg.mode == "sequential" else "parallel"
     if (init_mode := mode_from_config(read_checkpoint_config(init)[0])) and init_mode != cfg.mode:
         run.log(f"warning: {init} was trained in mode {init_mode!r}, this run samples and trains in {cfg.mode!r}")
@@ -505,6 +507,7 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None, eval_records: list
         cfg, per_rank, t_start, row = run.cfg, run.cfg.batch_size // d.world_size, time.time(), {}
         ckpt, first_step = run.resume or None, run.step      # a finished run resumed: no step, no new evaluation
         pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else run.tags.eos
+        run.log_no_steps_left(cfg.max_steps)
         eval_before = first_evaluation(run)
         bar = tqdm(total=cfg.max_steps, initial=run.step, disable=not d.is_main, dynamic_ncols=True, desc="grpo")
         while run.step < cfg.max_steps:

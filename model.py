@@ -122,8 +122,14 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None,
                           "'tiny' for the embedded default.") from None
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype,
-                                                     attn_implementation=attn_implementation, **kw)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype,
+                                                         attn_implementation=attn_implementation, **kw)
+        except Exception as e:                   # e.g. a truncated model.safetensors: the library's error names no file
+            if not os.path.isdir(name_or_path):
+                raise
+            raise OSError(f"cannot load the weights in {name_or_path!r} ({type(e).__name__}: {e}); the folder may "
+                          "be damaged: pass another checkpoint") from None
     add_parallel_tags(model, tok, seed=seed)
     model.config.pad_token_id = tok.pad_token_id
     model.set_attn_implementation(attn_implementation)
@@ -174,7 +180,13 @@ def load_trainer_state(path: str) -> dict:
     f = os.path.join(path, "trainer_state.pt")
     if not os.path.isfile(f):
         raise FileNotFoundError(f"no trainer state at {f}: --resume needs a checkpoint written by sft.py or grpo.py")
-    return torch.load(f, map_location="cpu", weights_only=False)
+    return _torch_load(f)
+
+def _torch_load(f: str, **kw):
+    try:
+        return torch.load(f, map_location="cpu", weights_only=False, **kw)
+    except Exception as e:                       # truncated or not a torch file: name it
+        raise OSError(f"cannot read {f} ({type(e).__name__}: {e}): the checkpoint is damaged; pass another") from None
 
 def read_checkpoint_config(path: str) -> tuple[dict, str]:
     """(training config saved with a checkpoint folder, the file): `parallel_r1.json` (flat or {"config": ...}),
@@ -187,7 +199,7 @@ def read_checkpoint_config(path: str) -> tuple[dict, str]:
     f = os.path.join(path, "trainer_state.pt")
     if not os.path.isfile(f):
         return {}, ""
-    state = torch.load(f, map_location="cpu", weights_only=False, mmap=True)
+    state = _torch_load(f, mmap=True)
     cfg = dict(state.get("config") or {}) if isinstance(state, dict) else {}
     if isinstance(state, dict) and "mode" in state:              # grpo.py saves its mode next to the config
         cfg.setdefault("mode", state["mode"])

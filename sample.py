@@ -399,8 +399,7 @@ def layout(rollout: Rollout, tokenizer) -> str:
 
 def main(argv: list[str]) -> None:
     cfg = config.parse(SampleConfig, argv)
-    if bad := [f"--{k}={getattr(cfg, k)}" for k in ("n", "max_new_tokens") if getattr(cfg, k) < 1]:
-        raise ValueError(f"{', '.join(bad)}: must be at least 1")
+    config.at_least(cfg, 1, "n", "max_new_tokens")
     check_sampling(temperature=cfg.temperature)
     mode = cfg.mode or mode_from_config(read_checkpoint_config(cfg.model)[0]) or "unseen"
     model, tokenizer = load_model(cfg.model)

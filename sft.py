@@ -71,7 +71,7 @@ class SFTConfig:
     seed: int = 0
     fsdp: bool = False                   # FSDP2 (fully_shard each decoder layer, then the root); under torchrun
     grad_checkpointing: bool = False     # recompute activations in the backward pass
-    resume: str = ""                     # a checkpoint folder, or True = the latest in out_dir
+    resume: str = ""                     # a checkpoint folder, or True = the latest in out_dir (False = none)
     log_every: int = 50                  # print a line every N steps (0 = never); log.jsonl gets all
     save_every: int = 100                # checkpoint every N steps (0 = only at the end)
     keep_last: int = 2                   # checkpoints kept in out_dir (0 = all)
@@ -88,27 +88,15 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
     cfg = config.fill(cfg, TINY if cfg.model == "tiny" else PAPER)
     if cfg.max_steps is None and cfg.epochs is None:
         cfg = dataclasses.replace(cfg, **({"max_steps": 400} if cfg.model == "tiny" else {"epochs": 5.0}))
-    check_minimum(cfg, 1, "batch_size", "micro_batch_size", "max_steps")
-    check_minimum(cfg, 0, "limit", "eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every", "save_every",
-                  "keep_last", "weight_decay")
+    config.at_least(cfg, 1, "batch_size", "micro_batch_size", "max_steps")
+    config.at_least(cfg, 0, "limit", "eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every",
+                    "save_every", "keep_last", "weight_decay")
     if cfg.warmup_ratio > 1:
         raise ValueError(f"--warmup_ratio={cfg.warmup_ratio}: the warm-up is a share of the steps, 0 to 1")
-    check_positive(cfg, "lr", "epochs")
+    config.at_least(cfg, 0, "lr", "epochs", above=True)
     if cfg.batch_size % world_size:
         raise ValueError(f"--batch_size={cfg.batch_size} does not split evenly over {world_size} ranks")
     return cfg
-
-def check_positive(cfg, *names: str):
-    """ValueError naming every one of these config fields that is set and not a finite number above 0."""
-    bad = [f"--{n}={v}" for n in names if (v := getattr(cfg, n)) is not None and not 0 < v < math.inf]
-    if bad:
-        raise ValueError(f"{', '.join(bad)}: must be above 0 (and finite)")
-
-def check_minimum(cfg, minimum: int, *names: str):
-    """ValueError naming every one of these config fields below `minimum` (before anything is loaded or moved)."""
-    low = [f"--{n}={v}" for n in names if (v := getattr(cfg, n)) is not None and not v >= minimum]   # NaN too
-    if low:
-        raise ValueError(f"{', '.join(low)}: must be at least {minimum}")
 
 # Ranks (one process when RANK is not set)
 
@@ -176,8 +164,14 @@ class Example:
 def tokenize_records(records: list[dict], tokenizer, style: str, max_length: int, prompt_file: str | None = None,
                      log=print) -> list[Example]:
     """`Example`s of the records, without (and counting) those longer than max_length (never truncated: a cut
-    block would be mis-masked) and those parse_structure rejects. ValueError: no tags, no solution, none left."""
-    tags = TagIds.from_tokenizer(tokenizer)
+    block would be mis-masked), those parse_structure rejects and those without a solution. ValueError: no tags, no
+    solution at all, none left."""
+    tags, unsolved = TagIds.from_tokenizer(tokenizer), [r for r in records if not r.get("solution")]
+    if unsolved and len(unsolved) == len(records):
+        format_response(unsolved[0])                            # raises, saying what SFT data needs
+    if unsolved:
+        log(f"dropped {len(unsolved)} of {len(records)} records without a solution to train on")
+        records = [r for r in records if r.get("solution")]
     prompts = tokenizer([build_prompt(tokenizer, r["problem"], style, prompt_file) for r in records],
                         add_special_tokens=False)["input_ids"]        # batched: the prompt ids the sampler gets
     solutions = tokenizer([format_response(r) for r in records], add_special_tokens=False)["input_ids"]
@@ -318,7 +312,8 @@ def find_latest_checkpoint(out_dir: str) -> str:
 
 def resume_path(cfg) -> str:
     """The checkpoint --resume names ("" without --resume). Raises FileNotFoundError when there is none."""
-    path = cfg.resume and (find_latest_checkpoint(cfg.out_dir) if cfg.resume.lower() == "true" else cfg.resume)
+    word, latest = cfg.resume.lower(), cfg.resume.lower() in ("true", "1", "yes")   # config.true_or_false's words
+    path = "" if word in ("", "false", "0", "no") else find_latest_checkpoint(cfg.out_dir) if latest else cfg.resume
     if path and not os.path.isfile(os.path.join(path, "trainer_state.pt")):
         raise FileNotFoundError(f"--resume={cfg.resume!r}: {path!r} is not a checkpoint folder with a "
                                 "trainer_state.pt (written by sft.py or grpo.py)")
@@ -327,9 +322,8 @@ def resume_path(cfg) -> str:
 def parse_args(config_class, argv: list[str]):
     """The command line; with --resume, over the config saved in that checkpoint."""
     cfg = config.parse(config_class, argv)
-    if not cfg.resume:
-        return cfg
-    path = resume_path(cfg)
+    if not (path := resume_path(cfg)):
+        return dataclasses.replace(cfg, resume="")
     saved = load_trainer_state(path)["config"]
     if ("recipe" in saved) != any(f.name == "recipe" for f in dataclasses.fields(config_class)):  # grpo's config
         raise ValueError(f"--resume: {path!r} was written by {'grpo.py' if 'recipe' in saved else 'sft.py'}, and "
@@ -378,6 +372,11 @@ class Run:
         bar.update(1)
         if self.dist.is_main and self.cfg.log_every and row["step"] % self.cfg.log_every == 0:
             bar.write(line)
+
+    def log_no_steps_left(self, total_steps: int):
+        if self.step >= total_steps:              # a resumed run that is already done
+            self.log(f"note: {self.resume} is at step {self.step} and this run has {total_steps} steps: nothing is "
+                     "left to train (raise --max_steps to go on)")
 
     def out_of_time(self, t_start: float) -> bool:
         """Every rank takes the same stop decision (any rank's clock), or the next collective would hang."""
@@ -555,6 +554,7 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
                                      tokenizer=run.tokenizer if cfg.eval_data else None)
         total_steps = cfg.max_steps or math.ceil(cfg.epochs * len(examples) / cfg.batch_size)
         prepare(run, sft_schedule(total_steps, cfg.warmup_ratio))
+        run.log_no_steps_left(total_steps)
         stream = ShuffledStream(len(examples), cfg.seed, **run.state.get("data_position", {}))
         run.log(f"SFT {cfg.model} ({sum(p.numel() for p in run.model.parameters()) / 1e6:.2f}M params) on "
                 f"{len(examples)} examples of {cfg.data}, mode={cfg.mode}, style={cfg.style}, {d.world_size} rank(s) "

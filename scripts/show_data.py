@@ -25,8 +25,7 @@ class ShowConfig:
 
 def main(argv: list[str]) -> None:
     cfg, tok = config.parse(ShowConfig, argv), build_char_tokenizer()
-    if bad := [f"--{k}={getattr(cfg, k)}" for k in ("n", "limit") if getattr(cfg, k) < 0]:   # --n=-1 printed all
-        raise ValueError(f"{', '.join(bad)}: must be >= 0 (--limit=0: all records)")
+    config.at_least(cfg, 0, "n", "limit")                   # --n=-1 printed all records
     synthetic = all(n.strip().startswith("synthetic:") for n in cfg.show.split(","))
     records = load_data(cfg.show, style=cfg.style, limit=cfg.limit or (2000 if synthetic else None), seed=cfg.seed,
                         data_dir=cfg.data_dir or None)

@@ -296,6 +296,10 @@ def test_errors(tmp_path, capfd):
     assert "skipped 2 of 4 rows" in capfd.readouterr().err
     with pytest.raises(ValueError, match="row 1: no answer"):
         load_data(str(f), strict=True)
+    comma = tmp_path / "gsm8k,mine.jsonl"                # a comma in a file's name: one file, not two specs
+    comma.write_text(f.read_text())
+    assert load_data(str(comma)) == [dict(r, id=r["id"].replace("mixed", "gsm8k,mine"),
+                                          source=str(comma)) for r in recs]
     empty = tmp_path / "empty.json"
     empty.write_text('[{"question": "Only a question."}]')
     with pytest.raises(ValueError, match="gave no records"):

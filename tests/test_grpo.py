@@ -633,8 +633,9 @@ def test_wandb_gets_the_rows_of_log_jsonl(tmp_path, monkeypatch, wandb_rows):
     assert {"step", "reward_mean", "loss", "kl", "time_sample"} <= wandb_rows[0].keys()
 
 
-def test_resuming_a_finished_run_names_its_checkpoint_and_adds_no_row(tmp_path, monkeypatch):
-    """It used to print "checkpoint: None (python eval.py --model=None)" and log the final evaluation again."""
+def test_resuming_a_finished_run_names_its_checkpoint_and_adds_no_row(tmp_path, monkeypatch, capsys):
+    """It used to print "checkpoint: None (python eval.py --model=None)" and log the final evaluation again;
+    now it also says why nothing trains. --resume takes the command line's bool words ("yes" was a path)."""
     monkeypatch.setattr(grpo, "score_batch", fake_scores)
     model, tok = tiny(seed=1)
     init = save_checkpoint(str(tmp_path / "init"), model, tok)
@@ -643,14 +644,30 @@ def test_resuming_a_finished_run_names_its_checkpoint_and_adds_no_row(tmp_path, 
                 eval_every=0, max_steps=1, out_dir=str(tmp_path / "run"))
     first = grpo.train(GRPOConfig(**base), records=records, eval_records=records)
     rows = open(first["log"]).read()
-    again = grpo.train(GRPOConfig(**base, resume="True"), records=records, eval_records=records)
+    capsys.readouterr()
+    again = grpo.train(GRPOConfig(**base, resume="yes"), records=records, eval_records=records)
     assert again["checkpoint"] == first["checkpoint"] and again["eval_after"] is None
     assert open(first["log"]).read() == rows
+    assert f"note: {first['checkpoint']} is at step 1 and this run has 1 steps: nothing is left to train (raise " \
+        "--max_steps to go on)" in capsys.readouterr().out
 
 
-def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(tmp_path):
+def test_a_seen_run_that_never_leaves_the_easy_stage_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
+    grpo.train(GRPOConfig(model=save_checkpoint(str(tmp_path / "init"), model, tok), recipe="seen", easy_steps=2,
+                          easy_data="synthetic:easy:test", batch_size=2, group_size=2, max_new_tokens=12, max_steps=2,
+                          max_time=0.0, eval_data="", log_every=0, save_every=0, out_dir=str(tmp_path / "run")),
+               records=records)
+    assert "note: --easy_steps=2 >= --max_steps=2: the run never leaves the easy-RL stage" in capsys.readouterr().out
+
+
+def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(tmp_path, monkeypatch):
+    """... and before the weights load (a range error used to wait for a large model to load)."""
     model, tok = tiny(seed=1)
     init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    monkeypatch.setattr(sft, "load_model", lambda *a, **k: pytest.fail("the weights loaded before the range check"))
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "log.jsonl").write_text('{"step": 1}\n')
     for flag in ("batch_size", "group_size", "ppo_mini_batches", "micro_batch_size", "max_steps"):

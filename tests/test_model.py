@@ -11,7 +11,8 @@ import torch
 from conftest import SHARED
 
 from attention import TagIds
-from model import TAGS, TINY_CONFIG, build_char_tokenizer, check_model_name, load_model, load_trainer_state, save_checkpoint
+from model import (TAGS, TINY_CONFIG, build_char_tokenizer, check_model_name, load_model, load_trainer_state,
+                   read_checkpoint_config, save_checkpoint)
 
 QWEN3_TOKENIZER = os.path.join(SHARED, "tokenizers", "qwen3")
 # printable ASCII and newline (string.printable minus tab, carriage return, vertical tab, form feed)
@@ -159,6 +160,17 @@ def test_save_checkpoint_is_atomic_and_reloads(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["ckpt"] and load_trainer_state(path) == {"step": 4}
     with pytest.raises(FileNotFoundError, match="trainer_state.pt"):
         load_trainer_state(str(tmp_path))
+
+    # damaged files (a disk that filled up): errors that name them; the library's named neither
+    for name in ("model.safetensors", "trainer_state.pt"):
+        f = os.path.join(path, name)
+        with open(f, "r+b") as fh:
+            fh.truncate(os.path.getsize(f) // 2)
+    with pytest.raises(OSError, match=f"cannot load the weights in '{path}' .*damaged"):
+        load_model(path)
+    for read in (load_trainer_state, read_checkpoint_config):
+        with pytest.raises(OSError, match=f"cannot read {path}/trainer_state.pt .*damaged"):
+            read(path)
 
 
 def test_real_qwen3_tokenizer(tmp_path):

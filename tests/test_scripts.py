@@ -155,7 +155,7 @@ def test_show_data(capsys):
     out = capsys.readouterr().out
     assert out.startswith("--- synthetic:hard-0") and "Final Answer:" in out and "20 records" in out
     for bad in ("--n=-1", "--limit=-1"):
-        with pytest.raises(ValueError, match=f"^{bad}: must be >= 0"):
+        with pytest.raises(ValueError, match=f"^{bad}: must be at least 0$"):
             show_data.main(["--show", "synthetic:hard", bad])
 
 

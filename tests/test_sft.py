@@ -383,6 +383,11 @@ def test_bad_input_is_dropped_or_refused(model_dir, tmp_path):
         sft.tokenize_records(records, build_char_tokenizer(), "parallel", 256)
     with pytest.raises(ValueError, match="no solution"):
         sft.tokenize_records([dict(records[0], solution=None)], tok, "parallel", 256)
+    printed = []                              # one record without a solution aborted its whole file
+    assert len(sft.tokenize_records([dict(records[0], solution=None), records[3]], tok, "parallel", 256,
+                                    log=printed.append)) == 1
+    assert printed == ["dropped 1 of 2 records without a solution to train on"]
+    assert sft.resume_path(config(model_dir, tmp_path, resume="False")) == ""   # a bool word, not a folder
     with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
         sft.train(config(model_dir, tmp_path, resume=str(tmp_path / "nope")), records=records)
     with pytest.raises(FileNotFoundError, match="found no checkpoint"):
