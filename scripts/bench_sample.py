@@ -78,7 +78,21 @@ def bench(batch: int = 16, repeats: int = 2):
         ours, hf = batch * n / t_ours, batch * n / t_hf
         print(f"| {name} | {n} | {path_budget} | {ours:,.0f} | {hf:,.0f} | {ours / hf:.2f}x | {t_un:.2f} | {t_se:.2f} "
               f"| {t_un / t_se:.2f} | {dt:.2f} |", flush=True)
-
+    # Where the time goes: both samplers run the same model forwards, which no sampler design removes, so
+    # "ours / generate()" can be at most generate()'s total time over ours' forward time.
+    clock = {"start": 0.0, "forward": 0.0}
+    big.register_forward_pre_hook(lambda *_: clock.update(start=time.perf_counter()))
+    big.register_forward_hook(lambda *_: clock.update(forward=clock["forward"] + time.perf_counter() - clock["start"]))
+    for label, fn in (("ours", lambda: generate(big, tok, prompts, mode="sequential", allow_parallel=False,
+                                                 max_new_tokens=128, min_new_tokens=128, seed=0)),
+                      ("generate()", lambda: big.generate(input_ids=ids, attention_mask=am, do_sample=True,
+                                                          max_new_tokens=128, min_new_tokens=128,
+                                                          pad_token_id=tok.pad_token_id))):
+        clock["forward"], t0 = 0.0, time.perf_counter()
+        fn()
+        total = time.perf_counter() - t0
+        print(f"20M, 128 new tokens, {label}: {total:.2f} s, of which the model's forward {clock['forward']:.2f} s "
+              f"({clock['forward'] / total:.0%})", flush=True)
 
 
 if __name__ == "__main__":
