@@ -652,6 +652,25 @@ def test_resuming_a_finished_run_names_its_checkpoint_and_adds_no_row(tmp_path, 
         "--max_steps to go on)" in capsys.readouterr().out
 
 
+def test_a_diverging_grpo_run_stops_before_the_bad_step_and_keeps_its_checkpoints(tmp_path, monkeypatch):
+    """The shared optimizer step refuses a non-finite gradient norm; here through ppo_update: step 2's loss is NaN."""
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    real, calls = grpo.micro_batch_loss, []
+    def nan_at_step_2(*args, **kw):
+        loss, stats = real(*args, **kw)
+        calls.append(1)
+        return (loss * float("nan") if len(calls) > 2 else loss), stats   # 2 micro-batches a step
+    monkeypatch.setattr(grpo, "micro_batch_loss", nan_at_step_2)
+    model, tok = tiny(seed=1)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
+    with pytest.raises(ValueError, match="the gradient norm is nan: the loss diverged"):
+        grpo.train(GRPOConfig(model=save_checkpoint(str(tmp_path / "init"), model, tok), batch_size=2, group_size=2,
+                              max_new_tokens=12, max_steps=3, max_time=0.0, eval_data="", log_every=0, save_every=1,
+                              ppo_mini_batches=1, micro_batch_size=2, out_dir=str(tmp_path / "run")), records=records)
+    assert sorted(p for p in os.listdir(tmp_path / "run") if p.startswith("checkpoint")) == ["checkpoint-1"]
+    assert len(calls) == 4
+
+
 def test_a_seen_run_that_never_leaves_the_easy_stage_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(grpo, "score_batch", fake_scores)
     model, tok = tiny(seed=1)
