@@ -252,6 +252,8 @@ def run(cfg: EvalConfig) -> dict:
     config.at_least(cfg, 1, "k", "batch_size", "max_new_tokens")
     if cfg.device not in ("", "cpu") and not re.fullmatch(r"cuda(:\d+)?|mps", cfg.device):
         raise ValueError(f"--device={cfg.device}: write cpu, cuda, cuda:<index> or mps (or leave it empty)")
+    if cfg.device == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("--device=mps: this machine has no MPS device; leave --device empty or pass --device=cpu")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device={cfg.device}: this machine has no CUDA device; leave --device empty (cuda if "
                          "available, else cpu) or pass --device=cpu")

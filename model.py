@@ -72,14 +72,18 @@ def check_model_name(p: str, weights: bool = True) -> None:
     if not os.path.isdir(p) and (p.startswith((".", "/", "~")) or p.count("/") > 1 or os.sep != "/" and os.sep in p):
         raise FileNotFoundError(f"no folder {p!r}: pass an existing checkpoint folder (e.g. runs/sft/checkpoint-400), "
                                 "a hub name like Qwen/Qwen3-4B-Base, or 'tiny'")
+    has_tokenizer = any(os.path.isfile(os.path.join(p, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
     if os.path.isdir(p) and not os.path.isfile(os.path.join(p, "config.json")):
         steps = sorted((d for d in os.listdir(p) if re.fullmatch(r"checkpoint-\d+", d)), key=lambda d: int(d[11:]))
         if steps:
             raise FileNotFoundError(f"{p!r} is a run folder, not a checkpoint: pass one of its checkpoints, "
                                     f"e.g. {os.path.join(p, steps[-1])!r}")
-        if weights or not any(os.path.isfile(os.path.join(p, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        if weights or not has_tokenizer:
             raise FileNotFoundError(f"{p!r} has no config.json: pass a checkpoint folder written by "
                                     "save_checkpoint or a Hugging Face model folder")
+    if os.path.isdir(p) and not has_tokenizer:      # it loaded as a one-token tokenizer, and training divided by 0
+        raise FileNotFoundError(f"{p!r} has no tokenizer (tokenizer.json, tokenizer_config.json): copy them in from "
+                                "the model it was trained from, or pass a complete checkpoint")
 
 def _hub_reachable(timeout: float = 2.0) -> bool:
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):

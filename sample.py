@@ -410,7 +410,7 @@ def main(argv: list[str]) -> None:
         raise ValueError(f"a {longest}-token prompt + --max_new_tokens={cfg.max_new_tokens} is more than the model's "
                          f"context of {context} positions: lower --max_new_tokens or shorten --prompt")
     rollouts = generate(model, tokenizer, prompts, group_size=cfg.n, mode=mode, max_new_tokens=cfg.max_new_tokens,
-                        temperature=cfg.temperature, seed=cfg.seed)
+                        allow_parallel=mode != "sequential", temperature=cfg.temperature, seed=cfg.seed)
     for j, r in enumerate(rollouts):
         if j % cfg.n == 0:
             print(f"=== {prompts[r.prompt_index]!r} ({cfg.model}, mode {mode})")

@@ -40,8 +40,8 @@ from transformers.utils import logging as hf_logging
 
 import config
 from attention import TagIds, parse_structure, structured_forward
-from data import Style, build_prompt, format_response, load_data
-from eval import evaluate, fit_context
+from data import TINY_VOCAB_LIMIT, Style, build_prompt, format_response, load_data
+from eval import evaluate, fit_context, own_tokenizer
 from model import load_model, load_trainer_state, move_aside, save_checkpoint
 
 @dataclass
@@ -83,11 +83,13 @@ class SFTConfig:
 TINY = dict(lr=1e-3, batch_size=32, micro_batch_size=8, warmup_ratio=0.05, max_time=0.0)
 PAPER = dict(lr=1e-5, batch_size=128, micro_batch_size=1, warmup_ratio=0.1, max_time=0.0)
 
-def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
-    """The preset in the None fields (max_length waits for the model's context)."""
-    cfg = config.fill(cfg, TINY if cfg.model == "tiny" else PAPER)
+def resolve_defaults(cfg: SFTConfig, world_size: int = 1, tiny: bool | None = None) -> SFTConfig:
+    """The preset in the None fields: TINY for the tiny model (default: --model=tiny), else PAPER (max_length waits
+    for the model's context)."""
+    tiny = cfg.model == "tiny" if tiny is None else tiny
+    cfg = config.fill(cfg, TINY if tiny else PAPER)
     if cfg.max_steps is None and cfg.epochs is None:
-        cfg = dataclasses.replace(cfg, **({"max_steps": 400} if cfg.model == "tiny" else {"epochs": 5.0}))
+        cfg = dataclasses.replace(cfg, **({"max_steps": 400} if tiny else {"epochs": 5.0}))
     config.at_least(cfg, 1, "batch_size", "micro_batch_size", "max_steps")
     config.at_least(cfg, 0, "limit", "eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every",
                     "save_every", "keep_last", "weight_decay")
@@ -297,18 +299,18 @@ def sft_schedule(total_steps: int, warmup_ratio: float):
 
 # Checkpoints with trainer state, and the training run both trainers share
 
-def checkpoint_step(path: str) -> int:
-    """The step of an out_dir/checkpoint-<step> folder (-1 for a name without digits)."""
-    return int(re.sub(r"\D", "", os.path.basename(path)) or -1)
+def checkpoints(out_dir: str) -> list[tuple[int, str]]:
+    """(step, path) of every out_dir/checkpoint-<step> folder, by step; other folders (checkpoint-best) are the user's."""
+    return sorted((int(m[1]), p) for p in glob.glob(os.path.join(out_dir, "checkpoint-*"))
+                  if (m := re.fullmatch(r"checkpoint-(\d+)", os.path.basename(p))) and os.path.isdir(p))
 
 def find_latest_checkpoint(out_dir: str) -> str:
     """The checkpoint-<step> folder with a trainer state and the highest step. Raises FileNotFoundError."""
-    found = [(int(m[1]), p) for p in glob.glob(os.path.join(out_dir, "checkpoint-*")) if
-             (m := re.fullmatch(r"checkpoint-(\d+)", os.path.basename(p))) and os.path.isfile(f"{p}/trainer_state.pt")]
+    found = [p for _, p in checkpoints(out_dir) if os.path.isfile(f"{p}/trainer_state.pt")]
     if not found:
         raise FileNotFoundError(f"--resume=True found no checkpoint-<step> folder with a trainer_state.pt "
                                 f"in {out_dir!r}; pass --resume=<checkpoint folder> or --out_dir")
-    return max(found)[1]
+    return found[-1]
 
 def resume_path(cfg) -> str:
     """The checkpoint --resume names ("" without --resume). Raises FileNotFoundError when there is none."""
@@ -397,9 +399,7 @@ class Run:
             state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state, rng=rng,
                          scheduler=self.scheduler.state_dict(), optimizer=optim)
             save_checkpoint(path, self.train_model, self.tokenizer, state, **model_sd)
-            old = sorted(glob.glob(os.path.join(cfg.out_dir, "checkpoint-*")),
-                         key=checkpoint_step)
-            for p in old[:-cfg.keep_last] if cfg.keep_last > 0 else []:
+            for _, p in checkpoints(cfg.out_dir)[:-cfg.keep_last] if cfg.keep_last > 0 else []:
                 shutil.rmtree(p, ignore_errors=True)
         if dist.is_initialized():
             dist.barrier()
@@ -486,6 +486,10 @@ def prepare(run: Run, lr_lambda) -> Run:
         if rng.get("cuda") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
         run.log(f"resumed from {run.resume} at step {run.step}")
+    inside = os.path.isdir(cfg.model) and os.path.abspath(cfg.model).startswith(os.path.abspath(cfg.out_dir) + os.sep)
+    if d.is_main and not run.resume and inside:
+        raise ValueError(f"--model={cfg.model} is inside --out_dir={cfg.out_dir}, and a fresh run moves an earlier "
+                         "run's checkpoints aside (the one it starts from too): pass another --out_dir")
     if d.is_main:                                   # a fresh run moves an earlier run aside: nothing is deleted
         fresh_dir = not os.path.isdir(cfg.out_dir)
         os.makedirs(cfg.out_dir, exist_ok=True)
@@ -498,9 +502,9 @@ def prepare(run: Run, lr_lambda) -> Run:
                 shutil.rmtree(cfg.out_dir, ignore_errors=True)
             raise
         log_path = os.path.join(cfg.out_dir, "log.jsonl")
-        ckpts = glob.glob(os.path.join(cfg.out_dir, "checkpoint-*"))   # a resume from an older one: the newer ones
-        old = [p for p in ckpts if checkpoint_step(p) > run.step] if run.resume \
-            else ckpts + glob.glob(log_path)          # belong to the run it abandons, and --resume=True would pick them
+        ckpts = checkpoints(cfg.out_dir)                # a resume from an older one: the newer ones belong to the
+        old = [p for step, p in ckpts if step > run.step] if run.resume \
+            else [p for _, p in ckpts] + glob.glob(log_path)   # run it abandons, and --resume=True would pick them
         if old:
             aside = move_aside(cfg.out_dir, old)
             if run.resume and os.path.isfile(log_path):   # the abandoned steps' log lines go with their checkpoints
@@ -535,7 +539,8 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
     """Run SFT (one process, or one rank under torchrun); `records` replace cfg.data (tests, notebooks). Returns
     {"checkpoint", "steps", "total_steps", "stopped_early", "final_loss", "seconds", "tokens_per_s", "eval"}."""
     with distributed() as d:
-        cfg = resolve_defaults(cfg, d.world_size)
+        tok = own_tokenizer(resume_path(cfg) or cfg.model)      # a tiny checkpoint gets the tiny preset too
+        cfg = resolve_defaults(cfg, d.world_size, tiny=tok is None or len(tok) < TINY_VOCAB_LIMIT)
         run = load(cfg, d, cfg.model, **({"tokenizer": cfg.tokenizer or None} if cfg.model == "tiny" else {}))
         context = getattr(run.model.config, "max_position_embeddings", None) or 4096
         run.cfg = cfg = dataclasses.replace(cfg, max_length=cfg.max_length or min(4096, context))

@@ -270,13 +270,15 @@ def test_unknown_benchmark_is_a_clear_error_before_sampling(tmp_path):
 
 @pytest.mark.parametrize("kw, flag", [(dict(data=""), "--data=''"), (dict(data=" , "), "--data=' , '"),
                                       (dict(limit=-1), "--limit=-1"), (dict(k=0), "--k=0"),
-                                      (dict(device="cuda"), "--device=cuda"), (dict(max_blocks=-1), "--max_blocks=-1"),
+                                      (dict(device="cuda"), "--device=cuda"), (dict(device="mps"), "--device=mps"),
+                                      (dict(max_blocks=-1), "--max_blocks=-1"),
                                       (dict(top_p=0.0), "--top_p=0.0")])
 def test_bad_flags_are_one_error_before_anything_is_written(tmp_path, kw, flag):
     """An empty --data once wrote an empty table, --limit=-1 blamed the data set, --device=cuda on a CPU-only
     machine ended in torch's AssertionError, --top_p=0 quietly decoded greedily."""
-    if "device" in kw and torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+    if kw.get("device") == "cuda" and torch.cuda.is_available() or kw.get("device") == "mps" and \
+            torch.backends.mps.is_available():
+        pytest.skip(f"this machine has {kw['device']}")
     out = tmp_path / "out"
     with pytest.raises(ValueError, match=f"^{re.escape(flag)}[: ]"):     # the bad flag alone, first
         ev.run(ev.EvalConfig(model="tiny", out_dir=str(out), **kw))

@@ -3,6 +3,7 @@ initialisation, offline errors, atomic checkpoints, and the tags on the real Qwe
 
 import hashlib
 import os
+import shutil
 import string
 import time
 
@@ -160,6 +161,15 @@ def test_save_checkpoint_is_atomic_and_reloads(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["ckpt"] and load_trainer_state(path) == {"step": 4}
     with pytest.raises(FileNotFoundError, match="trainer_state.pt"):
         load_trainer_state(str(tmp_path))
+
+    # a checkpoint without its tokenizer loaded as a one-token tokenizer, and training divided by zero
+    bare = tmp_path / "bare"
+    shutil.copytree(path, bare)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        os.remove(bare / f)
+    with pytest.raises(FileNotFoundError, match="has no tokenizer"):
+        load_model(str(bare))
+    shutil.rmtree(bare)
 
     # damaged files (a disk that filled up): errors that name them; the library's named neither
     for name in ("model.safetensors", "trainer_state.pt"):

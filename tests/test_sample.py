@@ -326,6 +326,14 @@ def test_sample_cli_prints_the_responses(capsys):
         sample.main(["--model=tiny", "--prompt=9999", "--max_new_tokens=1000"])    # once sampled past it silently
     with pytest.raises(ValueError, match="^--n=0: must be at least 1$"):
         sample.main(["--model=tiny", "--n=0"])
+    calls = []                                # --mode=sequential sampled <Parallel> blocks (eval.py masks them)
+    real = sample.generate
+    sample.generate = lambda *a, **kw: calls.append(kw) or real(*a, **kw)
+    try:
+        sample.main(["--model=tiny", "--n=1", "--max_new_tokens=4", "--mode=sequential"])
+    finally:
+        sample.generate = real
+    assert calls[0]["allow_parallel"] is False
 
 
 @pytest.mark.parametrize("mode", ["unseen", "seen"])

@@ -16,6 +16,7 @@ import inspect
 import json
 import math
 import os
+import shutil
 import random
 import signal
 import subprocess
@@ -404,6 +405,33 @@ def test_bad_input_is_dropped_or_refused(model_dir, tmp_path):
     torch.save({"config": {"recipe": "unseen-s1", "lr": 5e-5}}, grpo_ckpt / "trainer_state.pt")
     with pytest.raises(ValueError, match="was written by grpo.py.*pass --model="):
         sft.parse_args(sft.SFTConfig, [f"--resume={grpo_ckpt}"])
+
+
+def test_a_run_keeps_the_users_folders_and_its_own_start(model_dir, tmp_path):
+    """checkpoint-best and checkpoint-3-backup were deleted by the pruning or moved by a resume; a --model inside
+    out_dir was moved aside by the fresh run that started from it (a later resume then found no model)."""
+    run = tmp_path / "run"
+    sft.train(config(model_dir, run, max_steps=3, save_every=1, keep_last=1), records=make_records(8))
+    for name in ("checkpoint-best", "checkpoint-3-backup"):
+        shutil.copytree(run / "checkpoint-3", run / name)
+    sft.train(config(model_dir, run, max_steps=5, save_every=1, keep_last=1, resume="True"), records=make_records(8))
+    assert sorted(os.listdir(run)) == ["checkpoint-3-backup", "checkpoint-5", "checkpoint-best", "log.jsonl"]
+    with pytest.raises(ValueError, match="is inside --out_dir=.*pass another --out_dir"):
+        sft.train(config(str(run / "checkpoint-5"), run, max_steps=1), records=make_records(8))
+    assert sorted(os.listdir(run)) == ["checkpoint-3-backup", "checkpoint-5", "checkpoint-best", "log.jsonl"]
+
+
+def test_a_tiny_checkpoint_gets_the_tiny_preset(model_dir, monkeypatch):
+    """The preset followed the name "tiny" only: a tiny checkpoint got the real-model one (lr 1e-5, batch 128)."""
+    class Resolved(Exception):
+        pass
+    def load(cfg, *args, **kw):
+        raise Resolved(cfg)
+    monkeypatch.setattr(sft, "load", load)
+    with pytest.raises(Resolved) as e:
+        sft.train(sft.SFTConfig(model=model_dir), records=make_records(4))
+    cfg = e.value.args[0]
+    assert (cfg.lr, cfg.batch_size, cfg.max_steps) == (sft.TINY["lr"], sft.TINY["batch_size"], 400)
 
 
 def test_quick_eval_skips_problems_longer_than_the_context():
