@@ -300,9 +300,9 @@ def sft_schedule(total_steps: int, warmup_ratio: float):
 # Checkpoints with trainer state, and the training run both trainers share
 
 def checkpoints(out_dir: str) -> list[tuple[int, str]]:
-    """(step, path) of every out_dir/checkpoint-<step> folder, by step; other folders (checkpoint-best) are the user's."""
+    """(step, path) of each out_dir/checkpoint-<step> folder, by step; others (checkpoint-best, -010) are the user's."""
     return sorted((int(m[1]), p) for p in glob.glob(os.path.join(out_dir, "checkpoint-*"))
-                  if (m := re.fullmatch(r"checkpoint-(\d+)", os.path.basename(p))) and os.path.isdir(p))
+                  if (m := re.fullmatch(r"checkpoint-(0|[1-9]\d*)", os.path.basename(p))) and os.path.isdir(p))
 
 def find_latest_checkpoint(out_dir: str) -> str:
     """The checkpoint-<step> folder with a trainer state and the highest step. Raises FileNotFoundError."""
@@ -486,8 +486,8 @@ def prepare(run: Run, lr_lambda) -> Run:
         if rng.get("cuda") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
         run.log(f"resumed from {run.resume} at step {run.step}")
-    inside = os.path.isdir(cfg.model) and os.path.abspath(cfg.model).startswith(os.path.abspath(cfg.out_dir) + os.sep)
-    if d.is_main and not run.resume and inside:
+    inside = os.path.isdir(cfg.model) and os.path.realpath(cfg.model).startswith(os.path.realpath(cfg.out_dir) + os.sep)
+    if d.is_main and inside and (not run.resume or getattr(run, "ref_model", None) is not None):   # grpo's KL ref
         raise ValueError(f"--model={cfg.model} is inside --out_dir={cfg.out_dir}, and a fresh run moves an earlier "
                          "run's checkpoints aside (the one it starts from too): pass another --out_dir")
     if d.is_main:                                   # a fresh run moves an earlier run aside: nothing is deleted

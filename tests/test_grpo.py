@@ -671,6 +671,21 @@ def test_a_diverging_grpo_run_stops_before_the_bad_step_and_keeps_its_checkpoint
     assert len(calls) == 4
 
 
+def test_a_resume_refuses_a_kl_reference_inside_out_dir(tmp_path, monkeypatch):
+    """Resumed with --model=<its own checkpoint-1>, a run pruned that reference and could not be resumed again."""
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
+    base = dict(batch_size=2, group_size=2, max_new_tokens=12, max_time=0.0, eval_data="", log_every=0, save_every=1,
+                out_dir=str(tmp_path / "run"))
+    grpo.train(GRPOConfig(model=save_checkpoint(str(tmp_path / "init"), model, tok), max_steps=2, **base),
+               records=records)
+    with pytest.raises(ValueError, match="is inside --out_dir"):
+        grpo.train(GRPOConfig(model=str(tmp_path / "run" / "checkpoint-1"), max_steps=4, resume="True", **base),
+                   records=records)
+    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-1", "checkpoint-2", "log.jsonl"]
+
+
 def test_a_seen_run_that_never_leaves_the_easy_stage_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(grpo, "score_batch", fake_scores)
     model, tok = tiny(seed=1)

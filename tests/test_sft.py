@@ -412,13 +412,17 @@ def test_a_run_keeps_the_users_folders_and_its_own_start(model_dir, tmp_path):
     out_dir was moved aside by the fresh run that started from it (a later resume then found no model)."""
     run = tmp_path / "run"
     sft.train(config(model_dir, run, max_steps=3, save_every=1, keep_last=1), records=make_records(8))
-    for name in ("checkpoint-best", "checkpoint-3-backup"):
+    for name in ("checkpoint-best", "checkpoint-3-backup", "checkpoint-03"):
         shutil.copytree(run / "checkpoint-3", run / name)
     sft.train(config(model_dir, run, max_steps=5, save_every=1, keep_last=1, resume="True"), records=make_records(8))
-    assert sorted(os.listdir(run)) == ["checkpoint-3-backup", "checkpoint-5", "checkpoint-best", "log.jsonl"]
+    kept = ["checkpoint-03", "checkpoint-3-backup", "checkpoint-5", "checkpoint-best", "log.jsonl"]
+    assert sorted(os.listdir(run)) == kept
     with pytest.raises(ValueError, match="is inside --out_dir=.*pass another --out_dir"):
         sft.train(config(str(run / "checkpoint-5"), run, max_steps=1), records=make_records(8))
-    assert sorted(os.listdir(run)) == ["checkpoint-3-backup", "checkpoint-5", "checkpoint-best", "log.jsonl"]
+    os.symlink(run, tmp_path / "link")                   # the same folder by another name
+    with pytest.raises(ValueError, match="is inside --out_dir"):
+        sft.train(config(str(tmp_path / "link" / "checkpoint-5"), run, max_steps=1), records=make_records(8))
+    assert sorted(os.listdir(run)) == kept
 
 
 def test_a_tiny_checkpoint_gets_the_tiny_preset(model_dir, monkeypatch):
