@@ -7,6 +7,7 @@
 The tags become special tokens, one id each, their embeddings the mean of their text's pieces plus small noise
 (identical rows make the tags unlearnable). `save_checkpoint` writes Hugging Face format, atomically.
 """
+import glob
 import itertools
 import json
 import os
@@ -74,10 +75,9 @@ def check_model_name(p: str, weights: bool = True) -> None:
                                 "a hub name like Qwen/Qwen3-4B-Base, or 'tiny'")
     has_tokenizer = any(os.path.isfile(os.path.join(p, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
     if os.path.isdir(p) and not os.path.isfile(os.path.join(p, "config.json")):
-        steps = sorted((d for d in os.listdir(p) if re.fullmatch(r"checkpoint-\d+", d)), key=lambda d: int(d[11:]))
-        if steps:
+        if steps := checkpoints(p):
             raise FileNotFoundError(f"{p!r} is a run folder, not a checkpoint: pass one of its checkpoints, "
-                                    f"e.g. {os.path.join(p, steps[-1])!r}")
+                                    f"e.g. {steps[-1][1]!r}")
         if weights or not has_tokenizer:
             raise FileNotFoundError(f"{p!r} has no config.json: pass a checkpoint folder written by "
                                     "save_checkpoint or a Hugging Face model folder")
@@ -138,6 +138,12 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None,
     model.config.pad_token_id = tok.pad_token_id
     model.set_attn_implementation(attn_implementation)
     return model.to(device=device, dtype=dtype).eval(), tok
+
+def checkpoints(folder: str) -> list[tuple[int, str]]:
+    """(step, path) of each folder/checkpoint-<step> (a run's checkpoint), by step; others (checkpoint-best, -010)
+    are the user's."""
+    return sorted((int(m[1]), p) for p in glob.glob(os.path.join(folder, "checkpoint-*"))
+                  if (m := re.fullmatch(r"checkpoint-(0|[1-9]\d*)", os.path.basename(p))) and os.path.isdir(p))
 
 def move_aside(folder: str, paths: list[str]) -> str:
     """Move `paths` (inside `folder`) into a new folder/earlier-<k>, the first k free, and return it: a run or an

@@ -42,7 +42,7 @@ import config
 from attention import TagIds, parse_structure, structured_forward
 from data import TINY_VOCAB_LIMIT, Style, build_prompt, format_response, load_data
 from eval import evaluate, fit_context, own_tokenizer
-from model import load_model, load_trainer_state, move_aside, save_checkpoint
+from model import checkpoints, load_model, load_trainer_state, move_aside, save_checkpoint
 
 @dataclass
 class SFTConfig:
@@ -298,11 +298,6 @@ def sft_schedule(total_steps: int, warmup_ratio: float):
     return lambda step: lr_factor(step, math.ceil(warmup_ratio * total_steps), total_steps - 1)
 
 # Checkpoints with trainer state, and the training run both trainers share
-
-def checkpoints(out_dir: str) -> list[tuple[int, str]]:
-    """(step, path) of each out_dir/checkpoint-<step> folder, by step; others (checkpoint-best, -010) are the user's."""
-    return sorted((int(m[1]), p) for p in glob.glob(os.path.join(out_dir, "checkpoint-*"))
-                  if (m := re.fullmatch(r"checkpoint-(0|[1-9]\d*)", os.path.basename(p))) and os.path.isdir(p))
 
 def find_latest_checkpoint(out_dir: str) -> str:
     """The checkpoint-<step> folder with a trainer state and the highest step. Raises FileNotFoundError."""
