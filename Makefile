@@ -1,5 +1,5 @@
 # make demo   -- create .venv if missing, install, run the main job on the embedded default (SEED=1: another seed)
-# make test   -- create .venv if missing, install (with requirements-extra.txt: matplotlib, wandb), run the test suite
+# make test   -- create .venv if missing, install (with requirements-extra.txt: matplotlib, wandb, ruff), lint, run the tests
 # make student DIR=...  -- the course kit's student copy (ASSIGNMENTS.md): exercise bodies replaced by a raise
 PY      ?= python3
 VENV    := .venv
@@ -30,6 +30,7 @@ $(EXTRA): $(STAMP) requirements-extra.txt
 	touch $(EXTRA)
 
 test: $(STAMP) $(EXTRA)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
 
 student:

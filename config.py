@@ -1,60 +1,171 @@
-"""The command line of every script, generated from its config dataclass (a typed nanoGPT configurator.py).
+"""The command line of every script, made from its config dataclass (a typed nanoGPT configurator).
 
     cfg = config.parse(SFTConfig, ["--lr=3e-4", "--mode", "seen"])     # --key=value or --key value
 
-A field's annotation is its type: int, float, str, bool (true/false), `X | None` ("None"), tuple[float, float]
-("0.9,0.95"), Literal[...] (the allowed values); the comment after it is its --help. `base` (a checkpoint's config, for
---resume) replaces the defaults; `fill` applies a preset to the None fields; `at_least` is every script's range check.
+A field's annotation is its type: int, float, str, bool (true/false), `X | None` ("None"),
+tuple[float, float] ("0.9,0.95"), Literal[...] (the allowed values); the comment after the field
+is its --help. A field's range is part of its type, declared once with the field:
+
+    lr: PositiveFloat | None = None        # checked by `check` (called by `parse` and the trainers)
+
+`base` (a checkpoint's config, for --resume) replaces the defaults; `fill` applies a preset to the
+None fields.
 """
 import argparse
 import dataclasses
 import inspect
+import math
 import re
 import types
 import typing
+from typing import Annotated
+
+TRUE_WORDS = ("true", "1", "yes")
+FALSE_WORDS = ("false", "0", "no")
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a number (or each number of a tuple) may take: finite, never NaN, >= low
+    (> low when `low_open`) and <= high (< high when `high_open`)."""
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value):            # NaN and infinities fail every range
+            return False
+        if self.low_open and value <= self.low:
+            return False
+        if value < self.low:
+            return False
+        if self.high_open and value >= self.high:
+            return False
+        return value <= self.high
+
+    def rule(self) -> str:
+        """The range in words, as an error message states it."""
+        low = "above" if self.low_open else "at least"
+        high = "below" if self.high_open else "at most"
+        if math.isinf(self.high):
+            return f"{low} {self.low:g}"
+        if math.isinf(self.low):
+            return f"{high} {self.high:g}"
+        return f"{low} {self.low:g} and {high} {self.high:g}"
+
+
+# The ranges the configs use, named once.
+PositiveInt = Annotated[int, Range(low=1)]                   # a count: 1, 2, ...
+NonNegativeInt = Annotated[int, Range(low=0)]                # 0 usually means "off" or "all"
+NonNegativeFloat = Annotated[float, Range(low=0)]
+PositiveFloat = Annotated[float, Range(low=0, low_open=True)]
+UnitInterval = Annotated[float, Range(low=0, high=1)]        # a share or a probability
+Seed = Annotated[int, Range(low=0, high=2**32 - 1)]          # what numpy and torch seeding accept
+AdamBetas = Annotated[tuple[float, float], Range(low=0, high=1, high_open=True)]
+
 
 def true_or_false(text: str) -> bool:
-    if text.lower() not in ("true", "1", "yes", "false", "0", "no"):
+    if text.lower() not in TRUE_WORDS + FALSE_WORDS:
         raise ValueError(text)
-    return text.lower() in ("true", "1", "yes")
+    return text.lower() in TRUE_WORDS
+
+
+def optional(convert):
+    """A converter that reads "None" as None and anything else with `convert`."""
+    def convert_optional(text: str):
+        if text == "None":
+            return None
+        return convert(text)
+    convert_optional.__name__ = f"{convert.__name__} or None"
+    return convert_optional
+
+
+def tuple_of(types_: tuple):
+    """A converter of "0.9,0.95" (or "(0.9, 0.95)") into a tuple of the given element types."""
+    def convert_tuple(text: str) -> tuple:
+        parts = text.strip("()").split(",")
+        return tuple(t(p) for t, p in zip(types_, parts, strict=True))
+    convert_tuple.__name__ = f"{len(types_)}-tuple"
+    return convert_tuple
+
 
 def converter(hint):
     """(the function that parses a value of this annotation, the allowed values or None)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):                        # X | None
-        inner, choices = converter(next(a for a in args if a is not type(None)))
-        optional = lambda text: None if text == "None" else inner(text)  # noqa: E731
-        optional.__name__ = f"{inner.__name__} or None"
-        return optional, choices and [*choices, None]
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is Annotated:
+        return converter(args[0])
+    if origin in (typing.Union, types.UnionType):                 # X | None
+        inner_hint = next(a for a in args if a is not type(None))
+        inner, choices = converter(inner_hint)
+        if choices:
+            choices = [*choices, None]
+        return optional(inner), choices
     if origin is typing.Literal:
         return str, list(args)
-    if origin is tuple:                                                  # "0.9,0.95" -> (0.9, 0.95)
-        values = lambda text: tuple(t(p) for t, p in zip(args, text.strip("()").split(","), strict=True))  # noqa: E731
-        values.__name__ = f"{len(args)}-tuple"
-        return values, None
-    return (true_or_false if hint is bool else hint), None
+    if origin is tuple:
+        return tuple_of(args), None
+    if hint is bool:
+        return true_or_false, None
+    return hint, None
+
+
+def field_range(hint) -> Range | None:
+    """The Range declared in a field's annotation (inside `X | None` too), or None."""
+    if typing.get_origin(hint) is Annotated:
+        return next((a for a in typing.get_args(hint)[1:] if isinstance(a, Range)), None)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(hint):
+            found = field_range(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def check(cfg) -> None:
+    """ValueError naming every field of a config dataclass whose value is outside its declared
+    range, as --name=value (None, the preset's placeholder, is never checked)."""
+    hints = typing.get_type_hints(type(cfg), include_extras=True)
+    bad = []
+    for f in dataclasses.fields(cfg):
+        allowed = field_range(hints[f.name])
+        value = getattr(cfg, f.name)
+        if allowed is None or value is None:
+            continue
+        values = value if isinstance(value, tuple) else (value,)
+        if not all(allowed.holds(v) for v in values):
+            bad.append(f"--{f.name}={value}: must be {allowed.rule()}")
+    if bad:
+        raise ValueError("; ".join(bad))
+
 
 def parse(cls, argv: list[str], base: dict | None = None):
-    """The `cls` the command line describes. argparse exits with the usage and the reason on a bad argument."""
-    helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", inspect.getsource(cls), re.M))
-    hints, base = typing.get_type_hints(cls), base or {}
-    p = argparse.ArgumentParser(description=cls.__doc__, allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The `cls` the command line describes, range-checked. argparse exits with the usage and the
+    reason on a bad argument; a value out of its range is a ValueError naming it."""
+    source = inspect.getsource(cls)
+    helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", source, re.MULTILINE))
+    hints = typing.get_type_hints(cls, include_extras=True)
+    base = base or {}
+    parser = argparse.ArgumentParser(description=cls.__doc__, allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(cls):
         convert, choices = converter(hints[f.name])
         default = base.get(f.name, f.default)
-        p.add_argument(f"--{f.name}", type=convert, choices=choices, default=default,
-                       help=f"{helps.get(f.name, '')} (default: {default!r})")
-    values = vars(p.parse_args(argv))
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})   # JSON turns tuples to lists
+        allowed = field_range(hints[f.name])
+        in_range = f"; {allowed.rule()}" if allowed else ""
+        parser.add_argument(f"--{f.name}", type=convert, choices=choices, default=default,
+                            help=f"{helps.get(f.name, '')} (default: {default!r}{in_range})")
+    values = vars(parser.parse_args(argv))
+    for name, value in values.items():
+        if isinstance(value, list):                  # a saved config's tuples come back as lists
+            values[name] = tuple(value)
+    cfg = cls(**values)
+    check(cfg)
+    return cfg
+
 
 def fill(cfg, preset: dict):
-    """`cfg` with the preset's value in every field that is None (the tiny or the real-model defaults)."""
-    return dataclasses.replace(cfg, **{k: v for k, v in preset.items() if getattr(cfg, k) is None})
-
-def at_least(cfg, least: float, *names: str, above: bool = False):
-    """ValueError naming each set field below `least` (`above`: not above it, or infinite); NaN fails both."""
-    bad = [f"--{n}={v}" for n in names if (v := getattr(cfg, n)) is not None and not
-           (least < v < float("inf") if above else v >= least)]
-    if bad:
-        raise ValueError(f"{', '.join(bad)}: must be {f'above {least} (and finite)' if above else f'at least {least}'}")
+    """`cfg` with the preset's value in every field that is None (the tiny or the paper's)."""
+    unset = {name: value for name, value in preset.items() if getattr(cfg, name) is None}
+    return dataclasses.replace(cfg, **unset)

@@ -1,34 +1,43 @@
-"""Data: prompts, the embedded synthetic task (NOTES.md §9), and loaders for the real math sets (NOTES.md §6).
+"""Data: prompts, the embedded synthetic task (NOTES.md §9), and loaders for the real math sets
+(NOTES.md §6).
 
-Every loader returns one dict per problem: {"id", "problem", "answer", "solution" (the SFT target with the tags as
-text, no EOS; or None), "source"}. `load_data` takes synthetic:easy / :medium / :hard (4, 5, 6 numbers; ":rl" and
-":test": the disjoint parts of RL's and the held-out number patterns), the real sets of `KNOWN_DATASETS` (read from
-`data_dir`, else $PARALLEL_R1_DATA, else ../shared/data, else the hub), a comma list, or a .jsonl/.json/.parquet file.
+Every loader returns one dict per problem: {"id", "problem", "answer", "solution" (the SFT target
+with the tags as text, no EOS; or None), "source"}. `load_data` takes synthetic:easy / :medium /
+:hard (4, 5, 6 numbers; ":rl" and ":test": the disjoint parts of RL's and the held-out number
+patterns), the real sets of `KNOWN_DATASETS` (read from `data_dir`, else $PARALLEL_R1_DATA, else
+../shared/data, else the hub), a comma list, or a .jsonl/.json/.parquet file.
 
-    python scripts/show_data.py --show=synthetic:hard --n=2 [--style=sequential]     # problems, traces, lengths
+    python scripts/show_data.py --show=synthetic:hard --n=2 [--style=sequential]
 """
 import collections
+import dataclasses
 import hashlib
 import json
+import math
 import os
 import random
 import re
 import sys
-from dataclasses import dataclass
 from typing import Literal
+
+import torch
 
 from attention import TagIds, parse_structure
 from model import load_model
 
-# Prompts: our own words for what the paper's prompt asks (its exact text: a file with {problem}, prompt_file=).
+# ---------------------------------------------------------------------------------------------
+# Prompts: our own words for what the paper's prompt asks (its exact text: a file with {problem},
+# prompt_file=).
 
 PARALLEL_TEMPLATE = """\
 Solve the problem below step by step.
-Whenever a step would profit from several independent lines of thought, open a parallel block there with <Parallel>.
-Inside a block, write at least two reasoning paths, each between <Path> and </Path>. The paths are written at the \
-same time and independently of each other, so none of them may mention another path or depend on their order.
-Close the block with </Parallel> and follow it at once with a short summary of what the paths found, between \
-<Summary> and </Summary>.
+Whenever a step would profit from several independent lines of thought, open a parallel block \
+there with <Parallel>.
+Inside a block, write at least two reasoning paths, each between <Path> and </Path>. The paths \
+are written at the same time and independently of each other, so none of them may mention \
+another path or depend on their order.
+Close the block with </Parallel> and follow it at once with a short summary of what the paths \
+found, between <Summary> and </Summary>.
 Use as many blocks as the problem needs, wherever they help, without announcing them.
 End with a line of the form "Final Answer: <answer>".
 
@@ -36,118 +45,172 @@ Problem: {problem}"""
 SEQUENTIAL_TEMPLATE = """\
 {problem}
 Think step by step, then give the result on a last line of the form "Final Answer: <answer>"."""
-# The tiny model learns the format from SFT, not from an instruction: the bare problem in every style.
+# The tiny model learns the format from SFT, not from an instruction: the bare problem.
 SHORT_TEMPLATE = "{problem}\n"
 TINY_VOCAB_LIMIT = 1000        # fewer entries: the tiny character tokenizer of model.py (105)
 Style = Literal["parallel", "sequential"]
-_PLACEHOLDER = re.compile(r"\{problem\}|\{Problem\}")
+PLACEHOLDER = re.compile(r"\{problem\}|\{Problem\}")
 
-def build_prompt(tokenizer, problem: str, style: str = "parallel", prompt_file: str | None = None) -> str:
-    """The prompt of one problem: `prompt_file`'s template (with {problem}), else SHORT_TEMPLATE for the tiny
-    tokenizer, else the style's template; in the chat template when the tokenizer has one."""
+
+def read_template(prompt_file: str) -> str:
+    if not os.path.isfile(prompt_file):
+        raise FileNotFoundError(f"prompt file not found: {prompt_file}")
+    with open(prompt_file, encoding="utf-8") as f:
+        template = f.read()
+    if not PLACEHOLDER.search(template):
+        raise ValueError(f"prompt file {prompt_file} has no {{problem}} placeholder; write "
+                         "{problem} where the problem text goes")
+    return template
+
+
+def build_prompt(tokenizer, problem: str, style: str = "parallel",
+                 prompt_file: str | None = None) -> str:
+    """The prompt of one problem: `prompt_file`'s template (with {problem}), else SHORT_TEMPLATE
+    for the tiny tokenizer, else the style's template; in the chat template if the tokenizer has
+    one."""
     if prompt_file is not None:
-        if not os.path.isfile(prompt_file):
-            raise FileNotFoundError(f"prompt file not found: {prompt_file}")
-        with open(prompt_file, encoding="utf-8") as f:
-            template = f.read()
-        if not _PLACEHOLDER.search(template):
-            raise ValueError(f"prompt file {prompt_file} has no {{problem}} placeholder; "
-                             "write {problem} where the problem text goes")
+        template = read_template(prompt_file)
     elif len(tokenizer) < TINY_VOCAB_LIMIT:
         template = SHORT_TEMPLATE
+    elif style == "sequential":
+        template = SEQUENTIAL_TEMPLATE
     else:
-        template = SEQUENTIAL_TEMPLATE if style == "sequential" else PARALLEL_TEMPLATE
-    text = _PLACEHOLDER.sub(lambda _: problem, template)   # a function: the problem is never re-parsed
+        template = PARALLEL_TEMPLATE
+    text = PLACEHOLDER.sub(lambda _: problem, template)   # a function: the problem is not re-parsed
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
+        messages = [{"role": "user", "content": text}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return text
 
-# The embedded task, pair search (NOTES.md §9). "Which two of 6 2 5 3 make 8?" A round is one attempt in the main
-# chain ("6+3=9 vs 8: no") or, with probability parallel_fraction, a block of attempts whose summary keeps the pair
-# that checked ("none" if none did); "Final Answer: 5, 3" ends the trace. A checked guess is certain, so N attempts
-# beat one. The teacher guesses right with probability guess_accuracy; the last allowed round always does.
 
-SYNTHETIC_SPLITS = {"easy": 4, "medium": 5, "hard": 6}   # difficulty -> numbers in the list
-SYNTHETIC_SIZES = {"train": 20_000, "rl": 20_000, "test": 500}   # records per part when `limit` is not given
-SYNTHETIC_PARTS = ("test", "rl", "train", "train", "train")       # part of each of 5 pattern buckets
+# ---------------------------------------------------------------------------------------------
+# The embedded task, pair search (NOTES.md §9). "Which two of 6 2 5 3 make 8?" A round is one
+# attempt in the main chain ("6+3=9 vs 8: no") or, with probability parallel_fraction, a block of
+# attempts whose summary keeps the pair that checked ("none" if none did); "Final Answer: 5, 3"
+# ends the trace. A checked guess is certain, so N attempts beat one. The teacher guesses right
+# with probability guess_accuracy; its last allowed round always does.
+
+SYNTHETIC_SPLITS = {"easy": 4, "medium": 5, "hard": 6}      # difficulty -> numbers in the list
+SYNTHETIC_SIZES = {"train": 20_000, "rl": 20_000, "test": 500}   # records per part (no limit)
+SYNTHETIC_PARTS = ("test", "rl", "train", "train", "train")  # the part of each of 5 hash buckets
 SYNTHETIC_NAMES = [f"synthetic:{s}{p}" for s in SYNTHETIC_SPLITS for p in ("", ":rl", ":test")]
+MAX_SUM = 9                    # targets are one digit
+GUESS_ACCURACY = 0.5           # the teacher's chance to try the right pair
+MAX_ROUNDS = 3                 # a teacher trace has up to three rounds; the last one is right
 
-@dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True)
 class PairProblem:
     numbers: tuple[int, ...]     # the list, in the order of the text (distinct, 1-9)
     target: int                  # the sum of exactly one pair of `numbers` (<= 9)
     pair: tuple[int, int]        # that pair, in list order
+
     @property
     def text(self) -> str:
         return f"Which two of {' '.join(map(str, self.numbers))} make {self.target}?"
+
     @property
     def answer(self) -> str:
         return f"{min(self.pair)}, {max(self.pair)}"
+
 
 def make_problem(rng: random.Random, size: int) -> PairProblem:
     """`size` distinct numbers from 1-9 and a target (<= 9) that exactly one pair of them makes."""
     while True:
         numbers = tuple(rng.sample(range(1, 10), size))
-        pairs = [(a, b) for i, a in enumerate(numbers) for b in numbers[i + 1:]]      # in list order
+        pairs = [(a, b) for i, a in enumerate(numbers) for b in numbers[i + 1:]]   # list order
         sums = collections.Counter(a + b for a, b in pairs)
-        if unique := sorted(s for s, count in sums.items() if count == 1 and s <= 9):
+        unique = sorted(s for s, count in sums.items() if count == 1 and s <= MAX_SUM)
+        if unique:
             target = rng.choice(unique)
-            return PairProblem(numbers, target, next(pair for pair in pairs if sum(pair) == target))
+            pair = next(pair for pair in pairs if sum(pair) == target)
+            return PairProblem(numbers, target, pair)
+
 
 def problem_part(problem: PairProblem) -> str:
-    """The part of a problem's number pattern (the list as a set, the target) by a fixed hash: "train" (3 in 5),
-    "rl" or "test" (1 in 5 each). No two parts share a pattern: RL and test problems are new to the cold start."""
+    """The part of a problem's number pattern (the list as a set, the target) by a fixed hash:
+    "train" (3 in 5), "rl" or "test" (1 in 5 each). No two parts share a pattern: RL and test
+    problems are new to the cold start."""
     key = repr((sorted(problem.numbers), problem.target)).encode()
-    return SYNTHETIC_PARTS[int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % len(SYNTHETIC_PARTS)]
+    digest = hashlib.blake2b(key, digest_size=8).digest()
+    return SYNTHETIC_PARTS[int.from_bytes(digest, "big") % len(SYNTHETIC_PARTS)]
 
-def synthetic_problems(split: str, part: str = "train", n: int | None = None, seed: int = 0) -> list[PairProblem]:
-    """`n` problems of difficulty `split` and `part`, the same on every machine; a shorter list is a prefix. At most
-    the part's size (SYNTHETIC_SIZES), as a limit beyond a real set's size gives the whole set. Drawn with
-    replacement from the part's patterns: a problem can repeat (an i.i.d. sample of the task, as Mean@k assumes)."""
-    rng, out, size = random.Random(f"synthetic:{split}:{part}:{seed}"), [], SYNTHETIC_SIZES[part]
-    while len(out) < (size if n is None else min(n, size)):
+
+def synthetic_problems(split: str, part: str = "train", n: int | None = None,
+                       seed: int = 0) -> list[PairProblem]:
+    """`n` problems of difficulty `split` and `part`, the same on every machine; a shorter list is
+    a prefix. At most the part's size (SYNTHETIC_SIZES), as a limit beyond a real set's size gives
+    the whole set. Drawn with replacement from the part's patterns: a problem can repeat (an
+    i.i.d. sample of the task, as Mean@k assumes)."""
+    rng = random.Random(f"synthetic:{split}:{part}:{seed}")
+    size = SYNTHETIC_SIZES[part]
+    count = size if n is None else min(n, size)
+    out = []
+    while len(out) < count:
         p = make_problem(rng, SYNTHETIC_SPLITS[split])
         if problem_part(p) == part:
             out.append(p)
     return out
 
+
 def render_trace(problem: PairProblem, rng: random.Random, parallel_fraction: float = 0.5,
-                 guess_accuracy: float = 0.5, num_paths: int = 2, max_rounds: int = 3) -> str:
-    """The teacher's solution (text with tags, no EOS): rounds of attempts until a pair checks (see above)."""
+                 guess_accuracy: float = GUESS_ACCURACY, num_paths: int = 2,
+                 max_rounds: int = MAX_ROUNDS) -> str:
+    """The teacher's solution (text with tags, no EOS): rounds of attempts until a pair checks."""
     p = problem
-    wrong = [(a, b) for i, a in enumerate(p.numbers) for b in p.numbers[i + 1:] if {a, b} != set(p.pair)]
-    lines, found = [], None
+    wrong = [(a, b) for i, a in enumerate(p.numbers) for b in p.numbers[i + 1:]
+             if {a, b} != set(p.pair)]
+    lines = []
+    found = None
     for r in range(max_rounds):
         block = rng.random() < parallel_fraction
         tries = []
         for _ in range(num_paths if block else 1):
-            a, b = p.pair if rng.random() < guess_accuracy or r == max_rounds - 1 else rng.choice(wrong)
-            tries.append((a, b) if rng.random() < 0.5 else (b, a))
-        checks = [f"{a}+{b}={a + b} vs {p.target}: {'ok' if a + b == p.target else 'no'}" for a, b in tries]
+            right = rng.random() < guess_accuracy or r == max_rounds - 1
+            a, b = p.pair if right else rng.choice(wrong)
+            swap = rng.random() >= 0.5                     # either order, equally often
+            tries.append((b, a) if swap else (a, b))
+        checks = [f"{a}+{b}={a + b} vs {p.target}: {'ok' if a + b == p.target else 'no'}"
+                  for a, b in tries]
         found = next((f"{a}, {b}" for a, b in tries if a + b == p.target), None)
-        paths = "".join(f"<Path>{c}</Path>" for c in checks)
-        lines.append(f"<Parallel>{paths}</Parallel>\n<Summary>{found or 'none'}</Summary>" if block else checks[0])
+        if block:
+            paths = "".join(f"<Path>{c}</Path>" for c in checks)
+            lines.append(f"<Parallel>{paths}</Parallel>\n<Summary>{found or 'none'}</Summary>")
+        else:
+            lines.append(checks[0])
         if found:
             break
     return "\n".join(lines) + f"\nFinal Answer: {found}"
 
+
 def synthetic_records(split: str, part: str, style: str, limit: int | None, seed: int,
                       parallel_fraction: float) -> list[dict]:
-    """Records with teacher traces (style "sequential": every round one attempt), each with its own seed."""
+    """Records with teacher traces (style "sequential": every round one attempt), each trace drawn
+    with its own seed."""
     if not 0 <= parallel_fraction <= 1:
         raise ValueError(f"parallel_fraction must be in [0, 1], got {parallel_fraction}")
     fraction = 0.0 if style == "sequential" else parallel_fraction
-    source = f"synthetic:{split}" + (f":{part}" if part != "train" else "")
-    return [{"id": f"{source}-{i}", "problem": p.text, "answer": p.answer, "source": source,
-             "solution": render_trace(p, random.Random(f"{source}:{seed}:{i}"), fraction)}
-            for i, p in enumerate(synthetic_problems(split, part, limit, seed))]
+    source = f"synthetic:{split}"
+    if part != "train":
+        source += f":{part}"
+    records = []
+    for i, p in enumerate(synthetic_problems(split, part, limit, seed)):
+        trace = render_trace(p, random.Random(f"{source}:{seed}:{i}"), fraction)
+        records.append({"id": f"{source}-{i}", "problem": p.text, "answer": p.answer,
+                        "source": source, "solution": trace})
+    return records
 
+
+# ---------------------------------------------------------------------------------------------
 # Answers, problems and traces of the real sets
 
+THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+")            # 1,450,000
+INTEGER_WRITTEN_AS_DECIMAL = re.compile(r"[+-]?\d+(\.0*)?")   # 025, 27.0, -1.0
+
+
 def normalize_answer(value, latex: bool = False) -> str:
-    """The gold answer without the source's format accidents: 27.0 -> "27", "025" -> "25", "1,450" -> "1450"
-    (with `latex`, MATH-500, a string is only stripped)."""
+    """The gold answer without the source's format accidents: 27.0 -> "27", "025" -> "25",
+    "1,450" -> "1450" (with `latex`, MATH-500, a string is only stripped)."""
     if isinstance(value, (bool, int)):
         return str(value)
     if isinstance(value, float):
@@ -155,81 +218,110 @@ def normalize_answer(value, latex: bool = False) -> str:
     s = str(value).strip()
     if latex:
         return s
-    s = s.replace(",", "") if re.fullmatch(r"[+-]?\d{1,3}(,\d{3})+", s) else s      # 1,450,000
-    if re.fullmatch(r"[+-]?\d+(\.0*)?", s):                 # 025, 27.0, -1.0
+    if THOUSANDS.fullmatch(s):
+        s = s.replace(",", "")
+    if INTEGER_WRITTEN_AS_DECIMAL.fullmatch(s):
         return str(int(s.split(".")[0]))
     return s
+
 
 def gsm8k_answer(text: str) -> str | None:
     """The answer of a GSM8K solution, from its "#### N" line: "...\\n#### 1,450" -> "1450"."""
     m = re.search(r"####\s*(.+?)\s*$", text)
     return normalize_answer(m.group(1)) if m else None
 
-def gsm8k_sequential_solution(text: str) -> str:
-    """A GSM8K worked solution as a sequential SFT target: <<calculator notes>> out, "#### N" -> "Final Answer: N"."""
-    body = re.sub(r"<<[^>]*>>", "", text)
-    return re.sub(r"####\s*(.+?)\s*$", lambda m: f"Final Answer: {normalize_answer(m.group(1))}", body)
 
-_BASELINE_SUFFIX = re.compile(r"\s*Let's think step by step and output the final answer after \"Final Answer: \"\.\s*$")
+def gsm8k_sequential_solution(text: str) -> str:
+    """A GSM8K worked solution as a sequential SFT target: <<calculator notes>> out,
+    "#### N" -> "Final Answer: N"."""
+    body = re.sub(r"<<[^>]*>>", "", text)
+    return re.sub(r"####\s*(.+?)\s*$",
+                  lambda m: f"Final Answer: {normalize_answer(m.group(1))}", body)
+
+
+BASELINE_SUFFIX = re.compile(
+    r"\s*Let's think step by step and output the final answer after \"Final Answer: \"\.\s*$")
+
 
 def extract_problem(text: str) -> str:
-    """The bare problem inside a source's instruction prompt (after the last "Problem:", before the baseline's
-    "Let's think step by step", or DAPO's second paragraph); repairs AIME 2025's "\\f" and "\\t" escapes."""
+    """The bare problem inside a source's instruction prompt (after the last "Problem:", before
+    the baseline's "Let's think step by step", or DAPO's second paragraph); repairs AIME 2025's
+    "\\f" and "\\t" escapes."""
     text = re.sub(r"\t(?=riangle)", r"\\t", text.replace("\x0c", "\\f"))
     if "Final Answer" in text and re.search(r"(^|\n)Problem:", text):
         return re.split(r"(?:^|\n)Problem:", text)[-1].strip()
-    if _BASELINE_SUFFIX.search(text):
-        return _BASELINE_SUFFIX.sub("", text).strip()
+    if BASELINE_SUFFIX.search(text):
+        return BASELINE_SUFFIX.sub("", text).strip()
     if text.startswith("Solve the following math problem") and text.count("\n\n") >= 2:
         return text.split("\n\n")[1].strip()
     return text.strip()
 
-# The sampler's text at the junctions of the tags: nothing between them, one "\n" before <Summary> (NOTES.md §1).
-_JUNCTIONS = [(re.compile(a + r"\s*" + b), a + sep + b) for a, sep, b in
-              (("<Parallel>", "", "<Path>"), ("</Path>", "", "<Path>"), ("</Path>", "", "</Parallel>"),
-               ("</Parallel>", "\n", "<Summary>"))]
-_TAG = re.compile(r"</?(?:Parallel|Path|Summary)>")
+
+# The sampler's text at the junctions of the tags: nothing between them, one "\n" before <Summary>
+# (NOTES.md §1).
+JUNCTIONS = [("<Parallel>", "", "<Path>"), ("</Path>", "", "<Path>"),
+             ("</Path>", "", "</Parallel>"), ("</Parallel>", "\n", "<Summary>")]
+ANY_TAG = re.compile(r"</?(?:Parallel|Path|Summary)>")
+
 
 def canonicalize_trace(text: str) -> str:
-    """The whitespace between structural tags in the sampler's layout; the model's own text is kept."""
-    for pattern, repl in _JUNCTIONS:
-        text = pattern.sub(repl, text)
+    """The whitespace between structural tags in the sampler's layout; the model's own text is
+    kept."""
+    for before, between, after in JUNCTIONS:
+        text = re.sub(before + r"\s*" + after, before + between + after, text)
     return text.strip()
 
+
 def check_trace(solution: str, tokenizer, tags: TagIds) -> str:
-    """"" for a usable parallel SFT target (valid, with a Final Answer line), else why not (token positions and
-    counts as N, so that reasons group; a bound such as ">= 2" stays)."""
+    """"" for a usable parallel SFT target (valid, with a Final Answer line), else why not (token
+    positions and counts as N, so that reasons group; a bound such as ">= 2" stays)."""
     structure = parse_structure(tokenizer.encode(solution, add_special_tokens=False), tags)
     if not structure.valid:
         return re.sub(r"(?<!>= )\b\d+", "N", structure.reason)
-    return "" if re.search(r"Final Answer\s*:\s*\S", solution) else "no 'Final Answer:' line"
+    if re.search(r"Final Answer\s*:\s*\S", solution):
+        return ""
+    return "no 'Final Answer:' line"
 
-# Known datasets: the file inside the data folder, and the hub candidates (path, config, split) tried in order
+
+# ---------------------------------------------------------------------------------------------
+# Files: local, or the hub
+
+# Known datasets: the file inside the data folder, and the hub candidates (path, config, split)
+# tried in order.
 KNOWN_DATASETS = {
     "gsm8k:train": ("gsm8k/train.jsonl", [("openai/gsm8k", "main", "train")]),
     "gsm8k:test": ("gsm8k/test.jsonl", [("openai/gsm8k", "main", "test")]),
     "dapo": ("dapo_math_17k/train.parquet", [("Leo-Dai/dapo-math-17k_dedup", None, "train"),
                                              ("BytedTsinghua-SIA/DAPO-Math-17k", None, "train")]),
-    "math500": ("math500/test.jsonl", [("HuggingFaceH4/MATH-500", None, "test")]),   # LaTeX answers, kept as LaTeX
+    "math500": ("math500/test.jsonl", [("HuggingFaceH4/MATH-500", None, "test")]),   # LaTeX
     "aime24": ("aime24/test.jsonl", [("HuggingFaceH4/aime_2024", None, "train")]),
     "aime25": ("aime25/test.jsonl", [("math-ai/aime25", None, "test")]),
     "amc23": ("amc23/test.jsonl", [("math-ai/amc23", None, "test")]),
-    "parallel_gsm8k": ("parallel_gsm8k/train.parquet", [("Parallel-R1/Parallel-GSM8K", None, "train")]),
+    "parallel_gsm8k": ("parallel_gsm8k/train.parquet",
+                       [("Parallel-R1/Parallel-GSM8K", None, "train")]),
 }
 DATA_ENV = "PARALLEL_R1_DATA"
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
 
 def default_data_dir() -> str | None:
-    """$PARALLEL_R1_DATA if set, else ../shared/data next to this repository if it exists, else None."""
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shared", "data")
-    return os.environ.get(DATA_ENV) or (here if os.path.isdir(here) else None)
+    """$PARALLEL_R1_DATA if set, else ../shared/data next to this repository if it exists."""
+    repository_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    beside = os.path.join(repository_parent, "shared", "data")
+    if os.environ.get(DATA_ENV):
+        return os.environ[DATA_ENV]
+    return beside if os.path.isdir(beside) else None
 
-def _read_rows(path: str) -> list[dict]:
-    """Rows of a .jsonl, .json (a list, or JSON lines) or .parquet file."""
-    if not os.path.isfile(path):                # a folder once read as "not found"; commas separate data specs
-        raise FileNotFoundError(f"data file not found: {path}" + (" (a folder: name a .jsonl, .json or .parquet "
-                                "file in it)" if os.path.isdir(path) else ""))
+
+def read_rows(path: str) -> list[dict]:
+    """The rows of a .jsonl, .json (a list, or JSON lines) or .parquet file."""
+    if not os.path.isfile(path):               # commas separate data specs: name the file
+        hint = ""
+        if os.path.isdir(path):
+            hint = " (a folder: name a .jsonl, .json or .parquet file in it)"
+        raise FileNotFoundError(f"data file not found: {path}{hint}")
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq           # only for parquet files
+        import pyarrow.parquet as pq
         return pq.read_table(path).to_pylist()
     with open(path, encoding="utf-8") as f:
         text = f.read()
@@ -237,133 +329,273 @@ def _read_rows(path: str) -> list[dict]:
         return json.loads(text)
     rows = []
     for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
         try:
-            rows += [json.loads(line)] if line.strip() else []
+            rows.append(json.loads(line))
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}, line {n}: not valid JSON ({e})") from None
     return rows
 
-def _load_hub(name: str, local: str | None) -> list[dict]:
-    import datasets                            # slow to import, and only needed without a local file
-    errors = []
-    for path, config, split in KNOWN_DATASETS[name][1]:
-        try:
-            return [dict(r) for r in datasets.load_dataset(path, config, split=split)]
-        except Exception as e:                 # offline, missing, renamed: try the next one, then explain
-            errors.append(f"{path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    raise FileNotFoundError(f"dataset {name!r}: {f'no local file {local}' if local else 'no local data folder'}, "
-                            f"and the hub could not give it ({'; '.join(errors)}). Point --data_dir or ${DATA_ENV} "
-                            f"at a folder holding {KNOWN_DATASETS[name][0]}, or go online.")
 
-def _first(row: dict, *keys):
+def load_hub(name: str, local: str | None) -> list[dict]:
+    """The rows of a known dataset from the hub; FileNotFoundError saying where to put the file."""
+    # datasets is slow to import: only here, where there is no local file
+    import datasets
+    errors = []
+    for path, hub_config, split in KNOWN_DATASETS[name][1]:
+        try:
+            return [dict(r) for r in datasets.load_dataset(path, hub_config, split=split)]
+        except Exception as e:                 # offline, missing, renamed: the next, then explain
+            first_line = str(e).splitlines()[0] if str(e) else ""
+            errors.append(f"{path}: {type(e).__name__}: {first_line}")
+    where = f"no local file {local}" if local else "no local data folder"
+    raise FileNotFoundError(f"dataset {name!r}: {where}, and the hub could not give it "
+                            f"({'; '.join(errors)}). Point --data_dir or ${DATA_ENV} at a folder "
+                            f"holding {KNOWN_DATASETS[name][0]}, or go online.")
+
+
+def first_value(row: dict, *keys):
     """The first non-empty value among `keys` ("a.b" reads row["a"]["b"])."""
     for key in keys:
-        v = row
-        for k in key.split("."):
-            v = v.get(k) if isinstance(v, dict) else None
-        if v is not None and v != "" and not (isinstance(v, float) and v != v):
-            return v
+        value = row
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        is_nan = isinstance(value, float) and math.isnan(value)
+        if value is not None and value != "" and not is_nan:
+            return value
     return None
 
-def _row_record(row: dict, latex: bool, style: str) -> tuple[str | None, str | None, str | None]:
-    """(problem, answer, solution) of one row, whatever the source's field names (a GSM8K worked solution: only
-    for the sequential style)."""
-    prompt = _first(row, "problem", "question", "extra_info.question", "prompt")
+
+def has_final_answer(text) -> bool:
+    return isinstance(text, str) and re.search(r"Final Answer\s*:", text) is not None
+
+
+def row_record(row: dict, latex: bool, style: str) -> tuple[str | None, str | None, str | None]:
+    """(problem, answer, solution) of one row, whatever the source's field names (a GSM8K worked
+    solution is a solution only for the sequential style)."""
+    prompt = first_value(row, "problem", "question", "extra_info.question", "prompt")
     if isinstance(prompt, (list, tuple)):                  # chat messages: the last user turn
-        users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        users = [m.get("content") for m in prompt
+                 if isinstance(m, dict) and m.get("role") == "user"]
         prompt = users[-1] if users else None
     problem = extract_problem(prompt) if isinstance(prompt, str) else None
-    trace = _first(row, "extra_info.answer", "solution", "text")
-    solution = trace if isinstance(trace, str) and re.search(r"Final Answer\s*:", trace) else None
-    raw, answer = _first(row, "reward_model.ground_truth", "ground_truth", "final_answer", "answer"), None
-    if isinstance(raw, str) and re.search(r"Final Answer\s*:", raw):   # the "answer" field is a whole trace
-        solution, raw = solution or raw, None
-    if isinstance(raw, str) and "####" in raw:              # GSM8K: worked solution + "#### N"
+    trace = first_value(row, "extra_info.answer", "solution", "text")
+    solution = trace if has_final_answer(trace) else None
+    raw = first_value(row, "reward_model.ground_truth", "ground_truth", "final_answer", "answer")
+    answer = None
+    if has_final_answer(raw):                              # the "answer" field is a whole trace
+        solution = solution or raw
+        raw = None
+    if isinstance(raw, str) and "####" in raw:             # GSM8K: worked solution + "#### N"
         answer = gsm8k_answer(raw)
         if style == "sequential":
             solution = solution or gsm8k_sequential_solution(raw)
     elif raw is not None:
         answer = normalize_answer(raw, latex=latex)
-    if answer is None and solution is not None:            # a trace without a separate gold answer
+    if answer is None and solution is not None:            # a trace without a separate answer
         found = re.findall(r"Final Answer\s*:\s*(.+)", solution)
         answer = normalize_answer(found[-1]) if found else None
     return problem, answer or None, solution
 
-def _records_from_rows(rows, name: str, style: str, strict: bool, where: str, tokenizer) -> list[dict]:
-    """Records of one file's rows: incomplete rows skipped (or, strict, refused); parallel traces canonicalised
-    and checked (`check_trace`), with the counts printed."""
-    label = name if name in KNOWN_DATASETS else os.path.splitext(os.path.basename(name))[0]
-    records, skipped = [], 0
+
+def record_id(row: dict, label: str, index: int) -> str:
+    rid = first_value(row, "unique_id", "id", "extra_info.index", "index")
+    if rid is None:
+        return f"{label}-{index}"
+    if str(rid).startswith(label):
+        return str(rid)
+    return f"{label}-{rid}"
+
+
+def check_parallel_traces(records: list[dict], parallel: list[bool], where: str,
+                          tokenizer) -> list[dict]:
+    """The records without the parallel traces that fail `check_trace` (canonicalised first);
+    the counts are printed."""
+    if tokenizer is None:
+        tokenizer = load_model("tiny", device="cpu")[1]
+    tags = TagIds.from_tokenizer(tokenizer)
+    kept = []
+    reasons = collections.Counter()
+    for record, is_parallel in zip(records, parallel):
+        if not is_parallel:
+            kept.append(record)
+            continue
+        record = dict(record, solution=canonicalize_trace(record["solution"]))
+        why = check_trace(record["solution"], tokenizer, tags)
+        if why:
+            reasons[why] += 1
+        else:
+            kept.append(record)
+    traces = sum(parallel)
+    blockless = sum(bool(r["solution"]) for r in records) - traces
+    dropped = "; ".join(f"{n} x {why}" for why, n in reasons.most_common()) or "none"
+    print(f"[data] {where}: {traces - sum(reasons.values())} of {traces} parallel traces pass the "
+          f"format check, {blockless} more traces have no parallel block; dropped: {dropped}",
+          file=sys.stderr)
+    return kept
+
+
+def records_from_rows(rows, name: str, style: str, strict: bool, where: str,
+                      tokenizer) -> list[dict]:
+    """The records of one file's rows: incomplete rows skipped (or, strict, refused); parallel
+    traces canonicalised and checked (`check_trace`), with the counts printed."""
+    if name in KNOWN_DATASETS:
+        label = name
+    else:
+        label = os.path.splitext(os.path.basename(name))[0]
+    records = []
+    skipped = 0
     for i, row in enumerate(rows):
-        problem, answer, solution = _row_record(row, name == "math500", style)
+        problem, answer, solution = row_record(row, latex=name == "math500", style=style)
         if not problem or not answer:
             if strict:
-                raise ValueError(f"{where}, row {i}: no {'answer' if problem else 'problem'} (fields: {sorted(row)})")
+                missing = "answer" if problem else "problem"
+                raise ValueError(f"{where}, row {i}: no {missing} (fields: {sorted(row)})")
             skipped += 1
             continue
-        rid = _first(row, "unique_id", "id", "extra_info.index", "index")
-        rid = f"{label}-{i}" if rid is None else str(rid) if str(rid).startswith(label) else f"{label}-{rid}"
-        records.append({"id": rid, "problem": problem, "answer": answer, "solution": solution, "source": name})
+        records.append({"id": record_id(row, label, i), "problem": problem, "answer": answer,
+                        "solution": solution, "source": name})
     if skipped:
-        print(f"[data] {where}: skipped {skipped} of {len(rows)} rows without a problem or answer", file=sys.stderr)
-    parallel = [bool(r["solution"] and _TAG.search(r["solution"])) for r in records]
+        print(f"[data] {where}: skipped {skipped} of {len(rows)} rows without a problem or answer",
+              file=sys.stderr)
+    parallel = [bool(r["solution"] and ANY_TAG.search(r["solution"])) for r in records]
     if not any(parallel):
         return records
     if style == "sequential":
-        raise ValueError(f"{where} holds parallel traces, not sequential ones; for a sequential SFT set use "
-                         "e.g. gsm8k:train with style='sequential'")
-    if tokenizer is None:
-        tokenizer = load_model("tiny", device="cpu")[1]
-    tags, kept, reasons = TagIds.from_tokenizer(tokenizer), [], collections.Counter()
-    for r, is_parallel in zip(records, parallel):
-        r = dict(r, solution=canonicalize_trace(r["solution"])) if is_parallel else r
-        if is_parallel and (why := check_trace(r["solution"], tokenizer, tags)):
-            reasons[why] += 1
-        else:
-            kept.append(r)
-    traces, blockless = sum(parallel), sum(bool(r["solution"]) for r in records) - sum(parallel)
-    dropped = "; ".join(f"{n} x {why}" for why, n in reasons.most_common()) or "none"
-    print(f"[data] {where}: {traces - sum(reasons.values())} of {traces} parallel traces pass the format "
-          f"check, {blockless} more traces have no parallel block; dropped: {dropped}", file=sys.stderr)
-    return kept
+        raise ValueError(f"{where} holds parallel traces, not sequential ones; for a sequential "
+                         "SFT set use e.g. gsm8k:train with style='sequential'")
+    return check_parallel_traces(records, parallel, where, tokenizer)
 
-def _load_one(name: str, style: str, strict: bool, limit: int | None, seed: int, data_dir: str | None, tokenizer,
-              parallel_fraction: float) -> list[dict]:
-    m = re.fullmatch(r"synthetic:(\w+)(?::(rl|test))?", name)
-    if m and m.group(1) in SYNTHETIC_SPLITS:
-        return synthetic_records(m.group(1), m.group(2) or "train", style, limit, seed, parallel_fraction)
+
+def load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
+             data_dir: str | None, tokenizer, parallel_fraction: float) -> list[dict]:
+    """The records of one data name (see `load_data`)."""
+    synthetic = re.fullmatch(r"synthetic:(\w+)(?::(rl|test))?", name)
+    if synthetic and synthetic.group(1) in SYNTHETIC_SPLITS:
+        part = synthetic.group(2) or "train"
+        return synthetic_records(synthetic.group(1), part, style, limit, seed, parallel_fraction)
     if name in KNOWN_DATASETS:
         folder = data_dir or default_data_dir()
-        if folder and not os.path.isdir(folder):           # only a folder named by the user can be missing
-            raise FileNotFoundError(f"data folder not found: {folder} (from --data_dir or ${DATA_ENV})")
+        if folder and not os.path.isdir(folder):           # only a folder the user named
+            raise FileNotFoundError(f"data folder not found: {folder} (from --data_dir or "
+                                    f"${DATA_ENV})")
         local = os.path.join(folder, KNOWN_DATASETS[name][0]) if folder else None
-        rows, where = (_read_rows(local), local) if local and os.path.isfile(local) else \
-            (_load_hub(name, local), f"{name} (hub)")
-    elif not m and (name.endswith((".jsonl", ".json", ".parquet")) or os.sep in name or os.path.exists(name)):
-        rows, where = _read_rows(name), name
+        if local and os.path.isfile(local):
+            rows = read_rows(local)
+            where = local
+        else:
+            rows = load_hub(name, local)
+            where = f"{name} (hub)"
+    elif not synthetic and (name.endswith(DATA_SUFFIXES) or os.sep in name or os.path.exists(name)):
+        rows = read_rows(name)
+        where = name
     else:
-        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(SYNTHETIC_NAMES + list(KNOWN_DATASETS))}, "
-                         "or a path to a .jsonl/.json/.parquet file")
-    records = _records_from_rows(rows, name, style, strict, where, tokenizer)
+        known = ", ".join(SYNTHETIC_NAMES + list(KNOWN_DATASETS))
+        raise ValueError(f"unknown dataset {name!r}; known: {known}, or a path to a "
+                         ".jsonl/.json/.parquet file")
+    records = records_from_rows(rows, name, style, strict, where, tokenizer)
     return records[:limit] if limit is not None else records
 
-def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: int | None = None, seed: int = 0,
-              data_dir: str | None = None, tokenizer=None, parallel_fraction: float = 0.5) -> list[dict]:
-    """The records of `spec` (a name, a comma list, or a file, also one with a comma in its name), solutions in
-    `style` (None where a real set has none). `strict`: refuse a row without a problem or an answer. `limit`: the
-    first this-many of each part.
-    ValueError: an unknown name (listing the known ones), nothing loaded; FileNotFoundError: a missing file or
-    folder, or a set with neither a local file nor the hub."""
+
+def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: int | None = None,
+              seed: int = 0, data_dir: str | None = None, tokenizer=None,
+              parallel_fraction: float = 0.5) -> list[dict]:
+    """The records of `spec` (a name, a comma list, or a file, also one with a comma in its
+    name), solutions in `style` (None where a real set has none). `strict`: refuse a row without
+    a problem or an answer. `limit`: the first this-many of each part.
+    ValueError: an unknown name (listing the known ones), nothing loaded; FileNotFoundError: a
+    missing file or folder, or a set with neither a local file nor the hub."""
+    names = [spec] if os.path.isfile(spec) else spec.split(",")
     records = []
-    for name in filter(None, (n.strip() for n in ([spec] if os.path.isfile(spec) else spec.split(",")))):
-        records += _load_one(name, style, strict, limit, seed, data_dir, tokenizer, parallel_fraction)
+    for name in names:
+        name = name.strip()
+        if name:
+            records += load_one(name, style, strict, limit, seed, data_dir, tokenizer,
+                                parallel_fraction)
     if not records:
         raise ValueError(f"{spec!r} gave no records")
     return records
 
+
 def format_response(record: dict) -> str:
-    """The SFT target of a record (SFT appends EOS). Raises ValueError for a record without one."""
+    """The SFT target of a record (SFT appends EOS). ValueError for a record without one."""
     if not record.get("solution"):
         raise ValueError(f"record {record.get('id')!r} has no solution to train on; SFT needs "
                          "synthetic:*, parallel_gsm8k, or gsm8k:train with style='sequential'")
     return record["solution"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Token ids and padded batches: SFT's examples (grpo.py pads its rollouts the same way)
+
+
+@dataclasses.dataclass
+class Example:
+    prompt_ids: list[int]      # the prompt (chat template included); never a target
+    response_ids: list[int]    # the solution tokens + [eos]; every one is a target
+
+
+def tokenize_records(records: list[dict], tokenizer, style: str, max_length: int,
+                     prompt_file: str | None = None, log=print) -> list[Example]:
+    """The `Example`s of the records, without (and counting) those longer than max_length (never
+    truncated: a cut block would be mis-masked), those parse_structure rejects and those without
+    a solution. ValueError: no tags, no solution at all, none left."""
+    tags = TagIds.from_tokenizer(tokenizer)
+    unsolved = [r for r in records if not r.get("solution")]
+    if unsolved and len(unsolved) == len(records):
+        format_response(unsolved[0])                     # raises, saying what SFT data needs
+    if unsolved:
+        log(f"dropped {len(unsolved)} of {len(records)} records without a solution to train on")
+        records = [r for r in records if r.get("solution")]
+    prompt_texts = [build_prompt(tokenizer, r["problem"], style, prompt_file) for r in records]
+    prompts = tokenizer(prompt_texts, add_special_tokens=False)["input_ids"]   # the sampler's ids
+    solution_texts = [format_response(r) for r in records]
+    solutions = tokenizer(solution_texts, add_special_tokens=False)["input_ids"]
+    examples = []
+    too_long = 0
+    malformed = 0
+    first_reason = ""
+    for r, prompt, solution in zip(records, prompts, solutions):
+        response = solution + [tags.eos]
+        structure = parse_structure(response, tags)
+        if len(prompt) + len(response) > max_length:
+            too_long += 1
+        elif not structure.valid:
+            malformed += 1
+            first_reason = first_reason or f"{r.get('id', '?')}: {structure.reason}"
+        else:
+            examples.append(Example(prompt, response))
+    if too_long or malformed:
+        first = f" (first: {first_reason})" if malformed else ""
+        log(f"dropped {too_long} of {len(records)} examples longer than max_length={max_length} "
+            f"tokens and {malformed} with a malformed parallel structure{first}")
+    if not examples:
+        raise ValueError(f"no training examples left out of {len(records)} records ({too_long} "
+                         f"too long, {malformed} malformed): check --data and --max_length")
+    return examples
+
+
+@dataclasses.dataclass
+class Batch:
+    input_ids: torch.Tensor        # (B, L) long: prompt, response, right padding
+    attention_mask: torch.Tensor   # (B, L) long: 1 on real tokens
+    prompt_lengths: list[int]      # (B,)
+    loss_mask: torch.Tensor        # (B, L) float: 1 where the token is a response token (a target)
+
+    def to(self, device) -> "Batch":
+        moved = {k: v.to(device) for k, v in vars(self).items() if torch.is_tensor(v)}
+        return dataclasses.replace(self, **moved)
+
+
+def collate(examples: list[Example], pad_id: int) -> Batch:
+    """Right-pad to the longest: prompt [5, 6] + response [7, 1] -> input_ids [5, 6, 7, 1, pad],
+    loss mask 0 0 1 1 0. Anything with prompt_ids and response_ids will do (grpo pads Rollouts
+    with it)."""
+    rows = [e.prompt_ids + e.response_ids for e in examples]
+    prompt_lengths = [len(e.prompt_ids) for e in examples]
+    L = max(map(len, rows))
+    input_ids = torch.tensor([r + [pad_id] * (L - len(r)) for r in rows])
+    attention_mask = torch.tensor([[1] * len(r) + [0] * (L - len(r)) for r in rows])
+    is_response = torch.arange(L)[None, :] >= torch.tensor(prompt_lengths)[:, None]
+    return Batch(input_ids, attention_mask, prompt_lengths, (attention_mask * is_response).float())

@@ -1,220 +1,254 @@
-"""Models: any Hugging Face causal LM (or the tiny embedded default) with the six parallel tags (NOTES.md §1).
+"""Models: a Hugging Face causal LM, or the tiny default, with the six parallel tags (NOTES.md §1).
 
-    model, tokenizer = load_model("tiny")                      # ~1M-parameter Qwen3, character tokenizer, offline
-    model, tokenizer = load_model("Qwen/Qwen3-4B-Base")        # a hub name (needs the hub)
-    model, tokenizer = load_model("runs/sft/checkpoint-400")   # a local folder, e.g. one of our checkpoints
+    model, tokenizer = load_model("tiny")                     # ~1M-parameter Qwen3, characters
+    model, tokenizer = load_model("Qwen/Qwen3-4B-Base")       # a hub name (the hub or its cache)
+    model, tokenizer = load_model("runs/sft/checkpoint-400")  # a local folder
 
-The tags become special tokens, one id each, their embeddings the mean of their text's pieces plus small noise
-(identical rows make the tags unlearnable). `save_checkpoint` writes Hugging Face format, atomically.
+The tags become special tokens, one id each. Each new embedding row starts at the mean of the rows
+of its text's pieces plus small noise: rows left identical make the tags unlearnable (NOTES.md §1).
+`read_checkpoint_config` tells which mode a checkpoint was trained in (the sampler needs it).
 """
 import glob
-import itertools
 import json
 import os
 import re
-import shutil
 import socket
 import string
-import tempfile
 from typing import Literal, get_args
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast, Qwen3Config,
-                          Qwen3ForCausalLM)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 TAGS = ("<Parallel>", "</Parallel>", "<Path>", "</Path>", "<Summary>", "</Summary>")
-Mode = Literal["unseen", "seen", "sequential"]   # the Seen/Unseen masks (NOTES.md §2), and plain sampling
+Mode = Literal["unseen", "seen", "sequential"]   # Seen/Unseen masks (NOTES.md §2), plain sampling
 MODES = get_args(Mode)
 
-# The embedded default: a Qwen3 of ~1.0M parameters (997k with the 105-token character vocabulary). It trains at
-# ~5-7k tokens/s on 2 CPU cores, so the curriculum fits in minutes; its traces are < 200 tokens.
-TINY_CONFIG = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,  # GQA
-                   head_dim=32, intermediate_size=512, max_position_embeddings=512, rope_theta=10000.0,
-                   tie_word_embeddings=True, rms_norm_eps=1e-6)
-ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"   # the tiny tokenizer's characters
-PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+# The embedded default: a Qwen3 of ~1.0M parameters (997k with the 105-token character vocabulary).
+# It trains at ~5-7k tokens/s on 2 CPU cores, so the curriculum fits in minutes.
+TINY_CONFIG = dict(
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,               # grouped-query attention, as in Qwen3
+    head_dim=32,
+    intermediate_size=512,
+    max_position_embeddings=512,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-6,
+)
+ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"   # tiny's characters
+PAD = "<pad>"
+EOS = "<eos>"
+UNK = "<unk>"
+TAG_INIT_NOISE = 0.02          # a new tag row: mean of its pieces + N(0, (0.02 x the rows' std)^2)
+HUB_TIMEOUT_S = 2.0            # how long to wait for the hub before reading its cache only
+STANDARD_CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json")
 
-def build_char_tokenizer():
-    """Ids 0-2 <pad>, <eos>, <unk>, then one per character of ALPHABET (others: <unk>); no tags yet."""
-    vocab = {PAD: 0, EOS: 1, UNK: 2} | {ch: 3 + i for i, ch in enumerate(ALPHABET)}
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """Ids 0-2 <pad>, <eos>, <unk>, then one per character of ALPHABET (others: <unk>); no tags."""
+    vocab = {PAD: 0, EOS: 1, UNK: 2}
+    for i, ch in enumerate(ALPHABET):
+        vocab[ch] = 3 + i
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character alone
-    tok.decoder = decoders.Fuse()                                                      # joined without spaces
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK,
-                                   clean_up_tokenization_spaces=False)
+    every_character = Regex(r"[\s\S]")
+    tok.pre_tokenizer = pre_tokenizers.Split(every_character, behavior="isolated")
+    tok.decoder = decoders.Fuse()                      # joined without spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS,
+                                   unk_token=UNK, clean_up_tokenization_spaces=False)
+
 
 def add_parallel_tags(model, tokenizer, seed: int = 0) -> list[int]:
-    """Add the tags the tokenizer lacks as special tokens; each new row (input, and output if untied) = mean of
-    its pieces' rows + N(0, (0.02 std)^2). Returns the new ids."""
+    """Add the tags the tokenizer lacks as special tokens and give each new embedding row (input,
+    and output if untied) the mean of its pieces' rows plus noise. Returns the new ids."""
     new = [t for t in TAGS if t not in tokenizer.get_vocab()]
     if not new:
         return []
-    pieces = {t: tokenizer.encode(t, add_special_tokens=False) for t in new}   # before the tags exist
-    tokenizer.add_special_tokens({"additional_special_tokens": new}, replace_extra_special_tokens=False)
+    pieces = {t: tokenizer.encode(t, add_special_tokens=False) for t in new}   # before they exist
+    tokenizer.add_special_tokens({"additional_special_tokens": new},
+                                 replace_extra_special_tokens=False)
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-    gen = torch.Generator().manual_seed(seed)
-    emb, out = model.get_input_embeddings().weight, model.get_output_embeddings()
-    untied = out is not None and out.weight.data_ptr() != emb.data_ptr()
+    generator = torch.Generator().manual_seed(seed)
+    emb = model.get_input_embeddings().weight
+    out = model.get_output_embeddings()
+    tables = [emb]
+    if out is not None and out.weight.data_ptr() != emb.data_ptr():      # an untied LM head
+        tables.append(out.weight)
     new_ids = tokenizer.convert_tokens_to_ids(new)
     with torch.no_grad():
-        for t, i in zip(new, new_ids):
-            src = [p for p in pieces[t] if p < emb.shape[0]] or list(range(emb.shape[0]))
-            for w in [emb] + ([out.weight] if untied else []):
-                base = w[src].float().mean(0)
-                noise = torch.randn(base.shape, generator=gen) * 0.02 * w.float().std()
-                w[i] = (base + noise.to(base.device)).to(w.dtype)
+        for tag, i in zip(new, new_ids):
+            rows = [p for p in pieces[tag] if p < emb.shape[0]] or list(range(emb.shape[0]))
+            for table in tables:
+                base = table[rows].float().mean(0)
+                noise = torch.randn(base.shape, generator=generator)
+                noise = noise * TAG_INIT_NOISE * table.float().std()
+                table[i] = (base + noise.to(base.device)).to(table.dtype)
     return new_ids
 
-def check_model_name(p: str, weights: bool = True) -> None:
-    """FileNotFoundError, saying what to pass, for a path-like name that is no folder, a run folder (naming its
-    latest checkpoint), or (with `weights`) a folder without config.json."""
-    if not os.path.isdir(p) and (p.startswith((".", "/", "~")) or p.count("/") > 1 or os.sep != "/" and os.sep in p):
-        raise FileNotFoundError(f"no folder {p!r}: pass an existing checkpoint folder (e.g. runs/sft/checkpoint-400), "
-                                "a hub name like Qwen/Qwen3-4B-Base, or 'tiny'")
-    has_tokenizer = any(os.path.isfile(os.path.join(p, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
-    if os.path.isdir(p) and not os.path.isfile(os.path.join(p, "config.json")):
-        if steps := checkpoints(p):
-            raise FileNotFoundError(f"{p!r} is a run folder, not a checkpoint: pass one of its checkpoints, "
-                                    f"e.g. {steps[-1][1]!r}")
-        if weights or not has_tokenizer:
-            raise FileNotFoundError(f"{p!r} has no config.json: pass a checkpoint folder written by "
-                                    "save_checkpoint or a Hugging Face model folder")
-    if os.path.isdir(p) and not has_tokenizer:      # it loaded as a one-token tokenizer, and training divided by 0
-        raise FileNotFoundError(f"{p!r} has no tokenizer (tokenizer.json, tokenizer_config.json): copy them in from "
-                                "the model it was trained from, or pass a complete checkpoint")
 
-def _hub_reachable(timeout: float = 2.0) -> bool:
+def looks_like_a_path(name: str) -> bool:
+    """A name that can only be a local path (a hub name is "owner/model")."""
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return True
+    return os.sep != "/" and os.sep in name
+
+
+def check_model_name(name: str, weights: bool = True) -> None:
+    """FileNotFoundError, saying what to pass, for a path-like name that is no folder, a run folder
+    (naming a checkpoint in it), or (with `weights`) a folder without config.json."""
+    if not os.path.isdir(name) and looks_like_a_path(name):
+        raise FileNotFoundError(f"no folder {name!r}: pass an existing checkpoint folder (e.g. "
+                                "runs/sft/checkpoint-400), a hub name like Qwen/Qwen3-4B-Base, "
+                                "or 'tiny'")
+    if not os.path.isdir(name):
+        return
+    has_tokenizer = any(os.path.isfile(os.path.join(name, f)) for f in STANDARD_CONFIG_FILES)
+    if not os.path.isfile(os.path.join(name, "config.json")):
+        inside = [p for p in glob.glob(os.path.join(name, "checkpoint-*"))
+                  if os.path.isdir(p) and re.fullmatch(r"checkpoint-\d+", os.path.basename(p))]
+        inside.sort()                                      # by name, then by length: checkpoint-50
+        inside.sort(key=len)                               # before checkpoint-100
+        if inside:
+            example = inside[-1]
+            raise FileNotFoundError(f"{name!r} is a run folder, not a checkpoint: pass one of its "
+                                    f"checkpoints, e.g. {example!r}")
+        if weights or not has_tokenizer:
+            raise FileNotFoundError(f"{name!r} has no config.json: pass a checkpoint folder "
+                                    "written by sft.py or grpo.py, or a Hugging Face model "
+                                    "folder")
+    if not has_tokenizer:        # it would load as a one-token tokenizer (a division by 0)
+        raise FileNotFoundError(f"{name!r} has no tokenizer (tokenizer.json, "
+                                "tokenizer_config.json): copy them in from the model it was "
+                                "trained from, or pass a complete checkpoint")
+
+
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub answers (never when HF_HUB_OFFLINE is set)."""
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
         return False
-    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    host = endpoint.split("://")[-1].split("/")[0]
     try:
-        socket.create_connection((host, 443), timeout=timeout).close()
+        socket.create_connection((host, 443), timeout=HUB_TIMEOUT_S).close()
         return True
     except OSError:
         return False
 
-def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None, tokenizer: str | None = None,
-               attn_implementation: str = "sdpa", seed: int = 0):
-    """(model, tokenizer) with the six tags, the model in eval mode on `device` (default cuda if available) in
-    `dtype` (default bf16 on CUDA, fp32 on CPU). `tokenizer` (tiny only): build the tiny model on it; `seed`: tiny
-    init and tag noise. OSError, saying what to do, when a hub name is not cached and the hub is unreachable."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+def build_tiny_model(tokenizer, seed: int) -> Qwen3ForCausalLM:
+    """The embedded default, randomly initialised with `seed`, for `tokenizer`'s vocabulary."""
+    torch.manual_seed(seed)
+    tiny_config = Qwen3Config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                              eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **TINY_CONFIG)
+    model = Qwen3ForCausalLM(tiny_config)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    return model
+
+
+def load_pretrained(name: str, dtype: torch.dtype, attn_implementation: str):
+    """(model, tokenizer) of a folder or a hub name, with errors that say what to do."""
+    check_model_name(name)
+    local_only = not os.path.isdir(name) and not hub_reachable()      # then the hub's cache only
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
+    except Exception:
+        if not local_only:
+            raise
+        raise OSError(f"{name!r} is not a local folder and the Hugging Face hub cannot be "
+                      "reached (offline or HF_HUB_OFFLINE=1). Download the model on a machine "
+                      "with internet (e.g. `huggingface-cli download <name> --local-dir "
+                      "<folder>`) and pass the folder, or use 'tiny' for the embedded "
+                      "default.") from None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=local_only,
+                                                     attn_implementation=attn_implementation)
+    except Exception as e:        # e.g. a truncated model.safetensors: the library names no file
+        if not os.path.isdir(name):
+            raise
+        raise OSError(f"cannot load the weights in {name!r} ({type(e).__name__}: {e}); the folder "
+                      "may be damaged: pass another checkpoint") from None
+    return model, tokenizer
+
+
+def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None,
+               tokenizer: str | None = None, attn_implementation: str = "sdpa", seed: int = 0):
+    """(model, tokenizer) with the six tags, the model in eval mode on `device` (default cuda if
+    available) in `dtype` (default bf16 on CUDA, fp32 on CPU). `tokenizer` (tiny only): build the
+    tiny model on this tokenizer instead of characters; `seed`: the tiny init and the tags' noise.
+    OSError, saying what to do, when a hub name is not cached and the hub is unreachable."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if name_or_path == "tiny":
         if tokenizer:
             check_model_name(tokenizer, weights=False)
-        tok = AutoTokenizer.from_pretrained(tokenizer) if tokenizer else build_char_tokenizer()
+            tok = AutoTokenizer.from_pretrained(tokenizer)
+        else:
+            tok = build_char_tokenizer()
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
-        torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok), pad_token_id=tok.pad_token_id,
-                                             eos_token_id=tok.eos_token_id, bos_token_id=None, **TINY_CONFIG))
-        model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        model = build_tiny_model(tok, seed)
     else:
-        check_model_name(name_or_path)
-        kw = {} if os.path.isdir(name_or_path) or _hub_reachable() else {"local_files_only": True}   # hub cache
-        try:
-            tok = AutoTokenizer.from_pretrained(name_or_path, **kw)
-        except Exception:
-            if not kw:
-                raise
-            raise OSError(f"{name_or_path!r} is not a local folder and the Hugging Face hub cannot be reached "
-                          "(offline or HF_HUB_OFFLINE=1). Download the model on a machine with internet (e.g. "
-                          "`huggingface-cli download <name> --local-dir <folder>`) and pass the folder, or use "
-                          "'tiny' for the embedded default.") from None
+        model, tok = load_pretrained(name_or_path, dtype, attn_implementation)
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
-        try:
-            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype,
-                                                         attn_implementation=attn_implementation, **kw)
-        except Exception as e:                   # e.g. a truncated model.safetensors: the library's error names no file
-            if not os.path.isdir(name_or_path):
-                raise
-            raise OSError(f"cannot load the weights in {name_or_path!r} ({type(e).__name__}: {e}); the folder may "
-                          "be damaged: pass another checkpoint") from None
     add_parallel_tags(model, tok, seed=seed)
     model.config.pad_token_id = tok.pad_token_id
     model.set_attn_implementation(attn_implementation)
     return model.to(device=device, dtype=dtype).eval(), tok
 
-def checkpoints(folder: str) -> list[tuple[int, str]]:
-    """(step, path) of each folder/checkpoint-<step> (a run's checkpoint), by step; others (checkpoint-best, -010)
-    are the user's."""
-    return sorted((int(m[1]), p) for p in glob.glob(os.path.join(folder, "checkpoint-*"))
-                  if (m := re.fullmatch(r"checkpoint-(0|[1-9]\d*)", os.path.basename(p))) and os.path.isdir(p))
 
-def move_aside(folder: str, paths: list[str]) -> str:
-    """Move `paths` (inside `folder`) into a new folder/earlier-<k>, the first k free, and return it: a run or an
-    evaluation into a used folder keeps what was there instead of overwriting it."""
-    aside = next(a for k in itertools.count(1) if not os.path.exists(a := os.path.join(folder, f"earlier-{k}")))
-    os.makedirs(aside)
-    for p in paths:
-        shutil.move(p, aside)
-    return aside
-
-def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = None, state_dict: dict | None = None):
-    """Write `model`, `tokenizer` (Hugging Face format) and `trainer_state` (trainer_state.pt) to folder `path`
-    atomically (a temporary sibling renamed; an old `path` is put back on failure); returns `path`. `state_dict`: the
-    gathered weights of an FSDP2 model."""
-    path = os.path.abspath(path)
-    parent, name = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp, old = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=parent), None
-    os.chmod(tmp, 0o755)                                   # mkdtemp makes it private; a checkpoint is ordinary output
+def load_torch_file(path: str, mmap: bool = False):
+    """torch.load of a file we wrote (CPU); OSError naming the file when it is damaged."""
     try:
-        unwrapped = getattr(model, "module", model)
-        if state_dict is not None and getattr(unwrapped.config, "tie_word_embeddings", False):
-            state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
-        unwrapped.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
-        tokenizer.save_pretrained(tmp)
-        if trainer_state is not None:
-            torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
-        if os.path.exists(path):
-            old = tempfile.mkdtemp(prefix=f".old-{name}-", dir=parent)
-            os.rmdir(old)
-            os.replace(path, old)
-        os.replace(tmp, path)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        if old and os.path.exists(old) and not os.path.exists(path):
-            os.replace(old, path)                          # failed between the two renames: put the old one back
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    except Exception as e:                       # truncated, or not a torch file: name it
+        raise OSError(f"cannot read {path} ({type(e).__name__}: {e}): the checkpoint is damaged; "
+                      "pass another") from None
 
-def load_trainer_state(path: str) -> dict:
-    """The `trainer_state.pt` of a checkpoint. Raises FileNotFoundError naming the path."""
-    f = os.path.join(path, "trainer_state.pt")
-    if not os.path.isfile(f):
-        raise FileNotFoundError(f"no trainer state at {f}: --resume needs a checkpoint written by sft.py or grpo.py")
-    return _torch_load(f)
-
-def _torch_load(f: str, **kw):
-    try:
-        return torch.load(f, map_location="cpu", weights_only=False, **kw)
-    except Exception as e:                       # truncated or not a torch file: name it
-        raise OSError(f"cannot read {f} ({type(e).__name__}: {e}): the checkpoint is damaged; pass another") from None
 
 def read_checkpoint_config(path: str) -> tuple[dict, str]:
-    """(training config saved with a checkpoint folder, the file): `parallel_r1.json` (flat or {"config": ...}),
-    else trainer_state.pt's "config" (memory-mapped: the optimizer state is not read). ({}, "") if neither."""
-    f = os.path.join(path, "parallel_r1.json")
-    if os.path.isfile(f):
-        with open(f, encoding="utf-8") as fh:
-            d = json.load(fh)
-        return (d.get("config", d) if isinstance(d, dict) else {}), f
-    f = os.path.join(path, "trainer_state.pt")
-    if not os.path.isfile(f):
+    """(the training config saved with a checkpoint folder, the file it came from):
+    `parallel_r1.json` (flat or {"config": ...}), else trainer_state.pt's "config" (memory-mapped:
+    the optimizer state is not read). ({}, "") if there is neither."""
+    json_file = os.path.join(path, "parallel_r1.json")
+    if os.path.isfile(json_file):
+        with open(json_file, encoding="utf-8") as fh:
+            saved = json.load(fh)
+        if not isinstance(saved, dict):
+            return {}, json_file
+        return saved.get("config", saved), json_file
+    state_file = os.path.join(path, "trainer_state.pt")
+    if not os.path.isfile(state_file):
         return {}, ""
-    state = _torch_load(f, mmap=True)
-    cfg = dict(state.get("config") or {}) if isinstance(state, dict) else {}
-    if isinstance(state, dict) and "mode" in state:              # grpo.py saves its mode next to the config
+    state = load_torch_file(state_file, mmap=True)
+    if not isinstance(state, dict):
+        return {}, state_file
+    cfg = dict(state.get("config") or {})
+    if "mode" in state:                                  # grpo.py saves its mode beside the config
         cfg.setdefault("mode", state["mode"])
-    return cfg, f
+    return cfg, state_file
+
 
 def mode_from_config(cfg: dict) -> str | None:
-    """The sampler mode a saved config implies: "sequential" for style "sequential", else its mode (or None)."""
-    return "sequential" if cfg.get("style") == "sequential" else cfg["mode"] if cfg.get("mode") in MODES else None
+    """The sampler mode a saved config implies: "sequential" for the sequential style, else its
+    mode (or None)."""
+    if cfg.get("style") == "sequential":
+        return "sequential"
+    if cfg.get("mode") in MODES:
+        return cfg["mode"]
+    return None
+

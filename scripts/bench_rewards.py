@@ -28,6 +28,7 @@ import config  # noqa: E402
 from attention import TagIds  # noqa: E402
 from model import load_model  # noqa: E402
 import rewards  # noqa: E402
+import verifier  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -96,7 +97,7 @@ def bench(cfg: BenchConfig) -> None:
     _, tok = load_model("tiny")
     tags = TagIds.from_tokenizer(tok)
     modules = {"this tree": rewards} | ({cfg.compare: _rewards_at(cfg.compare)} if cfg.compare else {})
-    workers = cfg.workers or rewards.default_workers()
+    workers = cfg.workers or verifier.default_workers()
     print(f"{cfg.n} responses per batch, {workers} symbolic workers, timeout {cfg.timeout} s, {os.cpu_count()} CPUs")
     rates = {name: [] for name in modules}
     for r in range(cfg.rounds + 1):              # round 0 starts the pools; each round a new batch

@@ -18,14 +18,14 @@ class ShowConfig:
     """python scripts/show_data.py --show=synthetic:hard --n=2: problems, prompts, traces, lengths."""
     show: str = "synthetic:easy"       # a load_data spec
     style: Style = "parallel"
-    n: int = 3                         # records printed
-    seed: int = 0
-    limit: int = 0                     # records loaded for the length statistics (0: all; synthetic: 2000)
+    n: config.NonNegativeInt = 3       # records printed
+    seed: config.Seed = 0
+    limit: config.NonNegativeInt = 0   # records for the length statistics (0: all; synthetic: 2000)
     data_dir: str = ""
 
 def main(argv: list[str]) -> None:
-    cfg, tok = config.parse(ShowConfig, argv), build_char_tokenizer()
-    config.at_least(cfg, 0, "n", "limit")                   # --n=-1 printed all records
+    cfg = config.parse(ShowConfig, argv)                    # --n=-1 once printed all records
+    tok = build_char_tokenizer()
     synthetic = all(n.strip().startswith("synthetic:") for n in cfg.show.split(","))
     records = load_data(cfg.show, style=cfg.style, limit=cfg.limit or (2000 if synthetic else None), seed=cfg.seed,
                         data_dir=cfg.data_dir or None)

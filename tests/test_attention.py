@@ -249,14 +249,14 @@ def cached_branching_logits(model, prompt, response, layout):
     ids = prompt + response
     n0 = len(prompt)
     out = torch.full((len(ids), VOCAB), float("nan"))
-    cache = SlotCache(1, 8, "cpu")                     # small, so that it grows several times
+    cache = SlotCache(1, len(ids) + 1, "cpu")          # every token and one scratch slot
 
     def step(tokens, positions, codes, mask=None):
         """Feed one row of queries; real ones take the next slots, dummies (HIDDEN) one scratch slot."""
         used = int((cache.owner[0] != HIDDEN).sum())   # every slot so far is real: no padding here
         n = sum(c != HIDDEN for c in codes)
         slots = [used + i for i in range(n)] + [used + n] * (len(codes) - n)
-        cache.reserve(max(slots) + 1)
+        cache.attend_to(max(slots) + 1)
         cache.slots, codes_t = torch.tensor([slots]), torch.tensor([codes])
         cache.owner[0, slots] = codes_t[0]
         o = model(input_ids=torch.tensor([tokens]), position_ids=torch.tensor([positions]), cache=cache,
@@ -292,32 +292,41 @@ def cached_branching_logits(model, prompt, response, layout):
     return out
 
 
-def test_slot_cache_writes_in_place_grows_and_selects_rows():
-    """Slot bookkeeping on keys that name themselves (value = 100*row + slot)."""
+def test_slot_cache_writes_in_place_fans_out_and_keeps_rows():
+    """Slot bookkeeping on keys that name themselves (value = 100*row + slot): writes land in any
+    slot order, fan_out copies each prompt's row to its group in place, keep_rows compacts."""
     from sample import HIDDEN, SHARED, SlotCache
 
-    cache = SlotCache(2, 3, "cpu")
+    cache = SlotCache(6, 6, "cpu", active_rows=2)
 
     def write(slots, label):
+        rows = len(slots)
         cache.slots = torch.tensor(slots)
-        cache.reserve(max(max(r) for r in slots) + 1)
-        k = torch.tensor([[[float(label(r, s))] * 3 for s in row] for r, row in enumerate(slots)])  # (R, q, 3)
-        k = k[:, None].expand(2, 2, -1, 3)                             # (R, kv_heads=2, q, head_dim=3)
+        cache.attend_to(max(max(r) for r in slots) + 1)
+        k = torch.tensor([[[float(label(r, s))] * 3 for s in row] for r, row in enumerate(slots)])
+        k = k[:, None].expand(rows, 2, -1, 3)                  # (rows, kv_heads=2, q, head_dim=3)
         return cache.update(k, -k, 0)
 
     write([[0, 1, 2], [0, 1, 2]], lambda r, s: 100 * r + s)
-    keys, values = write([[3, 4], [4, 3]], lambda r, s: 100 * r + s)  # any slot order; capacity 3 -> 6
-    assert cache.owner.shape == (2, 6) and keys.shape == (2, 2, 5, 3)
+    keys, values = write([[3, 4], [4, 3]], lambda r, s: 100 * r + s)   # any slot order
+    assert cache.keys[0].shape == (6, 2, 6, 3) and keys.shape == (2, 2, 5, 3)
     assert keys[:, 0, :, 0].tolist() == [[0, 1, 2, 3, 4], [100, 101, 102, 103, 104]]
     assert torch.equal(values, -keys)
     cache.owner[0, :5] = torch.tensor([SHARED, HIDDEN, 2, 3, SHARED])
-    cache.width = 5
     vis = cache.mask(torch.tensor([[2, 3], [SHARED, SHARED]]), torch.float32)[0, 0] == 0
     assert vis.tolist() == [[True, False, True, False, True], [True, False, False, True, True]]
-    cache.select(torch.tensor([1, 1, 0]))                              # fan out / reorder: copies
-    assert cache.keys[0][:, 0, :5, 0].tolist() == [[100, 101, 102, 103, 104]] * 2 + [[0, 1, 2, 3, 4]]
-    cache.keys[0][0] += 7
-    assert cache.keys[0][1, 0, 0, 0] == 100 and cache.owner.shape == (3, 6)
+    storage = cache.keys[0].data_ptr()
+    cache.fan_out(3)                                           # rows 0, 0, 0, 1, 1, 1
+    assert cache.active_rows == 6 and cache.keys[0].data_ptr() == storage   # no copy of the cache
+    assert cache.keys[0][:, 0, :5, 0].tolist() == [[0, 1, 2, 3, 4]] * 3 + [[100, 101, 102, 103, 104]] * 3
+    assert cache.owner[:, :5].tolist() == [[SHARED, HIDDEN, 2, 3, SHARED]] * 3 + [[0] * 5] * 3
+    cache.keys[0][0] += 7                                      # the rows are copies, not views
+    assert cache.keys[0][1, 0, 0, 0] == 0
+    cache.keep_rows([1, 4])
+    assert cache.active_rows == 2 and cache.owner.shape == (2, 6)
+    assert cache.keys[0][:2, 0, :5, 0].tolist() == [[0, 1, 2, 3, 4], [100, 101, 102, 103, 104]]
+    with pytest.raises(ValueError, match="7 cache slots asked for, the capacity is 6"):
+        cache.attend_to(7)
 
 
 @pytest.mark.parametrize("n_paths", [2, 3])

@@ -10,7 +10,8 @@ import torch
 
 import eval as ev
 from data import build_prompt, load_data
-from model import build_char_tokenizer, load_model, save_checkpoint
+from model import build_char_tokenizer, load_model, mode_from_config, read_checkpoint_config
+from plumbing import save_checkpoint
 from rewards import extract_answer, verify
 from sample import generate
 
@@ -183,13 +184,13 @@ def test_checkpoint_mode_and_tag_check(tmp_path, tiny):
     model, tok = tiny
     ckpt = tmp_path / "seen"
     save_checkpoint(str(ckpt), model, tok, trainer_state={"step": 3, "config": {"mode": "seen", "style": "parallel"}})
-    cfg, where = ev.read_checkpoint_config(str(ckpt))
-    assert (ev.mode_from_config(cfg), os.path.basename(where)) == ("seen", "trainer_state.pt")
+    cfg, where = read_checkpoint_config(str(ckpt))
+    assert (mode_from_config(cfg), os.path.basename(where)) == ("seen", "trainer_state.pt")
     assert ev.check_tags(ev.own_tokenizer(str(ckpt)), str(ckpt), "unseen") is True
-    assert ev.mode_from_config({"mode": "unseen", "style": "sequential"}) == "sequential"
-    assert ev.mode_from_config({}) is None and ev.read_checkpoint_config("tiny") == ({}, "")
+    assert mode_from_config({"mode": "unseen", "style": "sequential"}) == "sequential"
+    assert mode_from_config({}) is None and read_checkpoint_config("tiny") == ({}, "")
     (ckpt / "parallel_r1.json").write_text(json.dumps({"mode": "sequential"}))      # preferred when present
-    assert ev.mode_from_config(ev.read_checkpoint_config(str(ckpt))[0]) == "sequential"
+    assert mode_from_config(read_checkpoint_config(str(ckpt))[0]) == "sequential"
 
     bare = tmp_path / "bare"                      # a tokenizer that never had the tags
     build_char_tokenizer().save_pretrained(str(bare))

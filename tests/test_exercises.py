@@ -205,6 +205,16 @@ def test_ex7_against_the_binomials(n, c, k):
                                                     f"C(n, k) = {exact!r}, got {got!r} (NOTES.md §7)")
 
 
+@pytest.mark.exercise_7
+@pytest.mark.parametrize("n, c, k", [(2, 0, 5), (2, 2, 3), (4, 5, 2), (4, -1, 2), (4, 1, 0)])
+def test_ex7_k_responses_cannot_be_drawn_from_fewer(n, c, k):
+    """Pass@k draws k of the n responses without replacement: k > n (or c outside 0..n, or k < 1)
+    has no value. The shortcut "n - c < k means 1.0" once said pass@5 = 100% for two responses
+    that were both wrong."""
+    with pytest.raises(ValueError, match="pass@k needs 1 <= k <= n and 0 <= c <= n"):
+        pass_at_k(n, c, k)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Exercise 8: RewardSchedule.kind_at and .reward (NOTES.md §4)
 

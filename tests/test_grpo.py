@@ -23,11 +23,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import config  # noqa: E402
 import grpo  # noqa: E402
+import plumbing  # noqa: E402
 import sft  # noqa: E402
 from attention import TagIds, structured_forward  # noqa: E402
 from grpo import (GRPOConfig, agg_loss, collate_rollouts, compute_advantages, kl_penalty,  # noqa: E402
                   micro_batch_loss, plan_micro_batches, policy_loss, ppo_update)
-from model import add_parallel_tags, build_char_tokenizer, save_checkpoint  # noqa: E402
+from model import add_parallel_tags, build_char_tokenizer  # noqa: E402
+from plumbing import save_checkpoint  # noqa: E402
 from sample import Rollout, generate, token_logprobs  # noqa: E402
 from scripts.bench_sample import TagBias  # noqa: E402
 
@@ -490,7 +492,7 @@ def _scenario_cfg(extra: dict) -> GRPOConfig:
 def _worker(folder: str):
     """One rank of the 2-rank test: for each scenario, ppo_update on this rank's share, then rank 0
     writes the full weights."""
-    from sft import distributed
+    from plumbing import distributed
     with distributed() as info:
         _scenarios(folder, info)
 
@@ -519,7 +521,7 @@ def _scenarios(folder: str, info):
             train_model = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(train_model.parameters(), lr=0.5)
         stats = ppo_update(train_model, opt, [pool[i] for i in mine], [advs[i] for i in mine], cfg, tags=tags,
-                           pad_id=tok.pad_token_id, world_size=info.world_size, device=info.device)
+                           pad_id=tok.pad_token_id)
         if plain is not None:
             grpo.sync_rollout_model(plain, train_model)           # the sampler's copy under FSDP
             model = plain
@@ -594,13 +596,13 @@ def test_problems_longer_than_the_context_are_dropped(tmp_path, monkeypatch, cap
 def test_lr_factor_warms_up_linearly_then_follows_the_schedule():
     # warm-up 4 of 12 optimizer steps: 1/4, 2/4, 3/4, 4/4; then cosine over the 8 left, by hand:
     # step 4 -> progress 0 -> 1.0; step 8 -> progress 1/2 -> 0.5; step 12 -> 0.0; step 6 -> (1 + cos(pi/4)) / 2
-    f = [sft.lr_factor(s, 4, 12, "cosine") for s in range(13)]
+    f = [plumbing.lr_factor(s, 4, 12, "cosine") for s in range(13)]
     assert f[:5] == [0.25, 0.5, 0.75, 1.0, 1.0]
     assert f[8] == pytest.approx(0.5) and f[12] == pytest.approx(0.0)
     assert f[6] == pytest.approx((1 + 2 ** -0.5) / 2)
     assert all(a >= b for a, b in zip(f[3:], f[4:]))                     # never rises after the warm-up
-    assert [sft.lr_factor(s, 0, 12, "constant") for s in (0, 5, 12)] == [1.0, 1.0, 1.0]
-    assert sft.lr_factor(20, 4, 12, "cosine") == pytest.approx(0.0)     # past the end: stays at 0
+    assert [plumbing.lr_factor(s, 0, 12, "constant") for s in (0, 5, 12)] == [1.0, 1.0, 1.0]
+    assert plumbing.lr_factor(20, 4, 12, "cosine") == pytest.approx(0.0)     # past the end: stays at 0
 
 
 def test_resume_with_other_eval_settings_shows_no_before_after(tmp_path, monkeypatch, capsys):
@@ -701,7 +703,7 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(tmp_path, monkeyp
     """... and before the weights load (a range error used to wait for a large model to load)."""
     model, tok = tiny(seed=1)
     init = save_checkpoint(str(tmp_path / "init"), model, tok)
-    monkeypatch.setattr(sft, "load_model", lambda *a, **k: pytest.fail("the weights loaded before the range check"))
+    monkeypatch.setattr(plumbing, "load_model", lambda *a, **k: pytest.fail("the weights loaded before the range check"))
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "log.jsonl").write_text('{"step": 1}\n')
     for flag in ("batch_size", "group_size", "ppo_mini_batches", "micro_batch_size", "max_steps"):
@@ -714,7 +716,7 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(tmp_path, monkeyp
     for flag, value in [("temperature", -1.0), ("eval_temperature", float("nan")), ("temperature", float("inf")),
                         ("top_k", -1), ("top_p", 0.0),
                         ("max_blocks", -1), ("num_paths", 1)]:
-        with pytest.raises(ValueError, match=f"--{flag}={value}: out of range"):
+        with pytest.raises(ValueError, match=f"--{flag}={value}: must be "):
             grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: value}), records=[])
     for flag, value, least in [("clip_ratio_low", -0.1, 0), ("kl_coef", -1.0, 0), ("grad_clip", -1.0, 0),
                                ("clip_ratio_low", float("nan"), 0), ("kl_coef", float("nan"), 0), ("warmup_steps", -5, 0),

@@ -12,8 +12,8 @@ import torch
 from conftest import SHARED
 
 from attention import TagIds
-from model import (TAGS, TINY_CONFIG, build_char_tokenizer, check_model_name, load_model, load_trainer_state,
-                   read_checkpoint_config, save_checkpoint)
+from model import TAGS, TINY_CONFIG, build_char_tokenizer, check_model_name, load_model, read_checkpoint_config
+from plumbing import load_trainer_state, save_checkpoint
 
 QWEN3_TOKENIZER = os.path.join(SHARED, "tokenizers", "qwen3")
 # printable ASCII and newline (string.printable minus tab, carriage return, vertical tab, form feed)

@@ -16,9 +16,10 @@ from fractions import Fraction
 import pytest
 
 import rewards
-from rewards import (RewardSchedule, check_format, extract_answer, has_parallel, normalize_answer, normalize_paper,
-                     num_blocks, parallel_positions, parse_number, pool_stats, score_batch, symbolic_equal_many,
-                     verify)
+import verifier
+from rewards import (RewardSchedule, check_format, extract_answer, has_parallel, num_blocks,
+                     parallel_positions, score_batch, verify)
+from verifier import normalize_answer, normalize_paper, parse_number, pool_stats, symbolic_equal_many
 
 BOUND = 1.0          # the per-check timeout the security tests use
 SLACK = 1.0          # scheduling slack on 2 shared cores
@@ -186,7 +187,7 @@ def test_verify(warm_pool, pred, gold, expected):
 def test_fast_check_decides_numbers_against_lists_and_variables(pred, gold, expected):
     """Without a worker: a number is never a list of several numbers nor an expression in a variable (either side);
     against a constant expression only the symbolic stage can tell (None)."""
-    assert rewards._fast_check(pred, gold)[0] is expected
+    assert verifier.fast_check(pred, gold)[0] is expected
 
 
 def test_verify_case_count():
@@ -289,7 +290,7 @@ def _adversarial(tmp_path):
 ])
 def test_symbolic_safe_screen(s, expected):
     """The screen before the symbolic stage (for speed: the deadline bounds a check without it)."""
-    assert rewards.symbolic_safe(s) is expected
+    assert verifier.symbolic_safe(s) is expected
 
 
 def test_adversarial_answers_are_wrong_fast_and_harmless(warm_pool, tmp_path):
@@ -340,9 +341,9 @@ def test_workers_have_a_memory_limit(warm_pool):
     """A worker may map WORKER_MEMORY_LIMIT beyond what it mapped at its start, no more: a runaway check gets
     MemoryError (its pair: not equal) instead of taking the machine's memory. Mappings are lazy: nothing is touched."""
     import mmap
-    pool = rewards._pool(None)
+    pool = verifier.worker_pool(None)
     with pytest.raises(OSError, match="Cannot allocate memory"):
-        pool.schedule(mmap.mmap, args=(-1, rewards.WORKER_MEMORY_LIMIT + (1 << 30)), timeout=10).result()
+        pool.schedule(mmap.mmap, args=(-1, verifier.WORKER_MEMORY_LIMIT + (1 << 30)), timeout=10).result()
     with pytest.raises(TypeError, match="pickle"):          # 1 GiB is allowed (and cannot be sent back)
         pool.schedule(mmap.mmap, args=(-1, 1 << 30), timeout=10).result()
 
@@ -356,7 +357,7 @@ def test_close_pool_stops_a_check_in_flight(warm_pool):
     t.start()
     time.sleep(0.5)
     t0 = time.perf_counter()
-    rewards.close_pool()
+    verifier.close_pool()
     assert time.perf_counter() - t0 < 1.0
     t.join(5)
     assert out == [[False]] and pool_stats()["workers"] == 0
@@ -543,5 +544,7 @@ def test_score_batch_from_a_thread(warm_pool):
 
 
 def test_docstring_examples(warm_pool):
-    result = doctest.testmod(rewards, optionflags=doctest.ELLIPSIS)
-    assert result.attempted >= 10 and result.failed == 0
+    checked = doctest.testmod(verifier, optionflags=doctest.ELLIPSIS)
+    assert checked.attempted >= 9 and checked.failed == 0
+    checked = doctest.testmod(rewards, optionflags=doctest.ELLIPSIS)
+    assert checked.attempted >= 2 and checked.failed == 0

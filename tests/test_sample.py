@@ -267,7 +267,7 @@ def test_block_cut_by_the_budget_parses_into_its_spans(models, mode):
 @pytest.mark.parametrize("mode", ["unseen", "seen", "sequential"])
 def test_finished_rows_leave_the_batch_and_the_rest_stay_exact(models, mode, monkeypatch):
     """Responses of very different lengths in one batch: once half the rows are done the cache drops
-    them (SlotCache.select with fewer rows), and the rows that go on decoding stay exact."""
+    them (SlotCache.keep_rows), and the rows that go on decoding stay exact."""
     import sample
 
     model, _, tok = models
@@ -275,17 +275,17 @@ def test_finished_rows_leave_the_batch_and_the_rest_stay_exact(models, mode, mon
     bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
     bias[tags.parallel], bias[tags.end_path], bias[tags.end_summary], bias[tags.eos] = 2.0, 1.0, 3.0, 1.5
     wrapped = TagBias(model, bias).eval()
-    sizes, select = [], sample.SlotCache.select
+    sizes, keep_rows = [], sample.SlotCache.keep_rows
 
     def spy(self, rows):
         sizes.append(len(rows))
-        return select(self, rows)
+        return keep_rows(self, rows)
 
-    monkeypatch.setattr(sample.SlotCache, "select", spy)
+    monkeypatch.setattr(sample.SlotCache, "keep_rows", spy)
     rollouts = generate(wrapped, tok, PROMPTS, group_size=4, mode=mode, max_new_tokens=100, max_path_tokens=8, seed=2)
     lengths = sorted(r.num_tokens for r in rollouts)
-    assert sizes[0] == 12 and len(sizes) >= 3, sizes                # fan-out, then at least two compactions
-    assert all(b < a for a, b in zip(sizes[1:], sizes[2:]))
+    assert len(sizes) >= 2 and sizes[0] <= 6, sizes               # at least two compactions
+    assert all(b < a for a, b in zip(sizes, sizes[1:]))
     assert lengths[0] * 4 < lengths[-1], lengths
     assert max_logprob_diff(wrapped, tok, rollouts, mode, 1.0) <= 1e-4
 
@@ -333,7 +333,7 @@ def test_sample_cli_prints_the_responses(capsys):
         sample.main(["--model=tiny", "--n=1", "--max_new_tokens=4", "--mode=sequential"])
     finally:
         sample.generate = real
-    assert calls[0]["allow_parallel"] is False
+    assert calls[0]["sampling"].allow_parallel is False
 
 
 @pytest.mark.parametrize("mode", ["unseen", "seen"])

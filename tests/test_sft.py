@@ -32,9 +32,11 @@ from safetensors.torch import load_file  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from config import parse  # noqa: E402
+import plumbing  # noqa: E402
 import sft  # noqa: E402
 from attention import TagIds  # noqa: E402
-from model import add_parallel_tags, build_char_tokenizer, load_model, save_checkpoint  # noqa: E402
+from model import add_parallel_tags, build_char_tokenizer, load_model  # noqa: E402
+from plumbing import save_checkpoint  # noqa: E402
 
 
 def make_records(n: int, seed: int = 0) -> list[dict]:
@@ -136,10 +138,10 @@ def test_schedule_warmup_then_cosine():
 
 
 def test_stream_position_resumes_the_same_order():
-    a = sft.ShuffledStream(5, seed=3)
+    a = plumbing.ShuffledStream(5, seed=3)
     first = a.take(4) + a.take(4)                      # spans epochs 0 and 1
     assert sorted(first[:5]) == [0, 1, 2, 3, 4] and a.position() == {"epoch": 1, "index": 3}
-    b = sft.ShuffledStream(5, seed=3, **a.position())
+    b = plumbing.ShuffledStream(5, seed=3, **a.position())
     assert b.take(6) == a.take(6)
 
 
@@ -220,7 +222,7 @@ def test_accumulation_equals_one_batch(grad_checkpointing):
 def _worker(model_dir: str, out_dir: str):
     """Run by torchrun in 2 processes: gradients of an 8-sequence batch under DDP and under FSDP2
     (micro-batches of 2, so 2 per rank), then a 2-step DDP `train` run."""
-    with sft.distributed() as info:
+    with plumbing.distributed() as info:
         records = make_records(16)
         for kind in ("ddp", "fsdp"):
             model, tok = load_model(model_dir, device="cpu")
@@ -388,7 +390,7 @@ def test_bad_input_is_dropped_or_refused(model_dir, tmp_path):
     assert len(sft.tokenize_records([dict(records[0], solution=None), records[3]], tok, "parallel", 256,
                                     log=printed.append)) == 1
     assert printed == ["dropped 1 of 2 records without a solution to train on"]
-    assert sft.resume_path(config(model_dir, tmp_path, resume="False")) == ""   # a bool word, not a folder
+    assert plumbing.resume_path(config(model_dir, tmp_path, resume="False")) == ""   # a bool word, not a folder
     with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
         sft.train(config(model_dir, tmp_path, resume=str(tmp_path / "nope")), records=records)
     with pytest.raises(FileNotFoundError, match="found no checkpoint"):
@@ -404,7 +406,7 @@ def test_bad_input_is_dropped_or_refused(model_dir, tmp_path):
     grpo_ckpt.mkdir(parents=True)
     torch.save({"config": {"recipe": "unseen-s1", "lr": 5e-5}}, grpo_ckpt / "trainer_state.pt")
     with pytest.raises(ValueError, match="was written by grpo.py.*pass --model="):
-        sft.parse_args(sft.SFTConfig, [f"--resume={grpo_ckpt}"])
+        plumbing.parse_args(sft.SFTConfig, [f"--resume={grpo_ckpt}"])
 
 
 def test_a_run_keeps_the_users_folders_and_its_own_start(model_dir, tmp_path):
@@ -431,7 +433,7 @@ def test_a_tiny_checkpoint_gets_the_tiny_preset(model_dir, monkeypatch):
         pass
     def load(cfg, *args, **kw):
         raise Resolved(cfg)
-    monkeypatch.setattr(sft, "load", load)
+    monkeypatch.setattr(plumbing, "load_run", load)
     with pytest.raises(Resolved) as e:
         sft.train(sft.SFTConfig(model=model_dir), records=make_records(4))
     cfg = e.value.args[0]
@@ -526,7 +528,7 @@ def test_resuming_an_older_checkpoint_moves_the_abandoned_newer_ones_aside(model
     assert sorted(os.listdir(run / "earlier-1")) == ["checkpoint-4", "log.jsonl"] and \
         "moved the checkpoints after step 2" in capsys.readouterr().out
     assert [json.loads(x)["step"] for x in open(run / "earlier-1" / "log.jsonl")] == [1, 2, 3, 4]   # once lost
-    assert sft.find_latest_checkpoint(str(run)) == str(run / "checkpoint-3")
+    assert plumbing.find_latest_checkpoint(str(run)) == str(run / "checkpoint-3")
 
 
 def test_a_folder_that_a_live_run_writes_is_refused(model_dir, tmp_path):
@@ -557,7 +559,7 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(model_dir, tmp_pa
     for flag in ("warmup_ratio", "grad_clip", "weight_decay"):     # NaN passed every "< 0" check
         with pytest.raises(ValueError, match=f"--{flag}=nan: must be at least 0"):
             sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: float("nan")}), records=records)
-    for kw, msg in [(dict(warmup_ratio=1.5), "--warmup_ratio=1.5: the warm-up is a share of the steps, 0 to 1$"),
+    for kw, msg in [(dict(warmup_ratio=1.5), "--warmup_ratio=1.5: must be at least 0 and at most 1$"),
                     (dict(max_steps=None, epochs=0.0), "^--epochs=0.0: must be above 0"),   # moved the run, saved nothing
                     (dict(lr=float("inf")), "^--lr=inf: must be above 0")]:
         with pytest.raises(ValueError, match=msg):

@@ -36,7 +36,8 @@ Conventions this project takes (see the comments at the rows):
 
 import pytest
 
-from rewards import extract_answer, score_batch, symbolic_equal_many, verify
+from rewards import extract_answer, score_batch, verify
+from verifier import symbolic_equal_many
 
 
 @pytest.fixture(scope="module")

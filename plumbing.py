@@ -1,0 +1,576 @@
+"""The training plumbing sft.py and grpo.py share. A reader of the method may skip this file.
+
+* ranks: `distributed()` joins torchrun's process group; `all_reduce`, `grad_sync`, `autocast`;
+* the run: `load_run` (seed every RNG, load the model), `prepare` (DDP or FSDP2, AdamW, the lr
+  schedule, an exact resume), `Run.save` (checkpoint-<step> with the trainer state), logging;
+* run folders: checkpoint naming, `--resume`, a lock per out_dir, moving an earlier run aside
+  (nothing a user made is deleted or overwritten);
+* the optimizer step, the lr schedule and the shuffled stream of examples.
+
+As nanochat keeps `common.py` and `checkpoint_manager.py` beside `chat_sft.py` and `chat_rl.py`.
+"""
+import dataclasses
+import glob
+import itertools
+import json
+import math
+import os
+import random
+import re
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+import config
+from attention import TagIds
+from model import load_model, load_torch_file
+
+TRUE_WORDS = config.TRUE_WORDS
+FALSE_WORDS = ("", *config.FALSE_WORDS)
+
+# ---------------------------------------------------------------------------------------------
+# Ranks (one process when RANK is not set)
+
+
+@dataclass
+class Dist:
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@contextmanager
+def distributed():
+    """Join torchrun's process group (nccl, one GPU per process; gloo on CPU), reusing one that
+    exists, and tear it down at the end if this call made it. Without RANK: one process, the
+    collectives are no-ops. Yields a Dist."""
+    owns_group = not dist.is_initialized()
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if "RANK" not in os.environ:
+        d = Dist(0, 1, torch.device("cuda" if cuda else "cpu"))
+    else:
+        device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+        d = Dist(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device)
+        if owns_group and cuda:
+            torch.cuda.set_device(local_rank)
+        if owns_group:
+            backend = "nccl" if cuda else "gloo"
+            dist.init_process_group(backend, device_id=d.device if cuda else None)
+    try:
+        yield d
+    finally:
+        if owns_group and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+def all_reduce(values: list[float], device, op: str = "sum") -> list[float]:
+    """Element-wise "sum" or "max" of numbers over ranks, in one collective (one process: the
+    numbers themselves)."""
+    if not dist.is_initialized():
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    reduce_op = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
+    dist.all_reduce(t, op=reduce_op)
+    return t.tolist()
+
+
+def grad_sync(model, enabled: bool):
+    """Gradient all-reduce on or off for the next backward: DDP's no_sync(), FSDP2's
+    set_requires_gradient_sync()."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return nullcontext() if enabled else model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(enabled)
+    return nullcontext()
+
+
+def autocast(device: torch.device):
+    """bf16 compute on GPUs (the weights and the optimizer stay fp32), nothing on CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: a Hugging Face folder + trainer_state.pt, written atomically
+
+
+def checkpoint_step(folder_name: str) -> int | None:
+    """The step of a folder named checkpoint-<step>, else None. Only names without leading zeros
+    are ours: checkpoint-010 and checkpoint-best are the user's, never pruned or moved."""
+    match = re.fullmatch(r"checkpoint-(0|[1-9]\d*)", folder_name)
+    return int(match[1]) if match else None
+
+
+def checkpoints(folder: str) -> list[tuple[int, str]]:
+    """(step, path) of each of a run folder's checkpoint-<step> folders, by step."""
+    found = []
+    for path in glob.glob(os.path.join(folder, "checkpoint-*")):
+        step = checkpoint_step(os.path.basename(path))
+        if step is not None and os.path.isdir(path):
+            found.append((step, path))
+    return sorted(found)
+
+
+def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = None,
+                    state_dict: dict | None = None) -> str:
+    """Write `model`, `tokenizer` (Hugging Face format) and `trainer_state` (trainer_state.pt) to
+    folder `path` atomically: a temporary sibling is renamed, and an old `path` is put back on
+    failure. `state_dict`: the gathered weights of an FSDP2 model. Returns `path`."""
+    path = os.path.abspath(path)
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=parent)
+    os.chmod(tmp, 0o755)                           # mkdtemp makes it private; a checkpoint is not
+    old = None
+    try:
+        unwrapped = getattr(model, "module", model)
+        tied = getattr(unwrapped.config, "tie_word_embeddings", False)
+        if state_dict is not None and tied:
+            state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
+        unwrapped.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+        tokenizer.save_pretrained(tmp)
+        if trainer_state is not None:
+            torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
+        if os.path.exists(path):
+            old = tempfile.mkdtemp(prefix=f".old-{name}-", dir=parent)
+            os.rmdir(old)
+            os.replace(path, old)
+        os.replace(tmp, path)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        if old and os.path.exists(old) and not os.path.exists(path):
+            os.replace(old, path)                  # failed between the two renames: put it back
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def load_trainer_state(path: str) -> dict:
+    """The `trainer_state.pt` of a checkpoint. FileNotFoundError naming the path."""
+    state_file = os.path.join(path, "trainer_state.pt")
+    if not os.path.isfile(state_file):
+        raise FileNotFoundError(f"no trainer state at {state_file}: --resume needs a checkpoint "
+                                "written by sft.py or grpo.py")
+    return load_torch_file(state_file)
+
+
+def find_latest_checkpoint(out_dir: str) -> str:
+    """The checkpoint-<step> folder with a trainer state and the highest step.
+    FileNotFoundError when there is none."""
+    found = [p for _, p in checkpoints(out_dir) if os.path.isfile(f"{p}/trainer_state.pt")]
+    if not found:
+        raise FileNotFoundError(f"--resume=True found no checkpoint-<step> folder with a "
+                                f"trainer_state.pt in {out_dir!r}; pass --resume=<checkpoint "
+                                "folder> or --out_dir")
+    return found[-1]
+
+
+def resume_path(cfg) -> str:
+    """The checkpoint that --resume names ("" without --resume; True: the latest in out_dir).
+    FileNotFoundError when there is none."""
+    word = cfg.resume.lower()
+    if word in FALSE_WORDS:
+        return ""
+    path = find_latest_checkpoint(cfg.out_dir) if word in TRUE_WORDS else cfg.resume
+    if not os.path.isfile(os.path.join(path, "trainer_state.pt")):
+        raise FileNotFoundError(f"--resume={cfg.resume!r}: {path!r} is not a checkpoint folder "
+                                "with a trainer_state.pt (written by sft.py or grpo.py)")
+    return path
+
+
+def parse_args(config_class, argv: list[str]):
+    """The command line; with --resume, over the config saved in that checkpoint."""
+    cfg = config.parse(config_class, argv)
+    path = resume_path(cfg)
+    if not path:
+        return dataclasses.replace(cfg, resume="")
+    saved = load_trainer_state(path)["config"]
+    saved_by_grpo = "recipe" in saved
+    parsing_grpo = any(f.name == "recipe" for f in dataclasses.fields(config_class))
+    if saved_by_grpo != parsing_grpo:
+        writer = "grpo.py" if saved_by_grpo else "sft.py"
+        raise ValueError(f"--resume: {path!r} was written by {writer}, and --resume continues a "
+                         f"run of the same script; to start from it, pass --model={path}")
+    return config.parse(config_class, argv, base=dict(saved, resume=path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Run folders: a lock, and earlier runs moved aside
+
+
+def move_aside(folder: str, paths: list[str]) -> str:
+    """Move `paths` (inside `folder`) into a new folder/earlier-<k>, the first k free, and return
+    it: a run or an evaluation into a used folder keeps what was there."""
+    for k in itertools.count(1):
+        aside = os.path.join(folder, f"earlier-{k}")
+        if not os.path.exists(aside):
+            break
+    os.makedirs(aside)
+    for p in paths:
+        shutil.move(p, aside)
+    return aside
+
+
+def lock_out_dir(out_dir: str) -> None:
+    """out_dir/.lock holds this process's pid until Run.close: a run into a folder that another
+    live process writes is refused (two runs would interleave one log.jsonl). The lock of a
+    process that is gone, or of this one (a run that raised), is taken over. ValueError names the
+    other process."""
+    path = os.path.join(out_dir, ".lock")
+    try:
+        with open(path) as f:
+            other = int(f.read())
+        os.kill(other, 0)                          # ProcessLookupError when it is gone
+        alive = other != os.getpid()
+    except (OSError, ValueError):                  # no lock, a dead process's, not a pid
+        alive = False
+    if alive:
+        raise ValueError(f"--out_dir={out_dir} is being written by another run (pid {other}): "
+                         f"wait for it or pass another --out_dir (if no such run is alive, "
+                         f"remove {path})")
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+
+
+def is_inside(path: str, folder: str) -> bool:
+    """Whether `path` lies inside `folder` (links followed)."""
+    return os.path.realpath(path).startswith(os.path.realpath(folder) + os.sep)
+
+
+def start_wandb(cfg):
+    """The Weights & Biases run of --wandb_project, its files in out_dir/wandb. ValueError when it
+    cannot start."""
+    # wandb is an optional requirement, imported only here
+    try:
+        import wandb
+    except ImportError:
+        raise ValueError("--wandb_project needs wandb: pip install -r "
+                         "requirements-extra.txt") from None
+    try:
+        return wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg),
+                          dir=cfg.out_dir)
+    except wandb.errors.UsageError as e:
+        raise ValueError(f"--wandb_project: {e} (WANDB_MODE=offline logs without an "
+                         "account)") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The optimizer step, the schedule, the stream of examples
+
+
+def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> float:
+    """Clip the global grad norm (0: no clipping), step the optimizer and the schedule; returns
+    the norm before clipping. ValueError, before the step, when the norm is not finite (the loss
+    diverged): the weights stay as they were and the checkpoints so far are kept (every rank sees
+    the same all-reduced norm, so all of them stop)."""
+    max_norm = grad_clip if grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if hasattr(grad_norm, "full_tensor"):          # FSDP2: a DTensor
+        grad_norm = grad_norm.full_tensor()
+    if not torch.isfinite(grad_norm):
+        raise ValueError(f"the gradient norm is {grad_norm.item()}: the loss diverged, so training "
+                         "stops before this optimizer step (the checkpoints so far are kept); "
+                         "lower --lr")
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm.item()
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "cosine") -> float:
+    """The lr multiplier of optimizer step `step` (0-based): a linear warm-up, then 1.0
+    ("constant") or a cosine from 1 to 0 at `total_steps`. E.g. warm-up 10, total 100: 0.1 at
+    step 0, 1.0 at step 9, 0.5 at step 55."""
+    if warmup_steps and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class ShuffledStream:
+    """An endless stream of indices into n examples, shuffled each epoch with seed + epoch:
+    (epoch, index) is all a resume needs."""
+
+    def __init__(self, n: int, seed: int, epoch: int = 0, index: int = 0):
+        if not 0 <= index <= n:
+            raise ValueError(f"data position {index} is outside the {n} examples: resume with the "
+                             "data the checkpoint was trained on")
+        self.n = n
+        self.seed = seed
+        self.start(epoch, index)
+
+    def start(self, epoch: int, index: int = 0):
+        self.epoch = epoch
+        self.index = index
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        self.order = torch.randperm(self.n, generator=generator).tolist()
+
+    def take(self, k: int) -> list[int]:
+        out = []
+        while len(out) < k:
+            if self.index == self.n:
+                self.start(self.epoch + 1)
+            count = min(k - len(out), self.n - self.index)
+            out += self.order[self.index:self.index + count]
+            self.index += count
+        return out
+
+    def position(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+
+# ---------------------------------------------------------------------------------------------
+# The run both trainers hold
+
+
+@dataclass
+class Run:
+    """What a training process holds; sft.train and grpo.train are a loop over steps around one."""
+    cfg: object
+    dist: Dist
+    model: torch.nn.Module                 # plain (FSDP: sharded in place)
+    tokenizer: object
+    tags: TagIds
+    resume: str = ""                       # the checkpoint this run continues ("" if fresh)
+    train_model: torch.nn.Module = None    # what the loss runs on: DDP, FSDP, or the model
+    optimizer: torch.optim.Optimizer = None
+    scheduler: object = None
+    step: int = 0
+    state: dict = field(default_factory=dict)   # the trainer state resumed from
+    log_file: object = None
+    wandb: object = None                   # the Weights & Biases run (--wandb_project), rank 0
+
+    def log(self, *args):
+        if self.dist.is_main:
+            print(*args)
+
+    def write(self, row: dict):
+        """One row into out_dir/log.jsonl (and Weights & Biases)."""
+        if not self.dist.is_main:
+            return
+        self.log_file.write(json.dumps(row) + "\n")
+        self.log_file.flush()
+        if self.wandb:
+            self.wandb.log(row, step=row["step"])
+
+    def close(self):
+        if not self.dist.is_main:
+            return
+        self.log_file.close()
+        os.remove(os.path.join(self.cfg.out_dir, ".lock"))
+        if self.wandb:
+            self.wandb.finish()
+
+    def log_step(self, row: dict, bar, line: str, **postfix):
+        """A step's row into log.jsonl, `postfix` on the progress bar, `line` every log_every."""
+        self.write(row)
+        bar.set_postfix(**postfix)
+        bar.update(1)
+        every = self.cfg.log_every
+        if self.dist.is_main and every and row["step"] % every == 0:
+            bar.write(line)
+
+    def log_no_steps_left(self, total_steps: int):
+        if self.step >= total_steps:              # a resumed run that is already done
+            self.log(f"note: {self.resume} is at step {self.step} and this run has {total_steps} "
+                     "steps: nothing is left to train (raise --max_steps to go on)")
+
+    def out_of_time(self, t_start: float) -> bool:
+        """--max_time reached. Every rank takes the same decision (any rank's clock), or the next
+        collective would hang."""
+        if not self.cfg.max_time:
+            return False
+        over = time.time() - t_start > self.cfg.max_time
+        return all_reduce([over], self.dist.device, "max")[0] > 0
+
+    def save(self, **trainer_state) -> str | None:
+        """out_dir/checkpoint-<step> with the optimizer, schedule, RNGs and the caller's state;
+        every rank calls it (FSDP gathers the full state dicts to rank 0 first). Then the
+        keep_last newest stay. Returns the path (on rank 0)."""
+        cfg = self.cfg
+        path = os.path.join(cfg.out_dir, f"checkpoint-{self.step}")
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        if cfg.fsdp:
+            model_state = {"state_dict": get_model_state_dict(self.train_model, options=options)}
+            optimizer_state = get_optimizer_state_dict(self.train_model, self.optimizer,
+                                                       options=options)
+        else:
+            model_state = {}
+            optimizer_state = self.optimizer.state_dict()
+        if self.dist.is_main:
+            state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state,
+                         rng=rng_state(), scheduler=self.scheduler.state_dict(),
+                         optimizer=optimizer_state)
+            save_checkpoint(path, self.train_model, self.tokenizer, state, **model_state)
+            if cfg.keep_last > 0:
+                for _, old in checkpoints(cfg.out_dir)[:-cfg.keep_last]:
+                    shutil.rmtree(old, ignore_errors=True)
+        if dist.is_initialized():
+            dist.barrier()
+        return path if self.dist.is_main else None
+
+
+def rng_state() -> dict:
+    """Every RNG a run draws from (this rank's GPU's too)."""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": np.random.get_state(), "cuda": cuda}
+
+
+def set_rng_state(rng: dict) -> None:
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    if rng.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+
+
+def load_run(cfg, d: Dist, name: str, cls=Run, **load_kw) -> Run:
+    """Seed every RNG and load the model to train in fp32 (the master weights): `name`, or the
+    checkpoint of --resume (then `load_kw` is not used)."""
+    if cfg.fsdp and not dist.is_initialized():
+        raise ValueError("--fsdp=True shards the model over processes: launch with torchrun "
+                         "(torchrun --nproc_per_node=<gpus> sft.py --fsdp=True ...)")
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    path = resume_path(cfg)
+    if path:
+        load_kw = {}
+    model, tok = load_model(path or name, dtype=torch.float32, device=d.device, seed=cfg.seed,
+                            **load_kw)
+    return cls(cfg, d, model, tok, TagIds.from_tokenizer(tok), resume=path)
+
+
+def wrap_model(run: Run) -> None:
+    """run.train_model: FSDP2 (each decoder layer, then the root: one all-gather per layer), DDP
+    over several ranks, or the model itself."""
+    cfg = run.cfg
+    model = run.model
+    cuda = run.dist.device.type == "cuda"
+    if cfg.grad_checkpointing:
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    run.train_model = model
+    if cfg.fsdp:
+        if cuda:
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        else:
+            policy = MixedPrecisionPolicy()
+        for module in [*model.model.layers, model]:
+            fully_shard(module, mp_policy=policy)
+    elif run.dist.world_size > 1:
+        device_ids = [run.dist.device.index] if cuda else None
+        run.train_model = torch.nn.parallel.DistributedDataParallel(model, device_ids)
+
+
+def restore(run: Run, lr_lambda) -> None:
+    """--resume: the optimizer, the schedule, the step and the RNGs as the checkpoint left them;
+    the lr of the next step is this run's --lr and schedule."""
+    cfg = run.cfg
+    run.state = load_trainer_state(run.resume)
+    if cfg.fsdp:
+        set_optimizer_state_dict(run.train_model, run.optimizer, run.state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+    else:
+        run.optimizer.load_state_dict(run.state["optimizer"])
+    run.scheduler.load_state_dict(run.state["scheduler"])
+    stored_lr = run.optimizer.param_groups[0]["lr"]           # the checkpoint's next lr
+    next_step = run.scheduler.last_epoch
+    run.scheduler.base_lrs = [cfg.lr] * len(run.optimizer.param_groups)
+    for group in run.optimizer.param_groups:
+        group["lr"] = cfg.lr * lr_lambda(next_step)
+    new_lr = run.optimizer.param_groups[0]["lr"]
+    if new_lr != stored_lr:
+        run.log(f"note: with this run's settings (lr, steps, schedule) the next step trains at lr "
+                f"{new_lr:.3g}, not the checkpoint's {stored_lr:.3g}")
+    run.step = run.state["step"]
+    set_rng_state(run.state["rng"])
+    run.log(f"resumed from {run.resume} at step {run.step}")
+
+
+def open_out_dir(run: Run, reads_model_again: bool) -> None:
+    """Rank 0 takes out_dir: refuses a --model inside it, locks it, moves an earlier run (or, on
+    a resume from an older checkpoint, the abandoned newer ones) aside, opens log.jsonl.
+    `reads_model_again`: the run loads --model again on a resume (GRPO's KL reference)."""
+    cfg = run.cfg
+    if not run.dist.is_main:
+        return
+    model_inside = os.path.isdir(cfg.model) and is_inside(cfg.model, cfg.out_dir)
+    if model_inside and (not run.resume or reads_model_again):
+        raise ValueError(f"--model={cfg.model} is inside --out_dir={cfg.out_dir}, and a fresh run "
+                         "moves an earlier run's checkpoints aside (the one it starts from too): "
+                         "pass another --out_dir")
+    fresh_dir = not os.path.isdir(cfg.out_dir)
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    lock_out_dir(cfg.out_dir)
+    try:                                           # first, so that a failed start changes nothing
+        run.wandb = start_wandb(cfg) if cfg.wandb_project else None
+    except ValueError:
+        os.remove(os.path.join(cfg.out_dir, ".lock"))
+        if fresh_dir:
+            shutil.rmtree(cfg.out_dir, ignore_errors=True)
+        raise
+    log_path = os.path.join(cfg.out_dir, "log.jsonl")
+    found = checkpoints(cfg.out_dir)
+    if run.resume:      # the newer checkpoints belong to the run it abandons: --resume=True
+        old = [p for step, p in found if step > run.step]              # would pick them
+    else:
+        old = [p for _, p in found] + glob.glob(log_path)
+    if old:
+        aside = move_aside(cfg.out_dir, old)
+        if run.resume and os.path.isfile(log_path):   # the abandoned steps' lines go with them
+            shutil.copy(log_path, aside)
+        if run.resume:
+            what = f"the checkpoints after step {run.step}"
+            hint = ""
+        else:
+            what = "an earlier run"
+            hint = " (--resume=True continues a run instead)"
+        run.log(f"moved {what} in {cfg.out_dir} to {aside}{hint}")
+    kept = []
+    if run.resume and os.path.isfile(log_path):       # a resumed log: the lines up to its step
+        with open(log_path) as f:
+            kept = [line for line in f if json.loads(line)["step"] <= run.step]
+    # open for the whole run; Run.close closes it
+    run.log_file = open(log_path, "w")   # noqa: SIM115
+    run.log_file.writelines(kept)
+
+
+def prepare(run: Run, lr_lambda, reads_model_again: bool = False) -> Run:
+    """Wrap the model for the ranks, build AdamW (decay on every parameter, as the official
+    trainers) and the schedule, restore both on --resume, and open out_dir's log."""
+    cfg = run.cfg
+    wrap_model(run)
+    run.optimizer = torch.optim.AdamW(run.train_model.parameters(), lr=cfg.lr,
+                                      weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
+    run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, lr_lambda)
+    if run.resume:
+        restore(run, lr_lambda)
+    open_out_dir(run, reads_model_again)
+    return run

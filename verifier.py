@@ -1,0 +1,640 @@
+"""The answer checker behind the accuracy reward: find a response's final answer, and decide
+whether it equals the gold answer, bounded in time. rewards.py uses `extract_answer` and
+`correct_many`; a reader of the method may skip this file.
+
+    extract_answer(text) -> pred    the last "Final Answer:" line, else the last \\boxed{}, else ...
+    verify(pred, gold) -> bool      exact after `normalize_answer`, else numeric, else symbolic
+
+The checks, cheapest first: equal strings after normalisation; numbers and lists of numbers by our
+own parser (exact fractions, no eval); math-verify's LaTeX parser in pebble worker processes, each
+check under a deadline (its worker is killed and the pair is wrong: math-verify's own signal.alarm
+fails off the main thread and cannot stop a power computed in C). Model text is untrusted:
+nothing calls eval, exec or sympify on it (nor math-verify's plain-expression extractor, whose
+parse_expr evaluates Python). Unlike the official reward the whole response is read, not its last
+300 characters, and "0.5" equals "\\frac{1}{2}" (NOTES.md §4, §8).
+"""
+import atexit
+import logging
+import multiprocessing
+import os
+import re
+import threading
+from concurrent.futures import wait
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import suppress
+from fractions import Fraction
+from functools import lru_cache
+from itertools import accumulate
+
+import pebble
+
+MAX_ANSWER_CHARS = 1000    # a longer extracted answer is wrong without being looked at
+
+# ---------------------------------------------------------------------------------------------
+# Extraction
+
+FINAL_ANSWER = re.compile(r"final\s*answer\s*\**\s*:", re.IGNORECASE)   # also **Final Answer:**
+BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# What may stand between two boxes of one list answer: a comma, ";", "and"/"or", "x =".
+BOX_SEPARATOR = re.compile(r"[\s$]*(?:,|;|\\text\{\s*(?:and|or)\s*\}|\b(?:and|or)\b)?[\s$]*"
+                           r"(?:[a-zA-Z]\s*=\s*)?[\s$]*")
+MAX_BOX_GAP = 40           # boxes further apart than this are separate attempts
+ANY_MARKER = re.compile(r"\\(?:boxed|fbox)\s*\{|####|final\s*answer\s*\**\s*:", re.IGNORECASE)
+# The fallback: a response's last number. Not glued to a word ("Qwen2") nor a coefficient (3x,
+# 4\sqrt2, 2\pi, 2^5); "8-4" gives 4; true thousands groups only ("70,000", "9{,}500"); "72 clips,
+# in all." and "$29.00." end at the digits.
+LAST_NUMBER = re.compile(
+    r"(?<![\w.^])(?<!sqrt{)"                         # not glued to a word, a decimal, a power
+    r"-?(?:\\[dt]?frac\{\d+\}\{\d+\}"                # \frac{1}{2}
+    r"|\d{1,3}(?:(?:,|\{,\})\d{3})+(?!,?\d)"         # 70,000 or 9{,}500
+    r"|\d+)"                                         # 42
+    r"(?:\.\d+)?(?:/\d+)?"                           # .5, /3
+    r"(?![\w/^]|\s*\\(?:sqrt|pi|cdot|times|d?frac))"  # not a coefficient
+    r"(?:\s*\\?%)?")                                 # a percent sign
+LAST_NUMBER_WINDOW = 300   # characters before the last digit that the fallback reads
+BOX_LIST_SEPARATOR = ", "
+
+
+@lru_cache(maxsize=1)
+def markers() -> re.Pattern:
+    """The tags, <eos>, <pad> and <|im_end|>-style markers (Qwen): removed before extraction."""
+    # not at the top: the checker's workers import this module and need no torch
+    from model import EOS, PAD, TAGS
+    tags = sorted({*TAGS, EOS, PAD}, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, tags)) + r"|<\|[^|<>\n]{1,40}\|>")
+
+
+def last_boxed(text: str) -> str | None:
+    r"""The content of the last balanced `\boxed{}`/`\fbox{}` (one pass over the braces: O(n)),
+    else None; the boxes right before it, apart by ",", "and"/"or" or "x =" only, make one list
+    ("\boxed{3}, \boxed{5}" -> "3, 5")."""
+    boxes = list(BOX_OPEN.finditer(text))
+    opens = [m.end() - 1 for m in boxes]           # the index of each box's "{"
+    close = {}                                     # the index of each "{" -> its "}"
+    stack = []
+    first_open = opens[0] if opens else len(text)
+    for brace in re.compile(r"[{}]").finditer(text, first_open):
+        if brace[0] == "{":
+            stack.append(brace.start())
+        elif stack:
+            close[stack.pop()] = brace.start()
+    closed = [k for k in range(len(opens)) if opens[k] in close]
+    if not closed:
+        return None
+    k = closed[-1]
+    parts = [text[opens[k] + 1:close[opens[k]]].strip()]
+    while k:                                       # walk back over the boxes of one list
+        previous_end = close.get(opens[k - 1], len(text))
+        start = boxes[k].start()
+        near = previous_end < start <= previous_end + MAX_BOX_GAP
+        if not (near and BOX_SEPARATOR.fullmatch(text, previous_end + 1, start)):
+            break
+        k -= 1
+        parts.append(text[opens[k] + 1:close[opens[k]]].strip())
+    return BOX_LIST_SEPARATOR.join(dict.fromkeys(reversed(parts)))
+
+
+def last_line_after(pattern: re.Pattern | str, text: str) -> str | None:
+    """The rest of the line after the last match of `pattern` that some text follows."""
+    for match in reversed(list(re.finditer(pattern, text, re.IGNORECASE))):
+        end = text.find("\n", match.end())
+        line = text[match.end():end if end >= 0 else None]
+        line = line.strip().strip("*#").strip()
+        if line:
+            return line
+    return None
+
+
+def extract_answer(text: str) -> str | None:
+    r"""The final answer of a response (tags and <eos>/<pad>/<|...|> markers removed), or None: the
+    last non-empty `Final Answer:` line (any case, bold allowed; a `\boxed{}` in it: its content),
+    else `last_boxed`, else the last `#### N` line; with no marker at all (an empty one is no
+    answer) the last number, GSM8K's "flexible" rule.
+        >>> extract_answer(r"\boxed{1} then \boxed{\frac{1}{2}}"), extract_answer("#### 1,234")
+        ('\\frac{1}{2}', '1,234')
+        >>> extract_answer(r"so \boxed{3}, \boxed{5}"), extract_answer("It is $70,000.")
+        ('3, 5', '70,000')
+        >>> extract_answer(r"\boxed{} 4"), extract_answer("no")
+        (None, None)
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"extract_answer takes the response text (str), got {type(text).__name__}")
+    text = markers().sub("", text)
+    line = last_line_after(FINAL_ANSWER.pattern, text)
+    if line is not None:
+        return last_boxed(line) or line
+    boxed = last_boxed(text)
+    if boxed:
+        return boxed
+    line = last_line_after("####", text)
+    if line is not None:
+        return line
+    if ANY_MARKER.search(text):                    # a marker with nothing in it: no answer
+        return None
+    last_digit = max(text.rfind(digit) for digit in "0123456789")   # C-speed scans
+    window_start = max(0, last_digit - LAST_NUMBER_WINDOW)
+    numbers = LAST_NUMBER.findall(text, window_start, last_digit + 8)
+    return numbers[-1] if numbers else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalisation
+
+UNICODE_TO_LATEX = str.maketrans({"\u2212": "-", "\u2013": "-", "\u00d7": "\\times ",
+                                  "\u00b7": "\\cdot ", "\u00b0": "", "\u2009": " ", "\u00a0": " ",
+                                  "\u221e": "\\infty ", "\u03c0": "\\pi "})
+# Spacing and sizing macros, math delimiters: dropped.
+LAYOUT = re.compile(r"\\(?:left|right|displaystyle|quad|qquad)(?![a-zA-Z])"
+                    r"|(?<!\\)\\[!,;: ]|~|\\\$|\$|\\[()\[\]]")
+DEGREE_OR_PERCENT = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|\\degree|\\?%")
+TEXT_UNIT = re.compile(r"(\d)\s*\\(?:text|mbox|mathrm)\s*\{[^{}]*\}(?:\s*\^\s*\{?\d\}?)?\s*$")
+TEXT_MACRO = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
+SHORT_UNITS = frozenset({"cm", "mm", "km", "kg", "mg", "ml", "m", "g", "s", "h", "ft", "in", "mi",
+                         "lb", "lbs", "oz", "hr", "hrs", "min", "sec", "mph", "L"})
+LEADING_NUMBER = re.compile(r"[-+]?\d[\d.,/]*")
+UNIT_WORD = re.compile(r"([a-zA-Z]+)\.?(?:\^\{?\d\}?)?")
+SPACE_NOT_BETWEEN_LETTERS = re.compile(r"\s+(?![a-zA-Z])|(?<![a-zA-Z])\s+")
+LONE_VARIABLE_LHS = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?=(?!.*=)")   # "x=", "x_1=" (one "=")
+ONE_VARIABLE_LIST = re.compile(r"([a-zA-Z])=[^=,]+(?:,\1=[^=,]+)+")   # "x=2,x=3"
+LIST_WORD = re.compile(r"\s*,?\s*\b(?:and|or)\b\s*")                 # "19, 46, and 82", "1 or -2"
+MIXED_NUMBER_TEXT = re.compile(r"(?<![\w.,/^])(\d{1,12})\s+(\d{1,12})/(\d{1,12})(?![\w.,/])")
+FRAC_WITHOUT_BRACES = re.compile(r"\\frac(\d)(\d)|\\frac(\d)(?=\{)|\\frac(\{[^{}]*\})(\d)")
+SQRT_WITHOUT_BRACES = re.compile(r"\\sqrt(\d)")
+THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+
+
+def strip_unit_words(s: str) -> str:
+    """"5 apples", "12 square feet", "3cm" -> the number: words of 2+ letters after a space, or
+    short units."""
+    number = LEADING_NUMBER.match(s)
+    if not number:
+        return s
+    words = [UNIT_WORD.fullmatch(w) for w in s[number.end():].split()]
+    if not words or not all(words):
+        return s
+    apart = s[number.end()].isspace()
+    for k, word in enumerate(words):
+        long_word = (k or apart) and len(word[1]) >= 2
+        if not (long_word or word[1] in SHORT_UNITS):
+            return s
+    return number[0]
+
+
+def braced_frac(match: re.Match) -> str:
+    r"""\frac12 -> \frac{1}{2}, \frac1{2} -> \frac{1}{2}, \frac{1}2 -> \frac{1}{2}."""
+    if match[1]:
+        return f"\\frac{{{match[1]}}}{{{match[2]}}}"
+    if match[3]:
+        return f"\\frac{{{match[3]}}}"
+    return f"\\frac{match[4]}{{{match[5]}}}"
+
+
+def normalize_answer(answer: str, keep_lhs: bool = False) -> str:
+    r"""The canonical string of an answer: without $ \( \) \[ \], an outer \boxed, \left/\right,
+    units after a number, degree and percent signs, a trailing period, thousands separators, a
+    lone "x =" (also "x=2, x=3" -> "2,3"; kept with keep_lhs), spaces but between two letters;
+    \dfrac12 -> \frac{1}{2}, \sqrt2 -> \sqrt{2}, "1 1/4" -> 1\frac{1}{4}, "and"/"or" -> ",".
+        >>> normalize_answer(r"$\boxed{\dfrac12}$."), normalize_answer(r"x = 1{,}000 \text{ km}")
+        ('\\frac{1}{2}', '1000')
+    """
+    s = answer.strip().translate(UNICODE_TO_LATEX)
+    s = last_boxed(s) or s
+    s = LAYOUT.sub(" ", s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("{,}", "")
+    s = DEGREE_OR_PERCENT.sub("", s)
+    s = TEXT_UNIT.sub(r"\1", s)
+    s = TEXT_MACRO.sub(r" \1 ", s)
+    s = s.strip().rstrip(".").strip()
+    if "and" in s or "or" in s:
+        s = LIST_WORD.sub(",", s)
+    s = strip_unit_words(s)
+    if "/" in s:
+        s = MIXED_NUMBER_TEXT.sub(r"\1\\frac{\2}{\3}", s)
+    s = SPACE_NOT_BETWEEN_LETTERS.sub("", s)
+    if not keep_lhs:
+        s = LONE_VARIABLE_LHS.sub("", s)
+        if "=" in s and ONE_VARIABLE_LIST.fullmatch(s):
+            s = re.sub(r"(^|,)[a-zA-Z]=", r"\1", s)
+    s = FRAC_WITHOUT_BRACES.sub(braced_frac, s)
+    s = SQRT_WITHOUT_BRACES.sub(r"\\sqrt{\1}", s).rstrip(".")
+    if THOUSANDS.match(s):
+        s = s.replace(",", "")
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# The fast checks: numbers, lists of numbers, numerals in other bases
+
+REL_TOL = 1e-6             # numeric equality: |a - b| <= REL_TOL * max(|a|, |b|)
+MAX_NUMBER_CHARS = 100     # a longer string is not read as a number
+DECIMAL = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
+FLOAT = re.compile(DECIMAL + r"(?:[eE][-+]?\d{1,4})?")
+SCIENTIFIC = re.compile(r"(?:(" + DECIMAL + r")(?:\\times|\\cdot|\*)|([-+]?))"   # 1.5\times or -
+                        r"10\^\{?([-+]?\d{1,4})\}?")
+FRAC = re.compile(r"([-+]?)\\frac\{(" + DECIMAL + r")\}\{(" + DECIMAL + r")\}")
+SLASH = re.compile(r"()(" + DECIMAL + r")/(" + DECIMAL + r")")
+MIXED_NUMBER = re.compile(r"([-+]?)(\d{1,12})\\frac\{(\d{1,12})\}\{(\d{1,12})\}")   # 2\frac{1}{2}
+
+
+def parse_number(s: str) -> Fraction | None:
+    r"""The exact value of a normalised plain number (42, 27.0, .5, 1.5e3, 1.5\times10^{3}, 3/4,
+    \frac{3}{4}, the mixed number 2\frac{1}{2}), else None. Exponents have at most 4 digits, so
+    nothing big is computed; no eval.
+        >>> parse_number(r"-\frac{1}{2}"), parse_number("1.5e3"), parse_number("x+1")
+        (Fraction(-1, 2), Fraction(1500, 1), None)
+    """
+    if len(s) > MAX_NUMBER_CHARS:
+        return None
+    if FLOAT.fullmatch(s):
+        return Fraction(s)
+    m = SCIENTIFIC.fullmatch(s)
+    if m:
+        mantissa = m[1] or (m[2] or "") + "1"
+        return Fraction(mantissa) * Fraction(10) ** int(m[3])
+    m = FRAC.fullmatch(s) or SLASH.fullmatch(s)
+    if m and Fraction(m[3]):
+        sign = -1 if m[1] == "-" else 1
+        return sign * Fraction(m[2]) / Fraction(m[3])
+    m = MIXED_NUMBER.fullmatch(s)
+    if m and int(m[4]):
+        sign = -1 if m[1] == "-" else 1
+        return sign * (int(m[2]) + Fraction(int(m[3]), int(m[4])))
+    return None
+
+
+def parse_number_list(s: str) -> tuple[str, list[Fraction]] | None:
+    r"""(kind, values) of a tuple, interval, set or bare list of plain numbers, else None: kind
+    "set" (\{...\} or a bare comma list, unordered: sorted) or the two brackets ("()", "[)", ...).
+        >>> parse_number_list(r"\{3,1,2\}"), parse_number_list("(x,1)")
+        (('set', [Fraction(1, 1), Fraction(2, 1), Fraction(3, 1)]), None)
+    """
+    braces = s.startswith("\\{") and s.endswith("\\}")
+    brackets = len(s) > 2 and s[0] in "([" and s[-1] in ")]"
+    if braces:
+        kind = "set"
+        body = s[2:-2]
+    elif brackets:
+        kind = s[0] + s[-1]
+        body = s[1:-1]
+    elif "," in s:
+        kind = "set"
+        body = s
+    else:
+        return None
+    values = [parse_number(x) for x in body.split(",")]
+    if None in values:
+        return None
+    if kind == "set":
+        return kind, sorted(values)
+    if len(values) < 2:                            # "(3)" is a number in parentheses
+        return None
+    return kind, values
+
+
+def close(a: Fraction, b: Fraction) -> bool:
+    """Within REL_TOL, relative (1e-10 and 2e-10 differ); two integers only when equal (1000000
+    is not 1000001)."""
+    if a == b:
+        return True
+    if a.denominator == 1 and b.denominator == 1:
+        return False
+    return abs(a - b) <= REL_TOL * max(abs(a), abs(b))
+
+
+BASE_NUMERAL = re.compile(r"([0-9A-Za-z]{0,64}[0-9][0-9A-Za-z]{0,64})_\{?(\d{1,2})\}?")   # 1011_2
+MAX_BASE = 36
+
+
+def numeral(s: str) -> tuple[str, int] | None:
+    """(digits, base) of a valid numeral with a base subscript ("2C_{16}"), else None."""
+    m = BASE_NUMERAL.fullmatch(s)
+    if not m:
+        return None
+    base = int(m[2])
+    if not 2 <= base <= MAX_BASE or any(int(c, MAX_BASE) >= base for c in m[1]):
+        return None
+    return m[1].upper().lstrip("0") or "0", base
+
+
+def base_check(p: str, g: str) -> bool | None:
+    """Answers in another base: None unless a side has a base subscript. Two bases never match; a
+    prediction may drop the gold's subscript ("1011" for 1011_2); a decimal gold takes only base
+    10 ("10_8" restates, not answers, "8")."""
+    pred = numeral(p)
+    gold = numeral(g)
+    if gold:
+        return (numeral(f"{p}_{gold[1]}") or pred) == gold
+    if pred:
+        return g.isdigit() and pred[1] == 10 and int(pred[0]) == int(g)
+    return None
+
+
+MAX_SYMBOLIC_CHARS = 256   # the symbolic stage never sees a longer normalised answer ...
+MAX_BRACE_DEPTH = 12       # ... nor a deeper one
+SAFE_CHARACTERS = re.compile(r"[A-Za-z0-9\s\\{}\[\]()^_+\-*/=<>,.!|:;&']*")
+# "__", "**", power towers, 5-digit exponents, big factorials: slow for sympy, never an answer.
+EXPRESSION_BOMB = re.compile(r"__|\*\*|\^\s*(?:\{[^}]*(?:\^|\d{5})|[-+]?\d{5}"
+                             r"|(?:[-+]?\d+|\\?[a-zA-Z]+)\^)|\d{5}\s*!")
+VARIABLE_LETTER = re.compile(r"[a-df-hj-zA-Z]")    # a letter that is no e or i
+
+
+def symbolic_safe(s: str) -> bool:
+    """Whether a normalised answer may go to the symbolic stage (a screen for speed: the deadline
+    holds without it): not too long, plain math characters, balanced braces, no "__", "**",
+    power towers, 5-digit exponents or n!."""
+    if len(s) > MAX_SYMBOLIC_CHARS or not SAFE_CHARACTERS.fullmatch(s) or EXPRESSION_BOMB.search(s):
+        return False
+    depths = list(accumulate({"{": 1, "}": -1}.get(c, 0) for c in s)) or [0]
+    return depths[-1] == 0 and min(depths) >= 0 and max(depths) <= MAX_BRACE_DEPTH
+
+
+normalize_gold = lru_cache(maxsize=65536)(normalize_answer)   # golds repeat group_size times
+
+
+def fast_check(pred: str | None, gold: str) -> tuple[bool | None, str, str]:
+    """(equal? or None: only the symbolic stage can tell; normalised pred; normalised gold)."""
+    if pred is None or len(pred) > MAX_ANSWER_CHARS:
+        return False, "", ""
+    gold = str(gold)
+    p = normalize_answer(pred)
+    g = normalize_gold(gold)
+    if p and g and ("=" in p) != ("=" in g):      # an equation against "y = 2x + 3": keep "y ="
+        if "=" in g:
+            p = normalize_answer(pred, True)
+        else:
+            g = normalize_gold(gold, True)
+    if not p or not g or p == g:
+        return bool(p and p == g), p, g
+    if "_" in p + g:
+        in_base = base_check(p, g)
+        if in_base is not None:
+            return in_base, p, g
+    a = parse_number(p)
+    b = parse_number(g)
+    if a is not None and b is not None:           # x% also equals x/100
+        percent = "%" in pred + gold
+        equal = close(a, b) or (percent and (close(a * 100, b) or close(a, b * 100)))
+        return equal, p, g
+    pred_list = parse_number_list(p)
+    gold_list = parse_number_list(g)
+    if pred_list and gold_list:                   # tuples, intervals, sets of plain numbers
+        same_kind = pred_list[0] == gold_list[0] and len(pred_list[1]) == len(gold_list[1])
+        return same_kind and all(map(close, pred_list[1], gold_list[1])), p, g
+    if (a is None) != (b is None):        # a number is not several numbers, nor an expression
+        other, items = (p, pred_list) if a is None else (g, gold_list)     # in a variable
+        several = items and len(items[1]) > 1
+        without_macros = re.sub(r"\\[a-zA-Z]+", "", other)
+        if several or VARIABLE_LETTER.search(without_macros):
+            return False, p, g
+    if symbolic_safe(p) and symbolic_safe(g):
+        return None, p, g
+    return False, p, g
+
+
+# ---------------------------------------------------------------------------------------------
+# The official (Minerva-style) string comparison, verifier="paper"
+
+PAPER_REPLACE = (("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""),
+                 ("mbox", "text"), (",\\text{and}", ","), ("\\text{and}", ","),
+                 ("\\text{m}", "\\text{}"))
+PAPER_REMOVE = ("square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units",
+                "\\ldots", "sue", "points", "feet", "minutes", "digits", "cents", "degrees", "cm",
+                "gm", "pounds", "meters", "meals", "edges", "students", "childrentickets",
+                "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3",
+                "\\text{\n}", "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;", ",\\!",
+                "{,}", '"', "\\dots")
+
+
+def paper_line(line: str) -> str:
+    """One line of `normalize_paper`: its first $...$ span, \\text{} \\textbf{} \\overline{} and
+    \\boxed{} unwrapped."""
+    i = line.find("$")
+    j = line.find("$", i + 1) if i >= 0 else -1
+    if j >= 0:
+        line = line[i:j + 1]
+    for command in ("text", "textbf", "overline"):
+        line = re.sub(r"\\" + command + r"\{([^}\n]*)\}", r"\1", line)
+    i = line.find("\\boxed{")
+    j = line.rfind("}")                            # \boxed{ ... up to the line's last "}"
+    if i >= 0 and j >= i + len("\\boxed{"):
+        return line[:i] + line[i + len("\\boxed{"):j] + line[j + 1:]
+    return line
+
+
+def normalize_paper(answer: str) -> str:
+    r"""The official (Minerva-style) normaliser: after the last "=", the replacements and removed
+    words; per line the first $...$ span, \text{} \textbf{} \overline{} \boxed{} unwrapped;
+    \fracab \sqrta expanded; no "$", integer commas.
+        >>> normalize_paper(r"x = \frac12"), normalize_paper(r"\$1,000")
+        ('\\frac{1}{2}', '1000')
+        >>> normalize_paper(r"$\boxed{42}$.")
+        '42'
+    """
+    s = answer.split("=")[-1]
+    for old, new in PAPER_REPLACE + tuple((word, "") for word in PAPER_REMOVE):
+        s = s.replace(old, new)
+    s = "\n".join(paper_line(line) for line in s.split("\n"))
+    s = re.sub(r"(frac)([^{])(.)", r"frac{\2}{\3}", s)
+    s = re.sub(r"(sqrt)([^{])", r"sqrt{\2}", s).replace("$", "")
+    if s.replace(",", "").isdigit():
+        s = s.replace(",", "")
+    return s.strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# The symbolic stage: math-verify in pebble worker processes, each check under a deadline
+
+WORKER_MEMORY_LIMIT = 4 << 30   # bytes a worker may map beyond its start (Linux): else MemoryError
+MAX_WORKERS = 8
+WARMUP_PAIRS = (("\\frac{1}{2}", "0.5"), ("x(x+1)", "x^2+x"), ("\\sqrt{8}", "2\\sqrt{2}"),
+                ("\\{1,2\\}", "\\{2,1\\}"), ("[1,2)", "(1,2]"))
+POLL_SECONDS = 0.5              # how often a batch's waiter checks that its pool still runs
+
+
+def symbolic_equal(pred: str, gold: str) -> bool:
+    """math-verify (LaTeX extraction only, its timeouts off: ours is the kill). It compares a
+    relation with a set only when the gold is the relation; a solved one-variable inequality
+    ("0 < x < 12.5") names a set, which may be the gold."""
+    # imported in the workers only
+    from math_verify import LatexExtractionConfig, parse
+    from math_verify import verify as math_verify
+    from sympy import FiniteSet, Or
+
+    latex_only = [LatexExtractionConfig()]     # never ExprExtractionConfig: it evals
+    g = parse(f"${gold}$", extraction_config=latex_only, parsing_timeout=None)
+    p = parse(f"${pred}$", extraction_config=latex_only, parsing_timeout=None)
+    if not (g and p):
+        return False
+    if math_verify(g, p, timeout_seconds=None):
+        return not far_apart(g[0], p[0])
+    several = isinstance(p[0], FiniteSet) and len(p[0]) > 1
+    several = several and all(map(solved_inequality, p[0].args))
+    relation = Or(*p[0].args) if several else p[0]   # "x <= -1 or x >= 2": a set of relations
+    if not solved_inequality(relation):
+        return False
+    return bool(math_verify(g, [relation.as_set()], timeout_seconds=None))
+
+
+def far_apart(a, b) -> bool:
+    """Two sympy constants more than REL_TOL apart, relative (math-verify's check is absolute:
+    1/2^98 = 1/2^99)."""
+    try:
+        if a == b or not (a.is_number and b.is_number):
+            return False
+        x = a.evalf(30)
+        y = b.evalf(30)
+        if x == y or not (x.is_real and y.is_real):
+            return False
+        return bool(abs(x - y) > REL_TOL * max(abs(x), abs(y)))
+    except Exception:                          # not sympy expressions (strings, matrices, ...)
+        return False
+
+
+def solved_inequality(e) -> bool:
+    """x > 3, 0 < x < 12.5, x <= -1 or x >= 2: inequalities between one variable and constants
+    (not x^2 < 4)."""
+    from sympy import And, Eq, Ne, Or, Rel, Symbol
+    if isinstance(e, (And, Or)):
+        return len(e.free_symbols) == 1 and all(map(solved_inequality, e.args))
+    if not isinstance(e, Rel) or isinstance(e, (Eq, Ne)) or len(e.free_symbols) != 1:
+        return False
+    has_variable = any(isinstance(x, Symbol) for x in e.args)
+    has_constant = any(not x.free_symbols for x in e.args)
+    return has_variable and has_constant
+
+
+def init_worker() -> None:
+    """Before a worker's first job (on no deadline): the memory limit, then checks that warm
+    math-verify up (~2 s)."""
+    with suppress(ImportError, ValueError, OSError):   # Linux only
+        import resource
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        limit = mapped + WORKER_MEMORY_LIMIT
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    logging.getLogger("math_verify").setLevel(logging.ERROR)   # "timeout is disabled": we know
+    for pred, gold in WARMUP_PAIRS:            # builds the parser, imports sympy's simplifier
+        symbolic_equal(pred, gold)
+
+
+def default_workers() -> int:
+    """The CPUs this process may run on, at most MAX_WORKERS."""
+    if hasattr(os, "sched_getaffinity"):
+        cpus = len(os.sched_getaffinity(0))
+    else:
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cpus))
+
+
+class PoolState:
+    """The module's worker pool (pebble), its size, and the checks killed at their deadline."""
+    pool: pebble.ProcessPool | None = None
+    workers: int = 0
+    killed: int = 0
+    lock = threading.Lock()
+
+
+def worker_pool(workers: int | None) -> pebble.ProcessPool:
+    """The module's pool (at first use, after close_pool; another `workers` restarts it). Its
+    workers fork from the forkserver, a fresh process importing the main script once (grpo.py:
+    torch, ~8 s on 2 busy cores): scripts need the `if __name__` guard. A daemonic process cannot
+    start it (daemonic processes may not have children)."""
+    with PoolState.lock:
+        stale = PoolState.pool is None or not PoolState.pool.active
+        resized = workers and workers != PoolState.workers
+        if stale or resized:
+            if PoolState.pool is not None:
+                PoolState.pool.stop()
+            n = workers or default_workers()
+            context = multiprocessing.get_context("forkserver")
+            PoolState.pool = pebble.ProcessPool(n, initializer=init_worker, context=context)
+            PoolState.workers = n
+        return PoolState.pool
+
+
+def close_pool() -> None:
+    """Stop the module's workers at once, also those checking (their pairs: not equal); the
+    next check restarts them."""
+    with PoolState.lock:
+        pool = PoolState.pool
+        PoolState.pool = None
+        PoolState.workers = 0
+    if pool is not None:
+        pool.stop()
+        pool.join()
+
+
+atexit.register(close_pool)
+
+
+def pool_stats() -> dict:
+    """{"workers": the pool's size (0: none), "killed": checks stopped at their deadline}."""
+    return {"workers": PoolState.workers, "killed": PoolState.killed}
+
+
+def symbolic_equal_many(pairs: list[tuple[str, str]], timeout: float = 1.0,
+                        workers: int | None = None) -> list[bool]:
+    """math-verify equality of each (pred, gold) in the pool (no screen), each under `timeout`
+    seconds from its start: past it the worker is killed and the pair is not equal, as when the
+    check raised, its worker died or close_pool ran."""
+    pool = worker_pool(workers)
+    futures = [pool.schedule(symbolic_equal, args=(str(p), str(g)), timeout=timeout)
+               for p, g in pairs]
+
+    def pool_alive() -> bool:                  # close_pool may leave futures unresolved
+        return PoolState.pool is pool
+
+    pending = set(futures)
+    while pending and pool_alive():
+        pending = wait(pending, timeout=POLL_SECONDS).not_done
+
+    def outcome(future) -> bool:
+        try:
+            return future.done() and bool(future.result())
+        except BrokenProcessPool as e:        # stopped (close_pool, a resize): not equal;
+            if pool_alive():                   # broken by itself: every worker died in set-up
+                raise RuntimeError("symbolic verifier workers could not start (their error is "
+                                   "on stderr)") from e
+        except TimeoutError:                   # past the deadline: the worker was killed
+            PoolState.killed += 1
+        except Exception:                      # noqa: S110 (parse errors, MemoryError: unequal)
+            pass
+        return False
+
+    return [outcome(f) for f in futures]
+
+
+def correct_many(preds: list, golds: list, verifier: str = "default", timeout: float = 1.0,
+                 workers: int | None = None) -> list[bool]:
+    """`verify` of each (pred, gold); the symbolic stage checks each distinct undecided pair once,
+    all in parallel."""
+    if verifier == "paper":
+        return [p is not None and len(p) <= MAX_ANSWER_CHARS
+                and normalize_paper(p) == normalize_paper(str(g))
+                for p, g in zip(preds, golds)]
+    fast = [fast_check(pred, gold) for pred, gold in zip(preds, golds)]
+    undecided = list(dict.fromkeys((p, g) for equal, p, g in fast if equal is None))
+    symbolic = {}
+    if undecided:
+        symbolic = dict(zip(undecided, symbolic_equal_many(undecided, timeout, workers)))
+    return [symbolic[p, g] if equal is None else equal for equal, p, g in fast]
+
+
+def check_verifier_settings(verifier: str, timeout: float) -> None:
+    if verifier not in ("default", "paper") or not timeout > 0:
+        raise ValueError(f"need verifier 'default' or 'paper' and timeout > 0 s, got "
+                         f"verifier={verifier!r}, {timeout=}")
+
+
+def verify(pred: str | None, gold: str, verifier: str = "default", timeout: float = 1.0) -> bool:
+    r"""Whether `pred` (from `extract_answer`) equals `gold`. "default": exact after
+    `normalize_answer`, else numeric within REL_TOL (x% also equals x/100), else symbolic in a
+    worker under `timeout` s (past it: False); "paper": the official string comparison. A missing
+    or over-long `pred` is wrong. ValueError for a bad argument.
+        >>> [verify(p, g) for p, g in [("\\dfrac12", "0.5"), ("27", "27.0"), ("x = 3", "3")]]
+        [True, True, True]
+        >>> verify("1/2", "1/3"), verify("0.5", "\\frac{1}{2}", verifier="paper")
+        (False, False)
+    """
+    check_verifier_settings(verifier, timeout)
+    return correct_many([pred], [gold], verifier, timeout)[0]
