@@ -11,7 +11,8 @@ check under a deadline (its worker is killed and the pair is wrong: math-verify'
 fails off the main thread and cannot stop a power computed in C). Model text is untrusted:
 nothing calls eval, exec or sympify on it (nor math-verify's plain-expression extractor, whose
 parse_expr evaluates Python). Unlike the official reward the whole response is read, not its last
-300 characters, and "0.5" equals "\\frac{1}{2}" (NOTES.md §4, §8).
+300 characters, and "0.5" equals "\\frac{1}{2}" (NOTES.md §4, §8). Answers are read as LaTeX or
+plain numbers; Python-style math (2*pi*r, sqrt(2), x**2) is rewritten as the LaTeX it means.
 """
 import atexit
 import logging
@@ -158,9 +159,8 @@ LONE_VARIABLE_LHS = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?=(?!.*=)")   # "x=", "x
 ONE_VARIABLE_LIST = re.compile(r"([a-zA-Z])=[^=,]+(?:,\1=[^=,]+)+")   # "x=2,x=3"
 LIST_WORD = re.compile(r"\s*,?\s*\b(?:and|or)\b\s*")                 # "19, 46, and 82", "1 or -2"
 MIXED_NUMBER_TEXT = re.compile(r"(?<![\w.,/^])(\d{1,12})\s+(\d{1,12})/(\d{1,12})(?![\w.,/])")
-FRAC_WITHOUT_BRACES = re.compile(r"\\frac(\d)(\d)|\\frac(\d)(?=\{)|\\frac(\{[^{}]*\})(\d)")
-SQRT_WITHOUT_BRACES = re.compile(r"\\sqrt(\d)")
 THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+BRACED_THOUSANDS = re.compile(r"(?<!\\)\{([-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?)\}")   # {1,000}, not \{
 
 
 def strip_unit_words(s: str) -> str:
@@ -180,20 +180,168 @@ def strip_unit_words(s: str) -> str:
     return number[0]
 
 
-def braced_frac(match: re.Match) -> str:
-    r"""\frac12 -> \frac{1}{2}, \frac1{2} -> \frac{1}{2}, \frac{1}2 -> \frac{1}{2}."""
-    if match[1]:
-        return f"\\frac{{{match[1]}}}{{{match[2]}}}"
-    if match[3]:
-        return f"\\frac{{{match[3]}}}"
-    return f"\\frac{match[4]}{{{match[5]}}}"
+def unwrap_text(match: re.Match) -> str:
+    r"""The content of a \text-like macro (TEXT_MACRO), spaced apart. A number in it loses its
+    thousands commas: inside an expression (\frac{\text{1,000}}{2}) "1,000" would read as 1, 000."""
+    inner = match[1]
+    if THOUSANDS.match(inner.strip()):
+        inner = inner.replace(",", "")
+    return f" {inner} "
+
+
+def drop_braced_thousands(match: re.Match) -> str:
+    """A braced group holding one thousands-grouped number, without the commas: a fraction's
+    numerator or denominator is one number, never a list ({1,000} -> {1000})."""
+    return "{" + match[1].replace(",", "") + "}"
+
+
+# TeX macro arguments without braces: \frac12 is \frac{1}{2} (TeX reads one token as an argument)
+TEX_TOKEN = re.compile(r"\\[a-zA-Z]+|\\.|\s+|.", re.DOTALL)   # control word or symbol, spaces, char
+TEX_ATOM = re.compile(r"[A-Za-z0-9]|\\[a-zA-Z]+")      # a token that may be a whole argument
+TEX_ARGUMENTS = {"\\frac": 2, "\\sqrt": 1}            # \dfrac and \tfrac are \frac by then
+
+
+def matching_braces(tokens: list[str]) -> dict[int, int] | None:
+    """The index of each "{" token -> the index of its "}"; None when the braces do not balance."""
+    closing = {}
+    opened = []
+    for i, token in enumerate(tokens):
+        if token == "{":
+            opened.append(i)
+        elif token == "}" and not opened:
+            return None
+        elif token == "}":
+            closing[opened.pop()] = i
+    return None if opened else closing
+
+
+def skip_spaces(tokens: list[str], i: int) -> int:
+    """The first token index from i on that is not spaces (TeX skips them before an argument)."""
+    while i < len(tokens) and tokens[i].isspace():
+        i += 1
+    return i
+
+
+def root_index_end(tokens: list[str], i: int) -> int:
+    """For a \\sqrt before token i: the index past its root index "[3]", else i (no index)."""
+    j = skip_spaces(tokens, i)
+    if j == len(tokens) or tokens[j] != "[" or "]" not in tokens[j:]:
+        return i
+    return tokens.index("]", j) + 1
+
+
+def brace_tex_arguments(s: str) -> str:
+    r"""Braces around the one-token arguments of \frac and \sqrt, as TeX reads them: \frac12 ->
+    \frac{1}{2}, \frac1{12} -> \frac{1}{12}, \frac{1}2 -> \frac{1}{2}, \frac a b -> \frac{a}{b},
+    \frac\pi2 -> \frac{\pi}{2}, \sqrt2 -> \sqrt{2}, \sqrt[3]8 -> \sqrt[3]{8}; and so \frac123 ->
+    \frac{1}{2}3. math-verify's parser needs the braces. An argument is one digit, letter or
+    control word (never "(": \sqrt(2) stays as written). One pass over the TeX tokens; text whose
+    braces do not balance comes back unchanged.
+        >>> brace_tex_arguments(r"\frac a b+\sqrt[3]8"), brace_tex_arguments(r"\frac{\frac12}3")
+        ('\\frac{a}{b}+\\sqrt[3]{8}', '\\frac{\\frac{1}{2}}{3}')
+    """
+    if "\\frac" not in s and "\\sqrt" not in s:
+        return s
+    tokens = TEX_TOKEN.findall(s)
+    closing = matching_braces(tokens)
+    if closing is None:
+        return s
+    out = []
+    wanted_after = {}        # the index of a "}" -> the arguments its macro still wants after it
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        out.append(token)
+        wanted = TEX_ARGUMENTS.get(token, 0) + wanted_after.pop(i, 0)
+        i += 1
+        if token == "\\sqrt":
+            end = root_index_end(tokens, i)
+            out.extend(tokens[i:end])              # the root index, as it is
+            i = end
+        while wanted:
+            j = skip_spaces(tokens, i)
+            if j < len(tokens) and tokens[j] == "{":        # a braced argument: its "}" goes on
+                wanted_after[closing[j]] = wanted - 1
+                break
+            if j == len(tokens) or not TEX_ATOM.fullmatch(tokens[j]):
+                break
+            out.append("{" + tokens[j] + "}")
+            i = j + 1
+            wanted -= 1
+    return "".join(out)
+
+
+# Python-style math, read as the LaTeX it means by rewriting text only (never evaluated)
+PYTHON_NAMES = r"(?<![\\A-Za-z])(?:sqrt|exp|abs|log|ln|sin|cos|tan|pi)(?![A-Za-z])"   # not \pi
+PYTHON_HINT = re.compile(r"\*|" + PYTHON_NAMES)
+PYTHON_GROUP = r"\((?:[^()]|\([^()]*\))*\)"          # (...) holding at most one level of (...)
+PYTHON_OPERAND = r"-?(?:\d+(?:\.\d+)?|[A-Za-z]\w*(?:" + PYTHON_GROUP + r")?|" + PYTHON_GROUP + ")"
+# x**2, 2**(n+1), 2**sqrt(2); not a tower 2**3**4 (its "**" stays, so the screen refuses it)
+PYTHON_POWER = re.compile(r"\*\*\s*(" + PYTHON_OPERAND + r")(?![\w.(]|\s*\*\*)")
+PYTHON_CALL_OR_PARENTHESIS = re.compile(
+    r"(?<![\\A-Za-z])(sqrt|exp|abs|log|ln|sin|cos|tan)\s*\(|[()]")
+PYTHON_CALLS = {                                   # function -> its LaTeX opening and closing
+    "sqrt": ("\\sqrt{", "}"),
+    "exp": ("e^{", "}"),
+    "abs": ("\\left|", "\\right|"),
+    "log": ("\\ln(", ")"),                         # Python's log is natural, LaTeX's \log is not
+    "ln": ("\\ln(", ")"),
+    "sin": ("\\sin(", ")"),
+    "cos": ("\\cos(", ")"),
+    "tan": ("\\tan(", ")"),
+}
+PYTHON_PI = re.compile(r"(?<![\\A-Za-z])pi(?![A-Za-z])")
+PYTHON_TIMES = re.compile(r"\s*(?<!\*)\*(?!\*)\s*")   # one "*" (not a "**" left over), its spaces
+
+
+def python_calls(s: str) -> str:
+    """sqrt(...), exp(...), abs(...), log(...), ... as LaTeX, each closed at its own ")": one
+    pass with a stack of closings. Parentheses that do not balance leave s as it is."""
+    out = []
+    closings = []
+    position = 0
+    for m in PYTHON_CALL_OR_PARENTHESIS.finditer(s):
+        out.append(s[position:m.start()])
+        position = m.end()
+        if m[0] == ")":
+            if not closings:
+                return s
+            out.append(closings.pop())
+            continue
+        if m[1]:
+            opening, closing = PYTHON_CALLS[m[1]]
+        else:
+            opening, closing = "(", ")"
+        out.append(opening)
+        closings.append(closing)
+    out.append(s[position:])
+    return s if closings else "".join(out)
+
+
+def python_to_latex(s: str) -> str:
+    r"""Python-style math as LaTeX, so that it is judged like the LaTeX it means: x**2 -> x^{2},
+    2*pi*r -> 2\cdot \pi\cdot r, sqrt(x) -> \sqrt{x}, exp(x) -> e^{x}, log(x) -> \ln(x), abs(x)
+    -> \left|x\right|, sin(x) -> \sin(x). Text rewriting only (regexes and one pass with a stack,
+    on at most MAX_ANSWER_CHARS): no eval, sympify or parse_expr ever sees model text. A name
+    counts only as a whole word that does not follow a backslash (\pi, \sqrt(2) stay).
+        >>> python_to_latex("2*pi*r"), python_to_latex("-1 + exp(16)"), python_to_latex("x**2")
+        ('2\\cdot \\pi\\cdot r', '-1 + e^{16}', 'x^{2}')
+    """
+    if not PYTHON_HINT.search(s):
+        return s
+    s = PYTHON_POWER.sub(r"^{\1}", s)
+    if "(" in s:
+        s = python_calls(s)
+    s = PYTHON_PI.sub(r"\\pi", s)                  # no space: no letter follows (PYTHON_PI)
+    return PYTHON_TIMES.sub(r"\\cdot ", s)
 
 
 def normalize_answer(answer: str, keep_lhs: bool = False) -> str:
     r"""The canonical string of an answer: without $ \( \) \[ \], an outer \boxed, \left/\right,
     units after a number, degree and percent signs, a trailing period, thousands separators, a
     lone "x =" (also "x=2, x=3" -> "2,3"; kept with keep_lhs), spaces but between two letters;
-    \dfrac12 -> \frac{1}{2}, \sqrt2 -> \sqrt{2}, "1 1/4" -> 1\frac{1}{4}, "and"/"or" -> ",".
+    \dfrac12 -> \frac{1}{2}, \sqrt2 -> \sqrt{2}, "1 1/4" -> 1\frac{1}{4}, "and"/"or" -> ",";
+    \text{1,000} -> 1000 anywhere; Python-style math as LaTeX (2*pi -> 2\cdot \pi).
         >>> normalize_answer(r"$\boxed{\dfrac12}$."), normalize_answer(r"x = 1{,}000 \text{ km}")
         ('\\frac{1}{2}', '1000')
     """
@@ -203,8 +351,9 @@ def normalize_answer(answer: str, keep_lhs: bool = False) -> str:
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("{,}", "")
     s = DEGREE_OR_PERCENT.sub("", s)
     s = TEXT_UNIT.sub(r"\1", s)
-    s = TEXT_MACRO.sub(r" \1 ", s)
+    s = TEXT_MACRO.sub(unwrap_text, s)
     s = s.strip().rstrip(".").strip()
+    s = python_to_latex(s)
     if "and" in s or "or" in s:
         s = LIST_WORD.sub(",", s)
     s = strip_unit_words(s)
@@ -215,8 +364,9 @@ def normalize_answer(answer: str, keep_lhs: bool = False) -> str:
         s = LONE_VARIABLE_LHS.sub("", s)
         if "=" in s and ONE_VARIABLE_LIST.fullmatch(s):
             s = re.sub(r"(^|,)[a-zA-Z]=", r"\1", s)
-    s = FRAC_WITHOUT_BRACES.sub(braced_frac, s)
-    s = SQRT_WITHOUT_BRACES.sub(r"\\sqrt{\1}", s).rstrip(".")
+    if "," in s:
+        s = BRACED_THOUSANDS.sub(drop_braced_thousands, s)
+    s = brace_tex_arguments(s).rstrip(".")
     if THOUSANDS.match(s):
         s = s.replace(",", "")
     return s
@@ -456,11 +606,16 @@ def symbolic_equal(pred: str, gold: str) -> bool:
     relation with a set only when the gold is the relation; a solved one-variable inequality
     ("0 < x < 12.5") names a set, which may be the gold."""
     # imported in the workers only
+    from latex2sympy2_extended.math_normalization import NormalizationConfig
     from math_verify import LatexExtractionConfig, parse
     from math_verify import verify as math_verify
     from sympy import FiniteSet, Or
 
-    latex_only = [LatexExtractionConfig()]     # never ExprExtractionConfig: it evals
+    # Never ExprExtractionConfig (it evals). math-verify's own unit stripping is off: it reads a
+    # trailing "c", "h" or "ab" as a unit (x+2c = x+2); our normaliser has removed real units.
+    normalization = NormalizationConfig(basic_latex=True, units=False, malformed_operators=True,
+                                        nits=True, boxed="all", equations=False)
+    latex_only = [LatexExtractionConfig(normalization_config=normalization)]
     g = parse(f"${gold}$", extraction_config=latex_only, parsing_timeout=None)
     p = parse(f"${pred}$", extraction_config=latex_only, parsing_timeout=None)
     if not (g and p):

@@ -167,6 +167,18 @@ VERIFY_CASES = [
     ("x^2+1", "(x+1)^2", False),
     ("2\\pi", "\\pi+\\pi", True),
     ("41", "42", False),
+    # Python-style math, read as the LaTeX it means (issue 26)
+    ("x**2 + 2*x + 1", "(x+1)^2", True),
+    ("2**10", "1024", True),
+    ("exp(1)", "e", True),
+    ("log(8)/log(2)", "3", True),
+    ("abs(-3)", "3", True),
+    ("pi/3", "\\frac{\\pi}{2}", False),
+    ("x**3", "x^2", False),
+    # math-verify's unit stripping would read a trailing c, h or ab as a unit: it is off
+    ("x+2", "x+2c", False),
+    ("y+1", "y+1h", False),
+    ("a^2+b^2+2ab", "(a+b)^2", True),
     # an empty or missing answer is simply wrong
     ("", "5", False),
     ("   ", "5", False),
@@ -202,6 +214,21 @@ def test_verify_case_count():
     ("30^\\circ", "30"),
     ("12 square feet", "12"),
     ("\\pi r^2", "\\pi r^2"),                 # the space between two letters stays
+    ("\\frac a b", "\\frac{a}{b}"),           # one-token macro arguments get braces (issue 26)
+    ("\\frac\\pi2", "\\frac{\\pi}{2}"),
+    ("\\sqrt[3]8", "\\sqrt[3]{8}"),
+    ("\\frac{\\frac12}3", "\\frac{\\frac{1}{2}}{3}"),
+    ("\\frac123", "\\frac{1}{2}3"),           # as TeX reads it
+    ("4\\sqrt(2)", "4\\sqrt(2)"),             # "(" is not a one-token argument
+    ("\\frac{\\mathrm{1,000}}{2}", "\\frac{1000}{2}"),   # a number in \mathrm, and in braces,
+    ("2\\times\\text{1,000}", "2\\times1000"),          # loses its thousands commas
+    ("\\{1,000\\}", "\\{1,000\\}"),                     # a set stays a set
+    ("x**2 + 2*x + 1", "x^{2}+2\\cdot x+1"),             # Python-style math as LaTeX
+    ("16 pi", "16\\pi"),                                  # pi is no unit word
+    ("sqrt(x)/exp(2*x)", "\\sqrt{x}/e^{2\\cdot x}"),
+    ("log(abs(x))", "\\ln(\\left|x\\right|)"),             # Python's log is natural
+    ("9**9**9", "9**9^{9}"),                              # a tower keeps "**" (screened out)
+    ("sqrt(2", "sqrt(2"),                                 # unbalanced: calls stay as written
 ])
 def test_normalize_answer(answer, expected):
     assert normalize_answer(answer) == expected
@@ -279,6 +306,10 @@ def _adversarial(tmp_path):
         "\\frac{1}{" * 20 + "2" + "}" * 20,
         "\\sqrt{" * 50 + "2" + "}" * 50,
         "Final Answer: 1 " * 70_000,           # 1.1 MB on one line, the pattern repeated
+        f"sqrt(__import__('os').system('touch {marker}'))",   # Python-style: translated, never run
+        "2**" * 300 + "2",                     # a Python power tower
+        "exp(" * 150 + "1" + ")" * 150,        # nested Python calls
+        "pi*" * 300 + "pi",
     ]
 
 

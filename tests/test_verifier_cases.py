@@ -15,7 +15,10 @@ All rows together also go through `score_batch` once, which must agree with `ver
 
 32 of the 118 rows were wrong at the branch point (c395ae3): the 27 that commit 75113b2 marks, with
 the root cause of each, and 5 of the 18 rows added later (a pmatrix with spaces after its row breaks,
-four responses without a braced marker). Every row passes now.
+four responses without a braced marker). Issue 26 added 30 rows (148 in all): 13 were wrong at
+f8f95cd (commit 045d848 marks them, with the root cause of each), and one older row changed its
+expected value with the rule for Python-style math (Math-Verify#69, "-1 + exp(16)": now True).
+Every row passes now.
 
 Conventions this project takes (see the comments at the rows):
 * numbers compare exactly when both sides are integers, and within a relative tolerance (1e-6)
@@ -30,8 +33,16 @@ Conventions this project takes (see the comments at the rows):
   boxes far apart are separate attempts and the last one counts;
 * a base subscript ("1011_2") may be dropped by the prediction, but two different bases never match, and
   a numeral in another base is not the decimal gold ("10_8" does not answer "8": it restates the question);
-* answers must be LaTeX or plain numbers: Python syntax ("exp(16)", "pi/2") is not parsed (parsing it
-  would mean sympy's parse_expr, which evaluates text), so it is wrong.
+* Python-style math is read as the LaTeX it means, by a bounded textual translation before any
+  parser (rewards._python_to_latex): "**" is a power, "*" a product, "pi" is π, sqrt(x), exp(x)
+  (= e^x), log(x) (natural), abs(x), sin/cos/tan(x); so "2*pi*r" equals "2\\pi r" and "exp(16)"
+  equals "e^{16}". Nothing evaluates model text (no eval, sympify or parse_expr). The value still
+  decides: "2(3.14)" is not "2\\pi". (Until issue 26 such answers were wrong, though "sqrt(x)" and
+  "n*(n+1)/2" already passed through the LaTeX parser's leniency: one rule now, everywhere.)
+* TeX's one-token macro arguments are read as TeX reads them: \\frac12 is \\frac{1}{2}, \\frac a b
+  is \\frac{a}{b}, \\sqrt[3]8 is \\sqrt[3]{8}, and so \\frac123 is \\frac{1}{2}3;
+* a number in \\text{}, \\mathrm{}, \\textbf{} is that number, and a comma in it groups thousands
+  ("\\frac{\\mathrm{1,000}}{2}" is 500).
 """
 
 import pytest
@@ -225,9 +236,11 @@ ANSWER_CASES = [
      f"source: {MV}#2 — a sum of fractions timed out and was reported wrong"),
     ("equation", "\\sec^2(y)", "\\tan^2(y)+1", True,
      f"source: {MV}#2 — a trigonometric identity timed out and was reported wrong"),
-    # Python syntax is not parsed (see the module docstring): a LaTeX grader cannot read it.
-    ("equation", "-1 + exp(16)", "e^{16} - 1", False,
-     f"source: {MV}#69 — verl's compute_score gives 0 to 'exp(16)', 'pi/2'; the thread agrees it should"),
+    # Python-style math is read as the LaTeX it means (see the module docstring; issue 26 changed
+    # this row from False): exp(16) is e^{16}.
+    ("equation", "-1 + exp(16)", "e^{16} - 1", True,
+     f"source: {MV}#69 — verl's compute_score gives 0 to 'exp(16)', 'pi/2' (a reply there "
+     "finds 0 right; we do not)"),
 
     # --- answers in another base --------------------------------------------------------------------
     ("base", "1011", "1011_2", True,
@@ -270,6 +283,95 @@ ANSWER_CASES = [
      f"source: {MV}#34 — parse('1 1/4') is 1, so '5/4' vs '1 1/4' is False"),
     ("mixed", "1 1/4", "11/4", False,
      f"source: {MV}#34 — '1 1/4' must not become 11/4 when spaces are dropped"),
+
+    # --- issue 26: TeX macro arguments without braces --------------------------------------------
+    # TeX reads one token (a digit, a letter, a control word) as a macro argument: \frac12 is
+    # \frac{1}{2}, \sqrt[3]8 is \sqrt[3]{8}. So \frac123 is \frac{1}{2}3 and \sqrt12 is \sqrt{1}2,
+    # as TeX typesets them, whatever the writer meant.
+    ("shorthand", "\\frac12", "\\frac{1}{2}", True,
+     f"source: {MV}#35 — '\\frac12' and '\\frac{{1}}{{2}}' are reported as not equal"),
+    ("shorthand", "\\frac1{2}", "0.5", True,
+     "source: EvolvingLMMs-Lab/lmms-eval#1507 — '\\frac1{2}' is never normalised (_fix_fracs "
+     "gated on 'sqrt'), latex2sympy raises, scored 0"),
+    ("shorthand", "\\frac34", "\\frac{3}{5}", False,
+     "source: EvolvingLMMs-Lab/lmms-eval#1507 — the '\\frac34' shorthand; here against another "
+     "fraction"),
+    ("shorthand", "\\sqrt[3]2", "\\sqrt[3]{2}", True,
+     f"source: {LMEVAL}#4036 — gold '\\sqrt[3]{{2}}' vs output '\\sqrt[3]2' is scored wrong"),
+    ("shorthand", "\\sqrt[3]8", "2", True,
+     f"source: {LMEVAL}#4036 — the sqrt shorthand rule turns '\\sqrt[3]8' into '\\sqrt{{[}}3]8'"),
+    ("shorthand", "\\sqrt[3]{8}", "2", True,
+     "source: mathllm/MATH-V#11 — _fix_sqrt corrupts '\\sqrt[3]{8}' before it is compared"),
+    ("shorthand", "\\sqrt[3]2", "\\sqrt{2}", False,
+     "source: EvolvingLMMs-Lab/lmms-eval#1505 — the root index must survive normalisation: a "
+     "cube root is not a square root"),
+    ("shorthand", "\\frac a b", "\\frac{a}{b}", True,
+     "source: augustt198/latex2sympy#46 — '\\frac a b' is valid LaTeX but the parser raises "
+     "\"missing '{'\""),
+    ("shorthand", "\\frac{a+b}2", "\\frac{a+b}{2}", True,
+     "source: OrangeX4/Latex-Sympy-Calculator#26 — '\\frac12' and '\\frac{a+b}2' raise in "
+     "latex2sympy2"),
+    ("shorthand", "\\left(-\\infty,-\\frac 12\\right)\\cup\\left(-\\frac 12,\\infty\\right)",
+     "(-\\infty,-\\frac{1}{2})\\cup(-\\frac{1}{2},\\infty)", True,
+     "source: huggingface/lighteval#140 — the MATH normaliser fails on '-\\frac 12' inside an "
+     "interval union"),
+
+    # --- issue 26: numbers in \text, \mathrm, \textbf inside an expression ------------------------
+    # A text macro around a number only sets its font; a comma in it groups thousands.
+    ("wrapped", "\\frac{\\mathrm{1,000}}{2}", "500", True,
+     "source: bojieli/ai-agent-book#713 — '\\frac{\\mathrm{1,000}}{2}' fell through and normalised "
+     "incorrectly"),
+    ("wrapped", "\\frac{\\text{1,000}}{4}", "250", True,
+     "source: bojieli/ai-agent-book#713 — fractions holding formatting macros and commas failed "
+     "to parse"),
+    ("wrapped", "\\frac{\\mathrm{1,000}}{2}", "\\frac{1}{2}", False,
+     "source: bojieli/ai-agent-book#713 — stripping \\mathrm{...} removed the numeric contents"),
+    ("wrapped", "\\frac{1,000}{2}", "500", True,
+     "source: bojieli/ai-agent-book#713 — a thousands comma inside a fraction (no macro)"),
+    ("wrapped", "2\\times\\text{1,000}", "2000", True,
+     "source: iDiagoValeta/localOllamaRAG#209 — a number in a LaTeX style command is not seen; "
+     "here in a product"),
+    ("wrapped", "N = \\textbf{6}", "6", True,
+     "source: iDiagoValeta/localOllamaRAG#209 — '$N = \\textbf{6}$' was scored as a miss"),
+    ("wrapped", "\\textbf{1,500} - \\textbf{500}", "1000", True,
+     "source: iDiagoValeta/localOllamaRAG#209 — typographic wrappers stay in; here two in a "
+     "difference"),
+    ("wrapped", "\\text{12}\\times\\text{3}", "36", True,
+     "source: EvolvingLMMs-Lab/lmms-eval#1509 — '\\text' is deleted but its braces kept; here "
+     "numbers in \\text inside a product"),
+
+    # --- issue 26: Python-style math --------------------------------------------------------------
+    # Python-style math is read by a bounded textual translation to LaTeX (see the module
+    # docstring): 2*pi*r is 2\pi r. A decimal approximation is still not the exact value.
+    ("python", "2 * pi * r", "2\\pi r", True,
+     "source: Khan/khan-exercises#151867 — '2 * pi * r should evaluate'; it is marked wrong"),
+    ("python", "2 * pi * r", "\\pi r^2", False,
+     "source: Khan/khan-exercises#151867 — the same answer against the area (a different value)"),
+    ("python", "16 pi", "16\\pi", True,
+     "source: Khan/khan-exercises#132329 — '16pi' vs '16 pi': one spelling is refused"),
+    ("python", "16 pi", "16", False,
+     "source: Khan/khan-exercises#132329 — 'pi' after a number is a factor, not a unit word"),
+    ("python", "13(pi)", "13\\pi", True,
+     "source: Khan/khan-exercises#153179 — '13(pi)' is not an accepted format"),
+    ("python", "sqrt(3)/2", "\\frac{\\sqrt{3}}{2}", True,
+     "source: Khan/khan-exercises#145564 — 'sqrt(3)/2' is not accepted for √3/2"),
+    ("python", "30*sqrt(1/3)", "10\\sqrt{3}", True,
+     "source: Khan/khan-exercises#155614 — '30*sqrt(1/3)' was not accepted but '10*sqrt(3)' was"),
+    ("python", "2(3.14)", "2\\pi", False,
+     "source: Khan/khan-exercises#142410 — '2(3.14)' was refused, '2π' accepted: 3.14 is not π"),
+    ("python", "sqrt(3)/3", "\\frac{\\sqrt{3}}{3}", True,
+     f"source: {MV}#39 — 'sqrt(3)/3' vs '\\frac{{\\sqrt{{3}}}}{{3}}' verifies False"),
+    ("python", "sqrt(17)", "4.123105625617661", True,
+     f"source: {MV}#48 — '\\sqrt{{17}}' vs math.sqrt(17)'s float verifies False; here written "
+     "'sqrt(17)'"),
+    # The maintainers there keep a*a apart from a^2 ("differences in notation"); it is the same
+    # polynomial, and the project reads Python-style products.
+    ("python", "a*a+b*b+2*a*b", "a^2+2ab+b^2", True,
+     "source: open-compass/VLMEvalKit#651 — 'a*a+b*b+2ab' vs 'a^2+b^2+2ab' is judged not "
+     "equivalent"),
+    ("python", "sqrt(__import__('os').getpid())", "5", False,
+     "source: THUDM/slime#1586 — the math grader's parse_expr runs model text (code execution): "
+     "the translation must never evaluate"),
 ]
 
 
