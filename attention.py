@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from model import TAGS
 
@@ -222,11 +224,18 @@ def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths,
     # <<< exercise 3
 
 
+# ---------------------------------------------------------------------------------------------
+# The training forward
+
+LOGIT_CHUNK_TOKENS = 1024      # loss tokens per chunk through the LM head (memory: chunk x vocab)
+HEAD_CHECK_TOLERANCE = 1e-2    # our LM head against the model's own logits at the last position
+
+
 def structured_forward(model, input_ids, attention_mask_2d, prompt_lengths, tag_ids: TagIds,
                        mode: str, dtype: torch.dtype | None = None):
     """One training forward under the mode's mask and positions ("sequential" = "seen"):
     logits (B, L, V). The mask is built in `dtype` (default the model's; pass the autocast dtype
-    under mixed precision)."""
+    under mixed precision). The losses use `token_scores`, which never holds these full logits."""
     if mode == "sequential":
         mode = "seen"
     if dtype is None:
@@ -235,3 +244,87 @@ def structured_forward(model, input_ids, attention_mask_2d, prompt_lengths, tag_
                                                tag_ids, mode, dtype)
     return model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                  use_cache=False).logits
+
+
+def final_logit_transform(config):
+    """What a model does to its logits after the LM head (Gemma's soft-capping, Cohere's scale,
+    Granite's scaling), as a function of float32 logits; most models do nothing."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    scale = getattr(config, "logit_scale", None)
+    scaling = getattr(config, "logits_scaling", None)
+
+    def transform(logits: torch.Tensor) -> torch.Tensor:
+        if scale is not None:
+            logits = logits * scale
+        if scaling is not None:
+            logits = logits / scaling
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return transform
+
+
+def head_scores(hidden, weight, bias, targets, temperature: float, transform):
+    """One chunk through the LM head: (log softmax(logits / T) at `targets`, the entropy of
+    softmax(logits / T), no gradient). hidden (C, H), targets (C,) long -> (C,), (C,) float32."""
+    logits = transform(F.linear(hidden, weight, bias).float()) / temperature       # (C, V)
+    normalizer = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - normalizer
+    with torch.no_grad():
+        entropy = normalizer - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+    return logprobs, entropy
+
+
+def token_scores(model, input_ids, attention_mask_2d, prompt_lengths, tag_ids: TagIds, mode: str,
+                 selected: torch.Tensor, temperature: float = 1.0,
+                 chunk_tokens: int = LOGIT_CHUNK_TOKENS, dtype: torch.dtype | None = None):
+    """The training forward for a loss: for every selected position t (selected (B, L-1) bool;
+    position t predicts input_ids[:, t+1]), log softmax(logits / T) of the next token and the
+    entropy (no gradient): (N,) and (N,) float32, in row-major order of `selected`.
+
+    The forward stops at the last hidden states (the model itself runs only its last position
+    through the LM head, which checks that our head is the model's); the selected positions go
+    through the LM head in chunks of `chunk_tokens`, each recomputed in the backward
+    (torch.utils.checkpoint), so no (N, V) logits tensor outlives one chunk. `model` may be
+    wrapped in DDP or sharded by FSDP2: everything runs inside its own forward and backward."""
+    if mode == "sequential":
+        mode = "seen"
+    if dtype is None:
+        dtype = next(model.parameters()).dtype
+    mask, positions = build_mask_and_positions(input_ids, prompt_lengths, attention_mask_2d,
+                                               tag_ids, mode, dtype)
+    inner = getattr(model, "module", model)                  # DDP's wrapped model
+    captured = {}
+
+    def keep_hidden(module, args, output):
+        captured["hidden"] = output[0]                        # (B, L, H), after the final norm
+
+    hook = inner.get_decoder().register_forward_hook(keep_hidden)
+    try:
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                    use_cache=False, logits_to_keep=1)
+    finally:
+        hook.remove()
+    hidden = captured["hidden"]
+    head = inner.get_output_embeddings()
+    transform = final_logit_transform(inner.config)
+    t = temperature if temperature > 0 else 1.0
+    last = transform(F.linear(hidden[:, -1], head.weight, head.bias).float())
+    if not torch.allclose(last, out.logits[:, -1].float(), rtol=HEAD_CHECK_TOLERANCE,
+                          atol=HEAD_CHECK_TOLERANCE):
+        raise ValueError(f"{type(inner).__name__}: its logits are not its LM head applied to "
+                         "its last hidden states (a final transform this code does not know): "
+                         "add it to attention.final_logit_transform")
+    hidden = hidden[:, :-1][selected]                                      # (N, H)
+    targets = input_ids[:, 1:][selected]                                   # (N,)
+    logprobs = []
+    entropy = []
+    for start in range(0, max(1, len(targets)), chunk_tokens):   # one chunk, also for none:
+        chunk = slice(start, start + chunk_tokens)                 # the backward still reaches
+        chunk_logprobs, chunk_entropy = checkpoint(head_scores, hidden[chunk], head.weight,
+                                                   head.bias, targets[chunk], t, transform,
+                                                   use_reentrant=False)
+        logprobs.append(chunk_logprobs)                            # every parameter (DDP)
+        entropy.append(chunk_entropy)
+    return torch.cat(logprobs), torch.cat(entropy)

@@ -46,13 +46,18 @@ class Range:
 
     def rule(self) -> str:
         """The range in words, as an error message states it."""
-        low = "above" if self.low_open else "at least"
-        high = "below" if self.high_open else "at most"
+        low = f"{'above' if self.low_open else 'at least'} {number(self.low)}"
+        high = f"{'below' if self.high_open else 'at most'} {number(self.high)}"
         if math.isinf(self.high):
-            return f"{low} {self.low:g}"
+            return low
         if math.isinf(self.low):
-            return f"{high} {self.high:g}"
-        return f"{low} {self.low:g} and {high} {self.high:g}"
+            return high
+        return f"{low} and {high}"
+
+
+def number(x: float) -> str:
+    """1 for 1.0, 4294967295 for 2**32 - 1, 0.5 for 0.5."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 # The ranges the configs use, named once.
@@ -163,6 +168,11 @@ def parse(cls, argv: list[str], base: dict | None = None):
     cfg = cls(**values)
     check(cfg)
     return cfg
+
+
+def flags_given(argv: list[str]) -> set[str]:
+    """The names of the --flags on a command line ("--lr=3e-4" and "--lr 3e-4" both give lr)."""
+    return {arg[2:].split("=")[0] for arg in argv if arg.startswith("--")}
 
 
 def fill(cfg, preset: dict):

@@ -53,6 +53,9 @@ PLACEHOLDER = re.compile(r"\{problem\}|\{Problem\}")
 
 
 def read_template(prompt_file: str) -> str:
+    if os.path.isdir(prompt_file):
+        raise FileNotFoundError(f"prompt file {prompt_file} is a folder: name the template file "
+                                "in it")
     if not os.path.isfile(prompt_file):
         raise FileNotFoundError(f"prompt file not found: {prompt_file}")
     with open(prompt_file, encoding="utf-8") as f:
@@ -301,7 +304,7 @@ KNOWN_DATASETS = {
                        [("Parallel-R1/Parallel-GSM8K", None, "train")]),
 }
 DATA_ENV = "PARALLEL_R1_DATA"
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")     # compared in lower case
 
 
 def default_data_dir() -> str | None:
@@ -314,19 +317,39 @@ def default_data_dir() -> str | None:
 
 
 def read_rows(path: str) -> list[dict]:
-    """The rows of a .jsonl, .json (a list, or JSON lines) or .parquet file."""
+    """The rows of a .jsonl, .json (a list of records, or JSON lines) or .parquet file (any case
+    of the suffix). ValueError, naming the file, for another kind of file."""
     if not os.path.isfile(path):               # commas separate data specs: name the file
         hint = ""
         if os.path.isdir(path):
             hint = " (a folder: name a .jsonl, .json or .parquet file in it)"
         raise FileNotFoundError(f"data file not found: {path}{hint}")
-    if path.endswith(".parquet"):
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in DATA_SUFFIXES:
+        raise ValueError(f"data file {path}: read are .jsonl, .json and .parquet files (a "
+                         "compressed file: decompress it first, e.g. gunzip)")
+    if suffix == ".parquet":
         import pyarrow.parquet as pq
-        return pq.read_table(path).to_pylist()
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if path.endswith(".json") and text.lstrip().startswith("["):
-        return json.loads(text)
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as e:                 # pyarrow's errors name no file
+            raise ValueError(f"data file {path} is not a readable parquet file ({e})") from None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError:
+        raise ValueError(f"data file {path} is not UTF-8 text: write JSON lines, a JSON list or "
+                         "parquet") from None
+    if suffix == ".json" and text.lstrip().startswith(("[", "{")):
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError:
+            whole = None                       # JSON lines in a .json file: read line by line
+        if isinstance(whole, list):
+            return whole
+        if isinstance(whole, dict):
+            raise ValueError(f"data file {path} holds one JSON object, not records: write a list "
+                             "of records ([{...}, {...}]) or one record per line")
     rows = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -487,7 +510,8 @@ def load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
         else:
             rows = load_hub(name, local)
             where = f"{name} (hub)"
-    elif not synthetic and (name.endswith(DATA_SUFFIXES) or os.sep in name or os.path.exists(name)):
+    elif not synthetic and (name.lower().endswith(DATA_SUFFIXES) or os.sep in name
+                            or os.path.exists(name)):
         rows = read_rows(name)
         where = name
     else:

@@ -29,7 +29,7 @@ from transformers import AutoTokenizer
 import config
 from data import TINY_VOCAB_LIMIT, Style, build_prompt, load_data
 from model import TAGS, Mode, check_model_name, load_model, mode_from_config, read_checkpoint_config
-from plumbing import move_aside
+from plumbing import check_out_dir, locked, move_aside
 from rewards import parallel_positions, score_batch
 from sample import SamplingConfig, generate
 
@@ -234,9 +234,12 @@ def own_tokenizer(name_or_path: str):
     check_model_name(name_or_path, weights=False)
     try:
         return AutoTokenizer.from_pretrained(name_or_path)
-    except (OSError, ValueError) as e:
-        raise OSError(f"cannot load the tokenizer of --model={name_or_path!r} (a checkpoint "
-                      f"folder, a hub name available offline, or tiny): {e}") from None
+    except Exception as e:
+        where = "a checkpoint folder, a hub name available offline, or tiny"
+        if os.path.isdir(name_or_path):
+            where = "its tokenizer.json or tokenizer_config.json may be damaged"
+        raise OSError(f"cannot load the tokenizer of --model={name_or_path!r} ({where}): "
+                      f"{type(e).__name__}: {e}") from None
 
 
 def check_tags(tokenizer, name: str, mode: str, allow_untrained_tags: bool = False) -> bool:
@@ -435,30 +438,39 @@ def write_outputs(out_dir: str, partial: str, summary: dict) -> None:
         fh.write(json.dumps(summary, indent=2))
 
 
-def run(cfg: EvalConfig) -> dict:
-    """Evaluate cfg.model on every benchmark of cfg.data; write results.md, samples.jsonl and
-    summary.json to out_dir."""
-    cfg, resolved = resolve(cfg)
-    mode = resolved["mode"]
-    prompt_file = resolved["prompt_file"]
-    ks = resolved["ks"]
-    records = {b: load_data(b, limit=cfg.limit or None, data_dir=cfg.data_dir or None) for b in ks}
-    model, tokenizer = load_model(cfg.model, device=cfg.device or None)
-    name = display_name(cfg)
-    out_dir = cfg.out_dir or default_out_dir(cfg)
-    style = cfg.prompt_style or ("sequential" if mode == "sequential" else "parallel")
-    prompt_note = f" from {prompt_file}" if prompt_file else ""
-    print(f"[eval] {name}: mode {mode} ({resolved['mode_source']}), {style} prompt{prompt_note}, "
-          f"T={cfg.temperature}, max_new_tokens {cfg.max_new_tokens}")
+def fitting_records(cfg: EvalConfig, benches: list[str], tokenizer, model, style: str,
+                    prompt_file: str | None) -> tuple[dict, dict]:
+    """({benchmark: its problems that fit the model's context}, {benchmark: ids left out})."""
     context = getattr(model.config, "max_position_embeddings", None)
+    records = {}
     skipped = {}
-    for bench, recs in records.items():
+    for bench in benches:
+        loaded = load_data(bench, limit=cfg.limit or None, data_dir=cfg.data_dir or None)
         records[bench], _, over = fit_context(
-            recs, tokenizer, style, prompt_file, cfg.max_new_tokens, context, bench, log,
+            loaded, tokenizer, style, prompt_file, cfg.max_new_tokens, context, bench, log,
             keep_long=not cfg.skip_long_prompts,
             hint=", or pass --skip_long_prompts=False to sample past the context")
         if over:
             skipped[bench] = over
+    return records, skipped
+
+
+def run(cfg: EvalConfig) -> dict:
+    """Evaluate cfg.model on every benchmark of cfg.data; write results.md, samples.jsonl and
+    summary.json to out_dir (locked meanwhile: not a folder a live training run writes)."""
+    cfg, resolved = resolve(cfg)
+    mode = resolved["mode"]
+    prompt_file = resolved["prompt_file"]
+    ks = resolved["ks"]
+    name = display_name(cfg)
+    out_dir = cfg.out_dir or default_out_dir(cfg)
+    check_out_dir(out_dir)
+    style = cfg.prompt_style or ("sequential" if mode == "sequential" else "parallel")
+    model, tokenizer = load_model(cfg.model, device=cfg.device or None)
+    prompt_note = f" from {prompt_file}" if prompt_file else ""
+    print(f"[eval] {name}: mode {mode} ({resolved['mode_source']}), {style} prompt{prompt_note}, "
+          f"T={cfg.temperature}, max_new_tokens {cfg.max_new_tokens}")
+    records, skipped = fitting_records(cfg, list(ks), tokenizer, model, style, prompt_file)
     sampling = SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
                               max_new_tokens=cfg.max_new_tokens, num_paths=cfg.num_paths,
                               max_blocks=cfg.max_blocks)
@@ -466,31 +478,31 @@ def run(cfg: EvalConfig) -> dict:
     results = {}
     timings = {}
     partial = os.path.join(out_dir, "samples.jsonl.partial")   # a failed run keeps the old file
-    total = sum(len(recs) * ks[bench] for bench, recs in records.items())
-    with open(partial, "w", encoding="utf-8") as fh, \
-            tqdm(total=total, desc="eval", unit="resp", dynamic_ncols=True) as bar:
-        for bench, recs in records.items():
-            k = ks[bench]
-            t0 = time.time()
-            bar.set_description(bench)
-            m, samples = evaluate(model, tokenizer, recs, mode, k=k, sampling=sampling,
-                                  batch_size=cfg.batch_size, prompt_style=style,
-                                  prompt_file=prompt_file, verifier=cfg.verifier, progress=bar)
-            timings[bench] = time.time() - t0
-            results[bench] = m
-            lines = [json.dumps(dict(s, benchmark=bench), ensure_ascii=False) for s in samples]
-            fh.writelines(line + "\n" for line in lines)
-            bar.write(f"{bench}: Mean@{k} {100 * m['mean_at_k']:.1f}  Pass@{k} "
-                      f"{100 * m['pass_at_k']:.1f}  parallel {100 * m['parallel_ratio']:.1f}%  "
-                      f"T {m['mean_T']:.0f}  D {m['mean_D']:.0f}  ({m['num_problems']} problems, "
-                      f"{timings[bench]:.0f}s)")
-    table = format_table({name: results})
-    summary = {"model": cfg.model, "name": name, "mode": mode,
-               "mode_source": resolved["mode_source"], "prompt_style": style,
-               "prompt_file": prompt_file, "avg_mean_at_k": average_mean_at_k(results),
-               "benchmarks": results, "skipped_too_long": skipped, "seconds": timings,
-               "table": table, "config": dataclasses.asdict(cfg)}
-    write_outputs(out_dir, partial, summary)
+    with locked(out_dir):
+        with open(partial, "w", encoding="utf-8") as fh:
+            for bench, recs in records.items():
+                k = ks[bench]
+                t0 = time.time()
+                with tqdm(total=len(recs) * k, desc=bench, unit="resp") as bar:
+                    m, samples = evaluate(model, tokenizer, recs, mode, k=k, sampling=sampling,
+                                          batch_size=cfg.batch_size, prompt_style=style,
+                                          prompt_file=prompt_file, verifier=cfg.verifier,
+                                          progress=bar)
+                timings[bench] = time.time() - t0
+                results[bench] = m
+                lines = [json.dumps(dict(s, benchmark=bench), ensure_ascii=False) for s in samples]
+                fh.writelines(line + "\n" for line in lines)
+                log(f"{bench}: Mean@{k} {100 * m['mean_at_k']:.1f}  Pass@{k} "
+                    f"{100 * m['pass_at_k']:.1f}  parallel {100 * m['parallel_ratio']:.1f}%  "
+                    f"T {m['mean_T']:.0f}  D {m['mean_D']:.0f}  ({m['num_problems']} problems, "
+                    f"{timings[bench]:.0f}s)")
+        table = format_table({name: results})
+        summary = {"model": cfg.model, "name": name, "mode": mode,
+                   "mode_source": resolved["mode_source"], "prompt_style": style,
+                   "prompt_file": prompt_file, "avg_mean_at_k": average_mean_at_k(results),
+                   "benchmarks": results, "skipped_too_long": skipped, "seconds": timings,
+                   "table": table, "config": dataclasses.asdict(cfg)}
+        write_outputs(out_dir, partial, summary)
     print(f"\n{table}\n\n[eval] wrote {out_dir}/results.md, samples.jsonl, summary.json")
     return summary
 

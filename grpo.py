@@ -36,12 +36,12 @@ from tqdm import tqdm
 import config
 import plumbing
 import sft
-from attention import TagIds
+from attention import LOGIT_CHUNK_TOKENS, TagIds
 from data import TINY_VOCAB_LIMIT, load_data
 from eval import evaluate, fit_context, own_tokenizer, summarize
 from model import Mode, load_model, mode_from_config, read_checkpoint_config
 from rewards import RewardSchedule, parallel_positions, score_batch
-from sample import Rollout, SamplingConfig, generate, token_logprobs
+from sample import Rollout, SamplingConfig, generate
 
 RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "scaffold": "unseen",
                "baseline": "sequential"}
@@ -99,6 +99,7 @@ class GRPOConfig:
     seed: config.Seed = 0
     fsdp: bool = False                   # FSDP2 (each decoder layer, then the root); torchrun
     grad_checkpointing: bool = False
+    logit_chunk_tokens: config.PositiveInt = LOGIT_CHUNK_TOKENS   # loss tokens per LM-head chunk
     resume: str = ""                     # a checkpoint folder, or True = the latest in out_dir
     eval_data: str | None = None         # held-out problems, a benchmark per source; "" = none
     eval_every: config.NonNegativeInt | None = None    # steps between evaluations (0: first, last)
@@ -161,6 +162,10 @@ def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOCo
 def default_init(mode: str, model: str = "") -> str:
     """`model`, else the latest SFT checkpoint of the mode. FileNotFoundError names the command
     that writes it."""
+    if model == "tiny":
+        print("warning: --model=tiny is the embedded model with random weights: GRPO starts from "
+              "an SFT checkpoint (e.g. python sft.py, then --model=runs/sft/checkpoint-400)",
+              file=sys.stderr)
     if model:
         return model
     folder, command = DEFAULT_INIT[mode]
@@ -350,17 +355,16 @@ def plan_micro_batches(lengths: list[int], ppo_mini_batches: int, micro_batch_si
     return plan
 
 
-def micro_batch_loss(logits, mb: RolloutBatch, cfg: GRPOConfig, clip_ratio_high: float,
-                     denominator: float, world_size: int = 1) -> tuple[torch.Tensor, dict]:
+def micro_batch_loss(logprobs, entropy, mb: RolloutBatch, cfg: GRPOConfig,
+                     clip_ratio_high: float, denominator: float,
+                     world_size: int = 1) -> tuple[torch.Tensor, dict]:
     """This micro-batch's part of the mini-batch loss, sum(w * l) * world_size / D (D over every
     micro-batch of every rank; the ranks' gradients are averaged), and the sums to all-reduce for
-    the step's statistics."""
+    the step's statistics. logprobs, entropy (N,) float32: of the loss tokens (mb.loss_mask), in
+    row-major order, from the training forward (sft.scores)."""
     selected = mb.loss_mask.bool()                                          # (B, L-1)
     weights = loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[0][selected]
-    logits = logits[:, :-1][selected]                                        # (N, V)
-    targets = mb.input_ids[:, 1:][selected]                                  # (N,)
-    logprobs = token_logprobs(logits, targets, cfg.temperature)
-    old = mb.old_logprobs[selected]
+    old = mb.old_logprobs[selected]                                         # (N,)
     advantages = mb.advantages.expand_as(mb.loss_mask)[selected]
     pg, clipped, dual = policy_loss(logprobs, old, advantages, cfg.clip_ratio_low, clip_ratio_high,
                                     cfg.clip_ratio_c)
@@ -372,9 +376,6 @@ def micro_batch_loss(logits, mb: RolloutBatch, cfg: GRPOConfig, clip_ratio_high:
     d = max(denominator, 1e-12)
     part = (weights * token_loss).sum() / d
     with torch.no_grad():
-        temperature = cfg.temperature if cfg.temperature > 0 else 1.0
-        z = (logits / temperature).float()
-        entropy = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
         stats = {"loss": part.item(), "pg_loss": ((weights * pg).sum() / d).item(),
                  "tokens": float(selected.sum()), "kl": 0.0 if kl is None else kl.sum().item(),
                  "clipped": clipped.sum().item(), "dual": dual.sum().item(),
@@ -416,6 +417,17 @@ def mini_batches(rollouts: list[Rollout], advantages, cfg: GRPOConfig, pad_id: i
 
 
 @torch.no_grad()
+def response_logprobs(model, mb: RolloutBatch, cfg: GRPOConfig, tags: TagIds,
+                      mode: str) -> torch.Tensor:
+    """(B, L-1) float32: the model's log-prob of each response token of the micro-batch, 0 at
+    the prompt and the padding."""
+    response = mb.response_mask.bool()
+    table = torch.zeros_like(mb.old_logprobs)
+    table[response] = sft.scores(model, mb, tags, mode, response, cfg.temperature,
+                                 cfg.logit_chunk_tokens)[0]
+    return table
+
+
 def recompute_logprobs(minis, model, ref_model, cfg: GRPOConfig, tags: TagIds, mode: str,
                        device) -> float | None:
     """Before the first optimizer step: logp_old of the injected tokens (train_injected) and the
@@ -426,18 +438,15 @@ def recompute_logprobs(minis, model, ref_model, cfg: GRPOConfig, tags: TagIds, m
         return None
     max_diff = 0.0
     for mb in (mb for mini in minis for mb in mini):
-        targets = mb.input_ids[:, 1:]
         if cfg.train_injected or cfg.recompute_logprobs:
-            logits = sft.forward(model, mb, tags, mode)[:, :-1]
-            logprobs = token_logprobs(logits, targets, cfg.temperature)
-            if logprobs.numel():
+            logprobs = response_logprobs(model, mb, cfg, tags, mode)
+            if mb.response_mask.any():
                 diff = ((logprobs - mb.old_logprobs).abs() * mb.sampled_mask).max().item()
                 max_diff = max(max_diff, diff)
             injected = (mb.response_mask - mb.sampled_mask).bool()
             mb.old_logprobs = torch.where(injected, logprobs, mb.old_logprobs)
         if want_ref:
-            ref_logits = sft.forward(ref_model, mb, tags, mode)[:, :-1]
-            mb.ref_logprobs = token_logprobs(ref_logits, targets, cfg.temperature)
+            mb.ref_logprobs = response_logprobs(ref_model, mb, cfg, tags, mode)
     return plumbing.all_reduce([max_diff], device, op="max")[0]
 
 
@@ -469,8 +478,10 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
             continue
         for j, mb in enumerate(mini):
             with plumbing.grad_sync(model, enabled=j == len(mini) - 1):
-                logits = sft.forward(model, mb, tags, mode)
-                loss, stats = micro_batch_loss(logits, mb, cfg, high, denominator, world_size)
+                logprobs, entropy = sft.scores(model, mb, tags, mode, mb.loss_mask.bool(),
+                                               cfg.temperature, cfg.logit_chunk_tokens)
+                loss, stats = micro_batch_loss(logprobs, entropy, mb, cfg, high, denominator,
+                                               world_size)
                 loss.backward()
             for key in STAT_SUMS:
                 sums[key] += stats[key]
@@ -817,10 +828,4 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None,
 
 
 if __name__ == "__main__":
-    try:
-        train(plumbing.parse_args(GRPOConfig, sys.argv[1:]))
-    except (OSError, ValueError) as e:                # bad input: the message says what to do
-        sys.exit(f"grpo.py: error: {e}")
-    except KeyboardInterrupt:
-        sys.exit("grpo.py: interrupted; the checkpoints in out_dir are kept (--resume=True "
-                 "continues the latest)")
+    plumbing.run_script("grpo.py", GRPOConfig, train, sys.argv[1:])

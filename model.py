@@ -145,6 +145,19 @@ def hub_reachable() -> bool:
         return False
 
 
+def load_tokenizer_only(name: str):
+    """The tokenizer of --tokenizer (a folder or a cached hub name), for the tiny model. OSError
+    naming the flag when there is none."""
+    check_model_name(name, weights=False)
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=not os.path.isdir(name)
+                                             and not hub_reachable())
+    except Exception as e:
+        raise OSError(f"--tokenizer={name}: cannot load a tokenizer from it ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}); pass a folder holding "
+                      "tokenizer.json, or a hub name the hub or its cache can give") from None
+
+
 def build_tiny_model(tokenizer, seed: int) -> Qwen3ForCausalLM:
     """The embedded default, randomly initialised with `seed`, for `tokenizer`'s vocabulary."""
     torch.manual_seed(seed)
@@ -162,7 +175,11 @@ def load_pretrained(name: str, dtype: torch.dtype, attn_implementation: str):
     local_only = not os.path.isdir(name) and not hub_reachable()      # then the hub's cache only
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
-    except Exception:
+    except Exception as e:
+        if os.path.isdir(name):                  # the library's error names no file
+            raise OSError(f"cannot read the tokenizer in {name!r} ({type(e).__name__}: {e}): its "
+                          "tokenizer.json or tokenizer_config.json may be damaged; copy them in "
+                          "again from the model it was trained from") from None
         if not local_only:
             raise
         raise OSError(f"{name!r} is not a local folder and the Hugging Face hub cannot be "
@@ -194,8 +211,7 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None,
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if name_or_path == "tiny":
         if tokenizer:
-            check_model_name(tokenizer, weights=False)
-            tok = AutoTokenizer.from_pretrained(tokenizer)
+            tok = load_tokenizer_only(tokenizer)
         else:
             tok = build_char_tokenizer()
         if tok.pad_token is None:

@@ -18,6 +18,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext
@@ -200,7 +201,9 @@ def resume_path(cfg) -> str:
 
 
 def parse_args(config_class, argv: list[str]):
-    """The command line; with --resume, over the config saved in that checkpoint."""
+    """The command line; with --resume, over the config saved in that checkpoint. A resumed run
+    writes into the folder of the checkpoint it continues (unless --out_dir says otherwise), and
+    its model is the checkpoint's: a --model that differs is refused."""
     cfg = config.parse(config_class, argv)
     path = resume_path(cfg)
     if not path:
@@ -212,7 +215,16 @@ def parse_args(config_class, argv: list[str]):
         writer = "grpo.py" if saved_by_grpo else "sft.py"
         raise ValueError(f"--resume: {path!r} was written by {writer}, and --resume continues a "
                          f"run of the same script; to start from it, pass --model={path}")
-    return config.parse(config_class, argv, base=dict(saved, resume=path))
+    given = config.flags_given(argv)
+    if "model" in given and cfg.model != saved.get("model"):
+        raise ValueError(f"--model={cfg.model} with --resume={cfg.resume}: a resumed run goes on "
+                         f"from the model it started from ({saved.get('model')}); drop --model, "
+                         f"or start a new run from the checkpoint with --model={path} and no "
+                         "--resume")
+    base = dict(saved, resume=path)
+    if "out_dir" not in given:                     # where the checkpoint is, not where it was made
+        base["out_dir"] = os.path.dirname(os.path.abspath(path))
+    return config.parse(config_class, argv, base=base)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,6 +242,13 @@ def move_aside(folder: str, paths: list[str]) -> str:
     for p in paths:
         shutil.move(p, aside)
     return aside
+
+
+def check_out_dir(out_dir: str) -> None:
+    """ValueError when --out_dir names something that is not a folder."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"--out_dir={out_dir} is a file, not a folder: pass a folder (it is made "
+                         "if missing)")
 
 
 def lock_out_dir(out_dir: str) -> None:
@@ -251,6 +270,16 @@ def lock_out_dir(out_dir: str) -> None:
                          f"remove {path})")
     with open(path, "w") as f:
         f.write(str(os.getpid()))
+
+
+@contextmanager
+def locked(out_dir: str):
+    """out_dir locked (lock_out_dir) for the duration of the block: eval.py's outputs."""
+    lock_out_dir(out_dir)
+    try:
+        yield
+    finally:
+        os.remove(os.path.join(out_dir, ".lock"))
 
 
 def is_inside(path: str, folder: str) -> bool:
@@ -455,6 +484,7 @@ def load_run(cfg, d: Dist, name: str, cls=Run, **load_kw) -> Run:
     if cfg.fsdp and not dist.is_initialized():
         raise ValueError("--fsdp=True shards the model over processes: launch with torchrun "
                          "(torchrun --nproc_per_node=<gpus> sft.py --fsdp=True ...)")
+    check_out_dir(cfg.out_dir)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -511,7 +541,6 @@ def restore(run: Run, lr_lambda) -> None:
                 f"{new_lr:.3g}, not the checkpoint's {stored_lr:.3g}")
     run.step = run.state["step"]
     set_rng_state(run.state["rng"])
-    run.log(f"resumed from {run.resume} at step {run.step}")
 
 
 def open_out_dir(run: Run, reads_model_again: bool) -> None:
@@ -573,4 +602,28 @@ def prepare(run: Run, lr_lambda, reads_model_again: bool = False) -> Run:
     if run.resume:
         restore(run, lr_lambda)
     open_out_dir(run, reads_model_again)
+    if run.resume:
+        run.log(f"resumed from {run.resume} at step {run.step}")
     return run
+
+
+def interrupted(script: str, out_dir: str | None) -> str:
+    """The line a Ctrl-C ends a training script with: what is kept, and how to go on."""
+    kept = checkpoints(out_dir) if out_dir and os.path.isdir(out_dir) else []
+    if not kept:
+        return f"{script}: interrupted before its first checkpoint: nothing to resume from"
+    return (f"{script}: interrupted; the checkpoints in out_dir are kept (--resume=True continues "
+            f"the latest, {kept[-1][1]})")
+
+
+def run_script(script: str, config_class, train, argv: list[str]) -> None:
+    """`python sft.py|grpo.py ...`: parse the command line and train. Bad input and Ctrl-C end
+    in one line that says what to do (no traceback)."""
+    cfg = None
+    try:
+        cfg = parse_args(config_class, argv)
+        train(cfg)
+    except (OSError, ValueError) as e:             # bad input: the message says what to do
+        sys.exit(f"{script}: error: {e}")
+    except KeyboardInterrupt:
+        sys.exit(interrupted(script, cfg.out_dir if cfg else None))

@@ -27,13 +27,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
 import config
 import plumbing
-from attention import TagIds, structured_forward
+from attention import LOGIT_CHUNK_TOKENS, TagIds, token_scores
 from data import TINY_VOCAB_LIMIT, Batch, Example, Style, collate, load_data, tokenize_records
 from eval import own_tokenizer, quick_eval
 
@@ -65,6 +64,7 @@ class SFTConfig:
     seed: config.Seed = 0
     fsdp: bool = False                   # FSDP2 (each decoder layer, then the root); torchrun
     grad_checkpointing: bool = False     # recompute activations in the backward pass
+    logit_chunk_tokens: config.PositiveInt = LOGIT_CHUNK_TOKENS   # loss tokens per LM-head chunk
     resume: str = ""                     # a checkpoint folder, or True = the latest in out_dir
     log_every: config.NonNegativeInt = 50     # print a line every N steps (0 = never)
     save_every: config.NonNegativeInt = 100   # checkpoint every N steps (0 = only at the end)
@@ -101,14 +101,15 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1, tiny: bool | None = No
     return cfg
 
 
-def forward(model, batch, tags: TagIds, mode: str) -> torch.Tensor:
-    """The training forward (B, L, V) of a Batch or grpo.RolloutBatch, each row under its own
-    mask and positions (bf16 autocast on GPUs)."""
+def scores(model, batch, tags: TagIds, mode: str, selected: torch.Tensor,
+           temperature: float = 1.0, chunk_tokens: int = LOGIT_CHUNK_TOKENS):
+    """attention.token_scores of a Batch or grpo.RolloutBatch, each row under its own mask and
+    positions, bf16 autocast on GPUs: the log-prob and entropy of every selected next token."""
     cuda = batch.input_ids.device.type == "cuda"
     with plumbing.autocast(batch.input_ids.device):
-        return structured_forward(model, batch.input_ids, batch.attention_mask,
-                                  batch.prompt_lengths, tags, mode,
-                                  dtype=torch.bfloat16 if cuda else torch.float32)
+        return token_scores(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
+                            tags, mode, selected, temperature, chunk_tokens,
+                            dtype=torch.bfloat16 if cuda else torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,18 +131,18 @@ def shard_micro_batches(examples: list[Example], batch_indices: list[int], rank:
 # The loss and one step
 
 
-def response_nll(model, batch: Batch, tags: TagIds, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the summed NLL of the response tokens, their count); logits[:, t] predicts
-    input_ids[:, t+1], in sequence order."""
-    logits = forward(model, batch, tags, mode)                         # (B, L, V)
-    targets = batch.input_ids[:, 1:]                                   # (B, L-1)
-    weights = batch.loss_mask[:, 1:]                                   # the target is a response
-    nll = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), reduction="none")
-    return (nll.view_as(targets) * weights).sum(), weights.sum()
+def response_nll(model, batch: Batch, tags: TagIds, mode: str,
+                 chunk_tokens: int = LOGIT_CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the summed NLL of the response tokens, their count): position t predicts input_ids[:, t+1]
+    (in sequence order), and the targets are the response tokens."""
+    targets = batch.loss_mask[:, 1:].bool()                            # (B, L-1)
+    logprobs, _ = scores(model, batch, tags, mode, targets, chunk_tokens=chunk_tokens)
+    return -logprobs.sum(), targets.sum()
 
 
 def accumulate_gradients(model, micro_batches: list[Batch], tags: TagIds, mode: str,
-                         world_size: int = 1, device=None) -> tuple[float, float]:
+                         world_size: int = 1, device=None,
+                         chunk_tokens: int = LOGIT_CHUNK_TOKENS) -> tuple[float, float]:
     """Backward over this rank's micro-batches so that the gradients (after the ranks' average)
     are those of sum(NLL) / tokens of the global batch; they sync on the last one. Returns (the
     global NLL sum, the global token count)."""
@@ -152,7 +153,7 @@ def accumulate_gradients(model, micro_batches: list[Batch], tags: TagIds, mode: 
     for i, mb in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         with plumbing.grad_sync(model, enabled=last):
-            nll_sum, _ = response_nll(model, mb.to(device), tags, mode)
+            nll_sum, _ = response_nll(model, mb.to(device), tags, mode, chunk_tokens)
             (nll_sum * (world_size / global_tokens)).backward()
         nll_total += nll_sum.item()
     return plumbing.all_reduce([nll_total], device)[0], global_tokens
@@ -175,7 +176,7 @@ def sft_step(run: plumbing.Run, examples: list[Example], stream: plumbing.Shuffl
                                         run.tokenizer.pad_token_id)
     lr = run.optimizer.param_groups[0]["lr"]
     nll, loss_tokens = accumulate_gradients(run.train_model, micro_batches, run.tags, cfg.mode,
-                                            d.world_size, d.device)
+                                            d.world_size, d.device, cfg.logit_chunk_tokens)
     grad_norm = plumbing.optimizer_step(run.train_model, run.optimizer, run.scheduler,
                                         cfg.grad_clip)
     run.step += 1
@@ -326,10 +327,5 @@ def main(argv: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except (OSError, ValueError) as e:                    # bad input: the message says what to do
-        sys.exit(f"sft.py: error: {e}")
-    except KeyboardInterrupt:
-        sys.exit("sft.py: interrupted; the checkpoints in out_dir are kept (--resume=True "
-                 "continues the latest)")
+    hf_logging.disable_progress_bar()
+    plumbing.run_script("sft.py", SFTConfig, train, sys.argv[1:])
