@@ -158,8 +158,10 @@ def synthetic_problems(split: str, part: str = "train", n: int | None = None,
 
 def render_trace(problem: PairProblem, rng: random.Random, parallel_fraction: float = 0.5,
                  guess_accuracy: float = GUESS_ACCURACY, num_paths: int = 2,
-                 max_rounds: int = MAX_ROUNDS) -> str:
-    """The teacher's solution (text with tags, no EOS): rounds of attempts until a pair checks."""
+                 max_rounds: int = MAX_ROUNDS, max_paths: int | None = None) -> str:
+    """The teacher's solution (text with tags, no EOS): rounds of attempts until a pair checks.
+    A block has num_paths paths, or, with max_paths > num_paths, a width drawn uniformly from
+    num_paths..max_paths per block."""
     p = problem
     wrong = [(a, b) for i, a in enumerate(p.numbers) for b in p.numbers[i + 1:]
              if {a, b} != set(p.pair)]
@@ -167,8 +169,13 @@ def render_trace(problem: PairProblem, rng: random.Random, parallel_fraction: fl
     found = None
     for r in range(max_rounds):
         block = rng.random() < parallel_fraction
+        attempts = 1
+        if block:
+            attempts = num_paths
+        if block and max_paths and max_paths > num_paths:
+            attempts = rng.randint(num_paths, max_paths)
         tries = []
-        for _ in range(num_paths if block else 1):
+        for _ in range(attempts):
             right = rng.random() < guess_accuracy or r == max_rounds - 1
             a, b = p.pair if right else rng.choice(wrong)
             swap = rng.random() >= 0.5                     # either order, equally often
@@ -187,9 +194,9 @@ def render_trace(problem: PairProblem, rng: random.Random, parallel_fraction: fl
 
 
 def synthetic_records(split: str, part: str, style: str, limit: int | None, seed: int,
-                      parallel_fraction: float) -> list[dict]:
-    """Records with teacher traces (style "sequential": every round one attempt), each trace drawn
-    with its own seed."""
+                      parallel_fraction: float, max_paths: int = 2) -> list[dict]:
+    """Records with teacher traces (style "sequential": every round one attempt; max_paths: the
+    widest block), each trace drawn with its own seed."""
     if not 0 <= parallel_fraction <= 1:
         raise ValueError(f"parallel_fraction must be in [0, 1], got {parallel_fraction}")
     fraction = 0.0 if style == "sequential" else parallel_fraction
@@ -198,7 +205,8 @@ def synthetic_records(split: str, part: str, style: str, limit: int | None, seed
         source += f":{part}"
     records = []
     for i, p in enumerate(synthetic_problems(split, part, limit, seed)):
-        trace = render_trace(p, random.Random(f"{source}:{seed}:{i}"), fraction)
+        trace = render_trace(p, random.Random(f"{source}:{seed}:{i}"), fraction,
+                             max_paths=max_paths)
         records.append({"id": f"{source}-{i}", "problem": p.text, "answer": p.answer,
                         "source": source, "solution": trace})
     return records
@@ -492,12 +500,14 @@ def records_from_rows(rows, name: str, style: str, strict: bool, where: str,
 
 
 def load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
-             data_dir: str | None, tokenizer, parallel_fraction: float) -> list[dict]:
+             data_dir: str | None, tokenizer, parallel_fraction: float,
+             max_paths: int) -> list[dict]:
     """The records of one data name (see `load_data`)."""
     synthetic = re.fullmatch(r"synthetic:(\w+)(?::(rl|test))?", name)
     if synthetic and synthetic.group(1) in SYNTHETIC_SPLITS:
         part = synthetic.group(2) or "train"
-        return synthetic_records(synthetic.group(1), part, style, limit, seed, parallel_fraction)
+        return synthetic_records(synthetic.group(1), part, style, limit, seed, parallel_fraction,
+                                 max_paths)
     if name in KNOWN_DATASETS:
         folder = data_dir or default_data_dir()
         if folder and not os.path.isdir(folder):           # only a folder the user named
@@ -524,10 +534,11 @@ def load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
 
 def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: int | None = None,
               seed: int = 0, data_dir: str | None = None, tokenizer=None,
-              parallel_fraction: float = 0.5) -> list[dict]:
+              parallel_fraction: float = 0.5, max_paths: int = 2) -> list[dict]:
     """The records of `spec` (a name, a comma list, or a file, also one with a comma in its
     name), solutions in `style` (None where a real set has none). `strict`: refuse a row without
-    a problem or an answer. `limit`: the first this-many of each part.
+    a problem or an answer. `limit`: the first this-many of each part. `parallel_fraction`,
+    `max_paths`: the synthetic traces' share of block rounds and widest block.
     ValueError: an unknown name (listing the known ones), nothing loaded; FileNotFoundError: a
     missing file or folder, or a set with neither a local file nor the hub."""
     names = [spec] if os.path.isfile(spec) else spec.split(",")
@@ -536,7 +547,7 @@ def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: i
         name = name.strip()
         if name:
             records += load_one(name, style, strict, limit, seed, data_dir, tokenizer,
-                                parallel_fraction)
+                                parallel_fraction, max_paths)
     if not records:
         raise ValueError(f"{spec!r} gave no records")
     return records

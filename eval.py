@@ -342,6 +342,7 @@ class EvalConfig:
     prompt_style: Style | None = None  # None = follows the mode
     prompt_file: str = ""              # a template with {problem}; "" = the checkpoint's, else ours
     max_new_tokens: config.PositiveInt | None = None   # response budget, paths and summaries in
+    budget: Literal["tokens", "steps"] = "tokens"   # max_new_tokens bounds T, or D (decode steps)
     temperature: config.NonNegativeFloat = 1.0
     top_p: Annotated[float, config.Range(low=0, high=1, low_open=True)] = 1.0
     num_paths: Annotated[int, config.Range(low=2)] = 2
@@ -469,11 +470,11 @@ def run(cfg: EvalConfig) -> dict:
     model, tokenizer = load_model(cfg.model, device=cfg.device or None)
     prompt_note = f" from {prompt_file}" if prompt_file else ""
     print(f"[eval] {name}: mode {mode} ({resolved['mode_source']}), {style} prompt{prompt_note}, "
-          f"T={cfg.temperature}, max_new_tokens {cfg.max_new_tokens}")
+          f"T={cfg.temperature}, max_new_tokens {cfg.max_new_tokens} ({cfg.budget})")
     records, skipped = fitting_records(cfg, list(ks), tokenizer, model, style, prompt_file)
     sampling = SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
-                              max_new_tokens=cfg.max_new_tokens, num_paths=cfg.num_paths,
-                              max_blocks=cfg.max_blocks)
+                              max_new_tokens=cfg.max_new_tokens, budget=cfg.budget,
+                              num_paths=cfg.num_paths, max_blocks=cfg.max_blocks)
     os.makedirs(out_dir, exist_ok=True)
     results = {}
     timings = {}

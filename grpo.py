@@ -65,6 +65,7 @@ class GRPOConfig:
     batch_size: config.PositiveInt | None = None   # prompts per step, all ranks together
     group_size: config.PositiveInt | None = None   # responses per prompt (G)
     max_new_tokens: config.PositiveInt | None = None   # a response's budget, paths included
+    budget: Literal["tokens", "steps"] = "tokens"   # max_new_tokens bounds T, or D (decode steps)
     num_paths: Annotated[int, config.Range(low=2)] = 2
     max_blocks: config.NonNegativeInt = 4
     temperature: config.NonNegativeFloat = 1.0     # sampling and the loss's log-probs (the same)
@@ -114,7 +115,7 @@ class GRPOConfig:
     def sampling(self, seed: int | None = None) -> SamplingConfig:
         """The rollouts' sampling settings."""
         return SamplingConfig(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              seed=seed, max_new_tokens=self.max_new_tokens,
+                              seed=seed, max_new_tokens=self.max_new_tokens, budget=self.budget,
                               num_paths=self.num_paths, max_blocks=self.max_blocks,
                               allow_parallel=self.mode != "sequential")
 
@@ -758,11 +759,11 @@ def first_evaluation(run: GRPORun) -> dict | None:
     cfg = run.cfg
     before = run.state.get("eval_before")
     settings = [cfg.eval_data, cfg.eval_samples, cfg.eval_k, cfg.eval_temperature,
-                cfg.max_new_tokens]
+                cfg.max_new_tokens, cfg.budget]
     if before and before.get("settings", settings) != settings:
         run.log(f"note: the run's first evaluation used other settings {before['settings']} than "
                 f"now {settings} (eval_data, eval_samples, eval_k, eval_temperature, "
-                "max_new_tokens): the end summary shows no before/after table")
+                "max_new_tokens, budget): the end summary shows no before/after table")
         return {}                                  # falsy: neither re-evaluated nor compared
     if before is None and run.eval_records:
         return {**evaluate_now(run, "before"), "settings": settings}

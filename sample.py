@@ -28,15 +28,17 @@ attention depends on the mask and on the positions baked into the cached keys, n
 order, so every sampled token has its training context (`attention.build_mask_and_positions`) and
 the recorded log-probs equal the training forward's (NOTES.md §8).
 
-The budget counts every response token (paths, summaries and injected tags) and keeps one token
-free for each open path's </Path>. Finished rows leave the cache once half the batch is done.
+The budget counts every response token (paths, summaries and injected tags; the paper's), or
+with budget="steps" the decode steps D (a block spends its longest path, not the sum of its
+paths), and keeps one token free for each open path's </Path>. Finished rows leave the cache
+once half the batch is done.
 """
 import dataclasses
 import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads sleep (see sft.py)
 
@@ -68,6 +70,7 @@ class SamplingConfig:
     greedy: bool = False
     seed: int | None = None                      # None: fresh entropy (the global RNG untouched)
     max_new_tokens: config.NonNegativeInt = 256  # a response's budget, injected tags included
+    budget: Literal["tokens", "steps"] = "tokens"   # what max_new_tokens bounds: T, or D
     max_path_tokens: config.PositiveInt | None = None   # a path's budget (then </Path> is injected)
     num_paths: Annotated[int, config.Range(low=2)] = 2  # paths per Unseen block (Seen: per block)
     max_blocks: config.NonNegativeInt = 4        # then <Parallel> is masked (NOTES.md §8)
@@ -201,7 +204,7 @@ class SlotCache:
         return mask.masked_fill_(hide, torch.finfo(dtype).min)[:, None]
 
 
-@dataclass
+@dataclass(eq=False)
 class Stream:
     """What feeds one query per decode step: a sample's main chain (and, in Seen, its paths and
     summaries), or one path of an open Unseen block."""
@@ -221,7 +224,8 @@ class Sample:
     prompt_ids: list[int]
     main: Stream
     paths: list = field(default_factory=list)   # the open Unseen block's streams, in path order
-    tokens_spent: int = 0           # response tokens counted against the budget
+    tokens_spent: int = 0           # response tokens so far (T)
+    steps_spent: int = 0            # decode steps so far (D) outside an open Unseen block
     open_paths: int = 0             # paths not closed yet: one </Path> each is kept free
     closed_paths: int = 0           # Seen: the current block's paths closed so far
     blocks: int = 0
@@ -267,6 +271,13 @@ class Engine:
         vocab_size = model.get_output_embeddings().weight.shape[0]
         self.bans = ban_masks(tags, vocab_size, sampling.allow_parallel, self.device)
 
+    def response_capacity(self) -> int:
+        """The most tokens a response can hold: the budget, or, when it counts decode steps,
+        every step of an Unseen block writing a token on each of its paths."""
+        if self.sampling.budget == "steps" and self.mode == "unseen":
+            return self.sampling.max_new_tokens * self.sampling.num_paths
+        return self.sampling.max_new_tokens
+
     # ---- the decode loop
 
     def run(self, prompts: list[list[int]], group_size: int) -> list[Sample]:
@@ -279,7 +290,7 @@ class Engine:
         mask, positions = build_mask_and_positions(ids, [len(p) for p in prompts], real,
                                                    self.tags, "seen", self.dtype)
         # every response token is fed once, but the last; +1: the scratch slot of dummy queries
-        capacity = L + self.sampling.max_new_tokens + 1
+        capacity = L + self.response_capacity() + 1
         self.cache = cache = SlotCache(P * group_size, capacity, self.device, active_rows=P)
         cache.owner[:, :L] = real.to(self.device)                    # padding HIDDEN, prompt SHARED
         cache.slots = torch.arange(L, device=self.device).expand(P, L)
@@ -370,12 +381,35 @@ class Engine:
             return "main_after_max_blocks"
         return st.segment
 
-    # ---- the budget
+    # ---- the budget: max_new_tokens bounds T (tokens), or D (decode steps)
+
+    def _block_steps(self, s: Sample, growing: Stream | None = None) -> int:
+        """The decode steps the open Unseen block takes at least: its longest path, an open path
+        counted with its </Path> (`growing`: with one more token)."""
+        steps = 0
+        for path in s.paths:
+            length = path.path_len + (path.pending != PATH_DONE) + (path is growing)
+            steps = max(steps, length)
+        return steps
 
     def _room(self, s: Sample) -> int:
-        """Tokens the sample may still write, after keeping one free for each open path's
-        </Path>."""
-        return self.sampling.max_new_tokens - s.tokens_spent - s.open_paths
+        """What the sample may still spend: tokens (every token counts, and one is kept free for
+        each open path's </Path>), or decode steps (an open Unseen block counts as its longest
+        path)."""
+        if self.sampling.budget == "tokens":
+            committed = s.tokens_spent + s.open_paths
+        elif s.paths:
+            committed = s.steps_spent + self._block_steps(s)
+        else:
+            committed = s.steps_spent + s.open_paths            # Seen: D = T
+        return self.sampling.max_new_tokens - committed
+
+    def _cost(self, s: Sample, st: Stream) -> int:
+        """What one more token of the stream spends: 1, but in decode steps a path of an Unseen
+        block spends only what it adds to the block's longest path."""
+        if self.sampling.budget == "steps" and st in s.paths:
+            return self._block_steps(s, growing=st) - self._block_steps(s)
+        return 1
 
     def _append(self, s: Sample, st: Stream, token: int, sampled: int, logprob: float,
                 closing: bool = False) -> bool:
@@ -383,10 +417,12 @@ class Engine:
         spent. A closing </Path> spends the token kept free for it."""
         if closing:
             s.open_paths -= 1
-        elif self._room(s) < 1:
+        elif self._room(s) < self._cost(s, st):
             s.done = "budget"
             return False
         s.tokens_spent += 1
+        if st.owner == SHARED:                     # paths of an Unseen block count at its close
+            s.steps_spent += 1
         st.tokens.append((token, sampled, logprob))
         if st.segment == PATH:
             st.path_len += 1
@@ -458,7 +494,10 @@ class Engine:
         injected <Path>, each writing slots only it sees."""
         s.main.feed = None
         num_paths = self.sampling.num_paths
-        if self._room(s) < 2 * num_paths:          # no room for N x <Path></Path>
+        needed = 2 * num_paths                     # N x <Path></Path>, side by side in D
+        if self.sampling.budget == "steps":
+            needed = 2
+        if self._room(s) < needed:
             s.done = "budget"
             return
         s.open_paths += num_paths
@@ -491,7 +530,9 @@ class Engine:
         main = s.main
         for path in s.paths:
             main.tokens += path.tokens
-        main.position += max(path.path_len for path in s.paths)
+        longest = max(path.path_len for path in s.paths)
+        main.position += longest
+        s.steps_spent += longest
         s.paths = []
         if self._append(s, main, self.tags.end_parallel, 0, 0.0):
             main.feed = self.tags.end_parallel

@@ -20,7 +20,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 # Idle OpenMP threads sleep instead of spinning (spinning ones slow a shared CPU down).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -46,6 +46,7 @@ class SFTConfig:
     data_dir: str = ""                   # folder of the real data sets ("" = data.py's default)
     style: Style = "parallel"            # parallel, or sequential (plain CoT): prompt and traces
     parallel_fraction: config.UnitInterval = 0.5   # synthetic traces: the chance a round is a block
+    max_paths: Annotated[int, config.Range(low=2)] = 2   # synthetic: a block's width, 2..max_paths
     mode: Literal["unseen", "seen"] = "unseen"   # the Unseen mask and positions, or causal
     prompt_file: str = ""                # a prompt template for data.build_prompt ("" = default)
     limit: config.NonNegativeInt = 0     # use only the first `limit` records (0 = all)
@@ -213,7 +214,7 @@ def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
     if records is None:
         records = load_data(cfg.data, style=cfg.style, limit=cfg.limit or None, seed=cfg.seed,
                             data_dir=cfg.data_dir or None, tokenizer=run.tokenizer,
-                            parallel_fraction=cfg.parallel_fraction)
+                            parallel_fraction=cfg.parallel_fraction, max_paths=cfg.max_paths)
     if cfg.limit:
         records = records[:cfg.limit]
     examples = tokenize_records(records, run.tokenizer, cfg.style, cfg.max_length,
