@@ -1,23 +1,33 @@
 """Speed of the branching sampler on CPU (the README's table): python scripts/bench_sample.py
 
-One Markdown table: plain sampling (EOS masked) against `transformers` generate() at the same budget, and Unseen
-against Seen with blocks forced by a logit bias (`TagBias`), best of 2 runs each, random weights.
+One Markdown table: plain sampling (EOS masked) against `transformers` generate() at the same
+budget, and Unseen against Seen with blocks forced by a logit bias (`TagBias`), best of 2 runs
+each, random weights.
 """
 import os
 import sys
 import time
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
 
-import torch  # noqa: E402
+import torch
 
-from attention import TagIds  # noqa: E402
-from sample import generate  # noqa: E402
+from attention import TagIds
+from sample import generate
+
+# The logit bias that forces blocks: <Parallel> likely, paths that run to their budget, summaries
+# that end soon.
+PARALLEL_BIAS = 2.0
+END_PATH_BIAS = -30.0
+END_SUMMARY_BIAS = 3.0
+PROFILE_TOKENS = 128        # new tokens of the run that times the model's forward alone
 
 
 class TagBias(torch.nn.Module):
-    """Adds a fixed bias to a model's logits: random weights rarely emit tags, so benchmarks and tests
-    use it to get many blocks. The training forward sees the same bias, so log-probs stay exact."""
+    """Adds a fixed bias to a model's logits: random weights rarely emit tags, so benchmarks and
+    tests use it to get many blocks. The training forward sees the same bias, so log-probs stay
+    exact."""
 
     def __init__(self, inner, bias: torch.Tensor):
         super().__init__()
@@ -34,22 +44,26 @@ class TagBias(torch.nn.Module):
 
 
 def bench(batch: int = 16, repeats: int = 2):
-    """Print one Markdown table: plain sampling (EOS masked) vs `transformers` generate() at the same
-    budget, and Unseen vs Seen with blocks forced by a logit bias (best of `repeats` runs each)."""
+    """Print one Markdown table: plain sampling (EOS masked) vs `transformers` generate() at the
+    same budget, and Unseen vs Seen with blocks forced by a logit bias (best of `repeats` runs
+    each)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from model import TINY_CONFIG, load_model
 
     torch.manual_seed(0)
     tiny, tok = load_model("tiny", device="cpu")
-    cfg20 = Qwen3Config(**{**TINY_CONFIG, "hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6,
-                           "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 1152,
-                           "max_position_embeddings": 2048},
-                        vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    shape_20m = {"hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6,
+                 "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 1152,
+                 "max_position_embeddings": 2048}
+    cfg20 = Qwen3Config(**{**TINY_CONFIG, **shape_20m}, vocab_size=len(tok),
+                        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     big = Qwen3ForCausalLM(cfg20).eval()
     tags = TagIds.from_tokenizer(tok)
-    prompts = [tok.encode(f"Problem {i}: Ava has {i} boxes of 7 pens.", add_special_tokens=False) for i in range(batch)]
-    ids = torch.tensor([[tok.pad_token_id] * (max(map(len, prompts)) - len(p)) + p for p in prompts])
+    prompts = [tok.encode(f"Problem {i}: Ava has {i} boxes of 7 pens.", add_special_tokens=False)
+               for i in range(batch)]
+    longest = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (longest - len(p)) + p for p in prompts])
     am = (ids != tok.pad_token_id).long()
 
     def best(fn):
@@ -60,44 +74,62 @@ def bench(batch: int = 16, repeats: int = 2):
             times.append(time.perf_counter() - t0)
         return min(times), res
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {batch}, random weights; blocks: "
-          "<Parallel> likely, 2 paths that run to the path budget, up to 4 blocks")
-    print("| model | new tokens | path budget | ours seq. tok/s | generate() tok/s | ratio | unseen s | seen s "
-          "| unseen/seen | D/T |\n|---|---|---|---|---|---|---|---|---|---|")
-    for name, m, n, path_budget in (("tiny", tiny, 128, 24), ("20M", big, 128, 24), ("20M", big, 1024, 128)):
-        t_ours, _ = best(lambda: generate(m, tok, prompts, mode="sequential", allow_parallel=False,
-                                          max_new_tokens=n, min_new_tokens=n, seed=0))
-        t_hf, _ = best(lambda: m.generate(input_ids=ids, attention_mask=am, do_sample=True,
-                                          max_new_tokens=n, min_new_tokens=n, pad_token_id=tok.pad_token_id))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {batch}, random "
+          "weights; blocks: <Parallel> likely, 2 paths that run to the path budget, up to 4 blocks")
+    print("| model | new tokens | path budget | ours seq. tok/s | generate() tok/s | ratio "
+          "| unseen s | seen s | unseen/seen | D/T |\n|---|---|---|---|---|---|---|---|---|---|")
+    rows = (("tiny", tiny, 128, 24), ("20M", big, 128, 24), ("20M", big, 1024, 128))
+    for name, m, n, path_budget in rows:
+        t_ours, _ = best(partial(generate, m, tok, prompts, mode="sequential", allow_parallel=False,
+                                 max_new_tokens=n, min_new_tokens=n, seed=0))
+        t_hf, _ = best(partial(m.generate, input_ids=ids, attention_mask=am, do_sample=True,
+                               max_new_tokens=n, min_new_tokens=n, pad_token_id=tok.pad_token_id))
         bias = torch.zeros(m.get_output_embeddings().weight.shape[0])
-        bias[tags.parallel], bias[tags.end_path], bias[tags.end_summary] = 2.0, -30.0, 3.0
+        bias[tags.parallel] = PARALLEL_BIAS
+        bias[tags.end_path] = END_PATH_BIAS
+        bias[tags.end_summary] = END_SUMMARY_BIAS
+        biased = TagBias(m, bias)
         kw = dict(max_new_tokens=n, min_new_tokens=n, max_path_tokens=path_budget, seed=0)
-        t_un, ru = best(lambda: generate(TagBias(m, bias), tok, prompts, mode="unseen", **kw))
-        t_se, _ = best(lambda: generate(TagBias(m, bias), tok, prompts, mode="seen", **kw))
+        t_un, ru = best(partial(generate, biased, tok, prompts, mode="unseen", **kw))
+        t_se, _ = best(partial(generate, biased, tok, prompts, mode="seen", **kw))
         dt = sum(r.critical_path for r in ru) / sum(r.num_tokens for r in ru)
-        ours, hf = batch * n / t_ours, batch * n / t_hf
-        print(f"| {name} | {n} | {path_budget} | {ours:,.0f} | {hf:,.0f} | {ours / hf:.2f}x | {t_un:.2f} | {t_se:.2f} "
-              f"| {t_un / t_se:.2f} | {dt:.2f} |", flush=True)
-    # Where the time goes: both samplers run the same model forwards, which no sampler design removes, so
-    # "ours / generate()" can be at most generate()'s total time over ours' forward time.
+        ours = batch * n / t_ours
+        hf = batch * n / t_hf
+        print(f"| {name} | {n} | {path_budget} | {ours:,.0f} | {hf:,.0f} | {ours / hf:.2f}x "
+              f"| {t_un:.2f} | {t_se:.2f} | {t_un / t_se:.2f} | {dt:.2f} |", flush=True)
+    # Where the time goes: both samplers run the same model forwards, which no sampler design
+    # removes, so "ours / generate()" can be at most generate()'s total time over ours' forward
+    # time.
     clock = {"start": 0.0, "forward": 0.0}
-    big.register_forward_pre_hook(lambda *_: clock.update(start=time.perf_counter()))
-    big.register_forward_hook(lambda *_: clock.update(forward=clock["forward"] + time.perf_counter() - clock["start"]))
-    for label, fn in (("ours", lambda: generate(big, tok, prompts, mode="sequential", allow_parallel=False,
-                                                 max_new_tokens=128, min_new_tokens=128, seed=0)),
-                      ("generate()", lambda: big.generate(input_ids=ids, attention_mask=am, do_sample=True,
-                                                          max_new_tokens=128, min_new_tokens=128,
-                                                          pad_token_id=tok.pad_token_id))):
-        clock["forward"], t0 = 0.0, time.perf_counter()
+
+    def start_forward(*_):
+        clock["start"] = time.perf_counter()
+
+    def end_forward(*_):
+        clock["forward"] += time.perf_counter() - clock["start"]
+
+    big.register_forward_pre_hook(start_forward)
+    big.register_forward_hook(end_forward)
+    samplers = {
+        "ours": partial(generate, big, tok, prompts, mode="sequential", allow_parallel=False,
+                        max_new_tokens=PROFILE_TOKENS, min_new_tokens=PROFILE_TOKENS, seed=0),
+        "generate()": partial(big.generate, input_ids=ids, attention_mask=am, do_sample=True,
+                              max_new_tokens=PROFILE_TOKENS, min_new_tokens=PROFILE_TOKENS,
+                              pad_token_id=tok.pad_token_id),
+    }
+    for label, fn in samplers.items():
+        clock["forward"] = 0.0
+        t0 = time.perf_counter()
         fn()
         total = time.perf_counter() - t0
-        print(f"20M, 128 new tokens, {label}: {total:.2f} s, of which the model's forward {clock['forward']:.2f} s "
-              f"({clock['forward'] / total:.0%})", flush=True)
+        print(f"20M, {PROFILE_TOKENS} new tokens, {label}: {total:.2f} s, of which the model's "
+              f"forward {clock['forward']:.2f} s ({clock['forward'] / total:.0%})", flush=True)
 
 
 if __name__ == "__main__":
     if {"-h", "--help"} & set(sys.argv[1:]):
         sys.exit(print(__doc__))   # print returns None: exit status 0
     if sys.argv[1:]:
-        sys.exit(f"bench_sample.py takes no arguments (got {' '.join(sys.argv[1:])}):\n{__doc__}")
+        given = " ".join(sys.argv[1:])
+        sys.exit(f"bench_sample.py takes no arguments (got {given}):\n{__doc__}")
     bench()

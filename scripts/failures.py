@@ -1,9 +1,10 @@
 """Where the embedded task's answers go wrong: failure classes of an eval.py samples file.
 
-    python scripts/failures.py runs/demo/eval_sft runs/demo/eval_grpo      # eval.py output folders (or samples.jsonl)
+    python scripts/failures.py runs/demo/eval_sft runs/demo/eval_grpo   # or their samples.jsonl
 
-Each wrong response to a synthetic pair-search problem ("Which two of 6 1 5 3 make 8?") falls in the first
-class below that it shows; the right ones count as "right". One line per benchmark (difficulty) and file.
+Each wrong response to a synthetic pair-search problem ("Which two of 6 1 5 3 make 8?") falls in the
+first class below that it shows; the right ones count as "right". One line per benchmark
+(difficulty) and file.
 """
 import collections
 import json
@@ -12,18 +13,20 @@ import re
 import sys
 
 CHECK = re.compile(r"(\d+)\+(\d+)=(\d+) vs (\d+): (ok|no)")
-CLASSES = ("right", "cut by the budget", "false ok", "missed ok", "wrong sum", "number not in the list",
-           "answer is not the checked pair", "other")
+CLASSES = ("right", "cut by the budget", "false ok", "missed ok", "wrong sum",
+           "number not in the list", "answer is not the checked pair", "other")
 
 
 def classify(problem: str, response: str, correct: bool) -> str:
-    """The first of CLASSES a response shows (the problem text, or a prompt holding it; the tagged response)."""
+    """The first of CLASSES a response shows (the problem text, or a prompt holding it; the tagged
+    response)."""
     if correct:
         return "right"
     m = re.search(r"Which two of ((?:\d )+)make (\d+)\?", problem)
     if not m:
         raise ValueError(f"not a pair-search problem: {problem[:80]!r}")
-    numbers, target = [int(x) for x in m[1].split()], int(m[2])
+    numbers = [int(x) for x in m[1].split()]
+    target = int(m[2])
     checks = [tuple(map(int, c[:4])) + (c[4],) for c in CHECK.findall(response)]
     answer = re.findall(r"Final Answer: (\d+), (\d+)", response)
     if "Final Answer:" not in response:
@@ -43,7 +46,8 @@ def classify(problem: str, response: str, correct: bool) -> str:
 
 
 def table(path: str) -> list[str]:
-    """One line per benchmark of an eval.py samples.jsonl (or its folder): the share of each class."""
+    """One line per benchmark of an eval.py samples.jsonl (or its folder): the share of each
+    class."""
     path = os.path.join(path, "samples.jsonl") if os.path.isdir(path) else path
     counts = collections.defaultdict(collections.Counter)
     with open(path, encoding="utf-8") as fh:
@@ -51,7 +55,7 @@ def table(path: str) -> list[str]:
             if line.strip():
                 s = json.loads(line)
                 counts[s["benchmark"]][classify(s["prompt"], s["response"], s["correct"])] += 1
-    if not counts:                                    # an empty file printed a blank line
+    if not counts:                                    # not a blank line: say why
         raise ValueError(f"{path} holds no samples")
     return [f"{path} {bench} ({sum(c.values())} samples): "
             + ", ".join(f"{k} {100 * c[k] / sum(c.values()):.1f}%" for k in CLASSES if c[k])
@@ -66,5 +70,6 @@ if __name__ == "__main__":
     try:
         for arg in sys.argv[1:]:
             print("\n".join(table(arg)))
-    except (OSError, ValueError, KeyError) as e:   # KeyError: a JSONL file that is not eval.py's samples
-        sys.exit(f"failures.py: error: {type(e).__name__}: {e} (pass eval.py output folders or their samples.jsonl)")
+    except (OSError, ValueError, KeyError) as e:   # KeyError: JSONL that is not eval.py's samples
+        sys.exit(f"failures.py: error: {type(e).__name__}: {e} (pass eval.py output folders or "
+                 "their samples.jsonl)")

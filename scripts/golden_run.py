@@ -1,13 +1,16 @@
-"""A golden run: a fingerprint of short training and evaluation runs, to check that a refactor changes nothing.
+"""A golden run: a fingerprint of short training and evaluation runs, to check that a refactor
+changes nothing.
 
     OMP_NUM_THREADS=1 python scripts/golden_run.py --out=/tmp/golden-before.json
     ... refactor ...
-    OMP_NUM_THREADS=1 python scripts/golden_run.py --out=/tmp/golden-after.json --compare=/tmp/golden-before.json
+    OMP_NUM_THREADS=1 python scripts/golden_run.py --out=/tmp/golden-after.json \\
+        --compare=/tmp/golden-before.json
 
-What runs (fixed seeds, about 5 minutes on one thread): a 150-step Unseen SFT, a 100-step Seen SFT, 3 GRPO steps
-of unseen-s2 with the KL term and evaluations, 3 steps of recipe seen (its easy stage included), and an eval.py
-run. The fingerprint holds a SHA-256 of every checkpoint's weights, every logged value except timings, and the
-evaluation's summary. `--compare` prints each difference and exits 1 if there is one.
+What runs (fixed seeds, about 5 minutes on one thread): a 150-step Unseen SFT, a 100-step Seen SFT,
+3 GRPO steps of unseen-s2 with the KL term and evaluations, 3 steps of recipe seen (its easy stage
+included), and an eval.py run. The fingerprint holds a SHA-256 of every checkpoint's weights, every
+logged value except timings, and the evaluation's summary. `--compare` prints each difference and
+exits 1 if there is one.
 """
 import argparse
 import hashlib
@@ -19,25 +22,32 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING_WORDS = ("time", "elapsed", "tokens_per_s", "seconds")
+OUTPUT_TAIL = 3000          # characters of a failed run's stdout and stderr shown
+SHOWN_DIFFERENCES = 50      # differences printed by --compare (all are counted)
 
 
 def run(args: list[str]) -> None:
-    """Run one of the project's scripts with the current Python, one thread, offline; stop on failure."""
+    """Run one of the project's scripts with the current Python, one thread, offline; stop on
+    failure."""
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     print("$ python " + " ".join(args), flush=True)
-    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, check=False)
     if done.returncode != 0:
-        sys.exit(f"golden_run: {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        sys.exit(f"golden_run: {' '.join(args)} failed:\n{done.stdout[-OUTPUT_TAIL:]}\n"
+                 f"{done.stderr[-OUTPUT_TAIL:]}")
 
 
 def weights_digest(checkpoint: str) -> str:
     """SHA-256 over the checkpoint's tensors, by name (the file's metadata may differ)."""
+    import torch
     from safetensors.torch import load_file
     tensors = load_file(os.path.join(checkpoint, "model.safetensors"))
     digest = hashlib.sha256()
     for name in sorted(tensors):
         digest.update(name.encode())
-        digest.update(tensors[name].contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy())
+        raw_bytes = tensors[name].contiguous().view(-1).view(dtype=torch.uint8)
+        digest.update(raw_bytes.numpy())
     return digest.hexdigest()
 
 
@@ -57,18 +67,23 @@ def fingerprint(work: str) -> dict:
     grpo_unseen = os.path.join(work, "grpo_unseen")
     grpo_seen = os.path.join(work, "grpo_seen")
     evaluation = os.path.join(work, "eval")
-    short_grpo = ["--max_steps=3", "--batch_size=8", "--group_size=4", "--eval_every=2", "--eval_samples=4",
-                  "--eval_k=2", "--save_every=0", "--log_every=1"]
+    short_grpo = ["--max_steps=3", "--batch_size=8", "--group_size=4", "--eval_every=2",
+                  "--eval_samples=4", "--eval_k=2", "--save_every=0", "--log_every=1"]
     run(["sft.py", "--max_steps=150", "--eval_samples=4", f"--out_dir={sft_unseen}"])
-    run(["sft.py", "--mode=seen", "--max_steps=100", "--eval_samples=4", "--seed=1", f"--out_dir={sft_seen}"])
-    run(["grpo.py", "--recipe=unseen-s2", f"--model={sft_unseen}/checkpoint-150", f"--out_dir={grpo_unseen}",
-         "--micro_batch_size=5", *short_grpo])
+    run(["sft.py", "--mode=seen", "--max_steps=100", "--eval_samples=4", "--seed=1",
+         f"--out_dir={sft_seen}"])
+    run(["grpo.py", "--recipe=unseen-s2", f"--model={sft_unseen}/checkpoint-150",
+         f"--out_dir={grpo_unseen}", "--micro_batch_size=5", *short_grpo])
     run(["grpo.py", "--recipe=seen", f"--model={sft_seen}/checkpoint-100", f"--out_dir={grpo_seen}",
          "--easy_steps=1", "--kl_coef=0", "--loss_agg_mode=seq-mean-token-mean", *short_grpo])
-    run(["eval.py", f"--model={grpo_unseen}/checkpoint-3", "--limit=4", "--k=2", f"--out_dir={evaluation}"])
+    run(["eval.py", f"--model={grpo_unseen}/checkpoint-3", "--limit=4", "--k=2",
+         f"--out_dir={evaluation}"])
     out = {"weights": {}, "logs": {}}
-    for name, path in (("sft_unseen", f"{sft_unseen}/checkpoint-150"), ("sft_seen", f"{sft_seen}/checkpoint-100"),
-                       ("grpo_unseen", f"{grpo_unseen}/checkpoint-3"), ("grpo_seen", f"{grpo_seen}/checkpoint-3")):
+    checkpoints = {"sft_unseen": f"{sft_unseen}/checkpoint-150",
+                   "sft_seen": f"{sft_seen}/checkpoint-100",
+                   "grpo_unseen": f"{grpo_unseen}/checkpoint-3",
+                   "grpo_seen": f"{grpo_seen}/checkpoint-3"}
+    for name, path in checkpoints.items():
         out["weights"][name] = weights_digest(path)
         out["logs"][name] = log_rows(os.path.dirname(path))
     with open(os.path.join(evaluation, "summary.json")) as f:
@@ -95,7 +110,8 @@ def differences(a, b, where: str = "") -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="where to write the fingerprint (JSON)")
     parser.add_argument("--compare", default="", help="an earlier fingerprint to compare with")
     parser.add_argument("--work", default="", help="folder for the runs (default: a temporary one)")
@@ -108,7 +124,7 @@ def main() -> None:
     if args.compare:
         with open(args.compare) as f:
             found = differences(json.load(f), result)
-        for line in found[:50]:
+        for line in found[:SHOWN_DIFFERENCES]:
             print(line)
         print(f"golden_run: {len(found)} difference(s) against {args.compare}")
         sys.exit(1 if found else 0)

@@ -1,13 +1,15 @@
-"""Build the student copy of the repository: `python scripts/make_student.py DIR` (or `make student DIR=...`).
+"""Build the student copy of the repository: `python scripts/make_student.py DIR` (or
+`make student DIR=...`).
 
-Copies the tracked files (no .venv, runs, .git) to DIR and replaces every marked exercise body, the lines
-between a `# >>> exercise k: <what>` comment and its `# <<< exercise k`, by
+Copies the tracked files (no .venv, runs, .git) to DIR and replaces every marked exercise body, the
+lines between a `# >>> exercise k: <what>` comment and its `# <<< exercise k`, by
 
     raise NotImplementedError("Exercise k: <what>; see ASSIGNMENTS.md")
 
-at the body's indentation. The marker comments and the docstring stay, so the student sees where to write;
-everything else is copied byte for byte. The kit's own test (tests/test_student_kit.py) is left out of the
-copy: it compares the copy with the reference and would fail there by design. See ASSIGNMENTS.md."""
+at the body's indentation. The marker comments and the docstring stay, so the student sees where to
+write; everything else is copied byte for byte. The kit's own test (tests/test_student_kit.py) is
+left out of the copy: it compares the copy with the reference and would fail there by design. See
+ASSIGNMENTS.md."""
 
 import argparse
 import os
@@ -24,9 +26,11 @@ LEAVE_OUT = {os.path.join("tests", "test_student_kit.py")}
 
 
 def tracked_files(root: str) -> list[str]:
-    """The repository's tracked files (git ls-files); outside a git checkout, every file but the SKIP_DIRS."""
+    """The repository's tracked files (git ls-files); outside a git checkout, every file but the
+    SKIP_DIRS."""
     try:
-        out = subprocess.run(["git", "-C", root, "ls-files", "-z"], capture_output=True, check=True).stdout
+        out = subprocess.run(["git", "-C", root, "ls-files", "-z"], capture_output=True,
+                             check=True).stdout
         files = [f for f in out.decode().split("\0") if f]
     except (OSError, subprocess.CalledProcessError):
         files = []
@@ -37,11 +41,14 @@ def tracked_files(root: str) -> list[str]:
 
 
 def stub(text: str, path: str = "?") -> tuple[str, list[tuple[int, str]]]:
-    """The text with each marked body replaced by one raise; also the (k, what) of each region, in order.
-    ValueError for an unmatched or nested marker."""
-    out, regions, open_ = [], [], None
+    """The text with each marked body replaced by one raise; also the (k, what) of each region, in
+    order. ValueError for an unmatched or nested marker."""
+    out = []
+    regions = []
+    open_ = None
     for n, line in enumerate(text.splitlines(keepends=True), 1):
-        b, e = BEGIN.match(line), END.match(line)
+        b = BEGIN.match(line)
+        e = END.match(line)
         if b:
             if open_:
                 raise ValueError(f"{path}:{n}: exercise {b[2]} begins inside exercise {open_[0]}")
@@ -68,7 +75,8 @@ def make_student(dest: str, root: str = ROOT) -> dict[int, list[str]]:
     """Write the student copy to dest (absent or empty); returns {k: ["file: what", ...]}."""
     dest = os.path.abspath(dest)
     if dest == os.path.abspath(root) or dest.startswith(os.path.abspath(root) + os.sep):
-        raise ValueError(f"{dest} is inside the repository: pick a folder outside it (e.g. ../student)")
+        raise ValueError(f"{dest} is inside the repository: pick a folder outside it "
+                         "(e.g. ../student)")
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise ValueError(f"{dest} is a file, not a folder")
     if os.path.exists(dest) and os.listdir(dest):
@@ -107,8 +115,9 @@ def main(argv=None) -> None:
     for k in sorted(exercises):
         for where in exercises[k]:
             print(f"  {k}. {where}")
-    print(f"next: cd {args.dir} && python -m venv .venv && .venv/bin/pip install -r requirements.txt; "
-          f"then see ASSIGNMENTS.md (grade one exercise: python -m pytest -m exercise_1)")
+    print(f"next: cd {args.dir} && python -m venv .venv && .venv/bin/pip install -r "
+          "requirements.txt; then see ASSIGNMENTS.md (grade one exercise: python -m pytest -m "
+          "exercise_1)")
 
 
 if __name__ == "__main__":

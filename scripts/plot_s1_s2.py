@@ -1,7 +1,9 @@
-"""The paper's Finding 1 and Finding 2 in miniature: parallel ratio and relative <Parallel> position of the
-training rollouts over GRPO steps, one line per run (moving average), S1 runs solid, S2 runs dashed.
+"""The paper's Finding 1 and Finding 2 in miniature: parallel ratio and relative <Parallel> position
+of the training rollouts over GRPO steps, one line per run (moving average), S1 runs solid, S2 runs
+dashed.
 
-    python scripts/plot_s1_s2.py results/s1_vs_s2.png runs/reproduce/grpo_unseen-s1_seed0 runs/reproduce/grpo_unseen-s2_seed0 ...
+    python scripts/plot_s1_s2.py results/s1_vs_s2.png runs/reproduce/grpo_unseen-s1_seed0 \\
+        runs/reproduce/grpo_unseen-s2_seed0 ...
 
 Each run folder holds grpo.py's log.jsonl. Needs matplotlib (pip install -r requirements-extra.txt).
 """
@@ -11,7 +13,8 @@ import sys
 
 
 def ema(ys, alpha=0.2):
-    out, m = [], None
+    out = []
+    m = None
     for y in ys:
         m = y if m is None else alpha * y + (1 - alpha) * m
         out.append(m)
@@ -25,7 +28,8 @@ def main(out: str, runs: list[str]):
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for run in runs:
-        rows = [json.loads(line) for line in open(os.path.join(run, "log.jsonl")) if line.strip()]
+        with open(os.path.join(run, "log.jsonl")) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
         rows = [r for r in rows if "parallel_ratio" in r]
         name = os.path.basename(os.path.normpath(run))
         style = "--" if "s2" in name else "-"
@@ -33,7 +37,8 @@ def main(out: str, runs: list[str]):
             pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
             if pts:
                 ax.plot([p[0] for p in pts], ema([p[1] for p in pts]), style, label=name)
-    for ax, title in zip(axes, ("parallel ratio (responses with a block)", "<Parallel> position (start / length)")):
+    titles = ("parallel ratio (responses with a block)", "<Parallel> position (start / length)")
+    for ax, title in zip(axes, titles):
         ax.set_title(title)
         ax.set_xlabel("GRPO step")
         ax.grid(alpha=0.3)
@@ -50,5 +55,6 @@ if __name__ == "__main__":
         sys.exit(__doc__)
     try:
         main(sys.argv[1], sys.argv[2:])
-    except (OSError, ValueError) as e:           # a run folder without log.jsonl, an --out matplotlib cannot write
+    # OSError: a run folder without log.jsonl; ValueError: an --out matplotlib cannot write
+    except (OSError, ValueError) as e:
         sys.exit(f"plot_s1_s2.py: error: {e} (pass the image path, then grpo.py out_dirs)")

@@ -1,16 +1,18 @@
-"""One Table-2 style table whose rows pool the seeds of a method: every cell is the mean over seeds and,
-after "±", half the spread (max - min) / 2.
+"""One Table-2 style table whose rows pool the seeds of a method: every cell is the mean over seeds
+and, after "±", half the spread (max - min) / 2.
 
     python scripts/seeds_table.py runs/reproduce/eval_*      [--out=results/results.md]
 
-Each argument is an eval.py output folder (it holds summary.json); folders whose summary has the same
-"name" are seeds of one method (reproduce.sh names them "<method>" and puts the seed in the folder).
-Columns: Parallel %, per benchmark Mean@k, T and D (response tokens, critical path), then Avg (mean of
-the Mean@k columns, as in Table 2).
+Each argument is an eval.py output folder (it holds summary.json); folders whose summary has the
+same "name" are seeds of one method (reproduce.sh names them "<method>" and puts the seed in the
+folder). Columns: Parallel %, per benchmark Mean@k, T and D (response tokens, critical path), then
+Avg (mean of the Mean@k columns, as in Table 2).
 """
 import json
 import os
 import sys
+
+OUT_FLAG = "--out="
 
 
 def cell(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
@@ -27,14 +29,18 @@ def seeds_table(folders: list[str]) -> str:
         rows.setdefault(s["name"], []).append(s)
     benches = list(next(iter(rows.values()))[0]["benchmarks"])
     k = next(iter(rows.values()))[0]["benchmarks"][benches[0]]["k"]
-    header = ["Method", "seeds", "Parallel %"] + [f"{b} Mean@{k}" for b in benches] + ["T", "D", "Avg"]
+    header = ["Method", "seeds", "Parallel %", *[f"{b} Mean@{k}" for b in benches], "T", "D", "Avg"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+    def bench_mean(run: dict, key: str) -> float:
+        return sum(run["benchmarks"][b][key] for b in benches) / len(benches)
+
     for name, runs in rows.items():
-        par = [sum(r["benchmarks"][b]["parallel_ratio"] for b in benches) / len(benches) for r in runs]
+        par = [bench_mean(r, "parallel_ratio") for r in runs]
         cells = [name, str(len(runs)), cell(par)]
         cells += [cell([r["benchmarks"][b]["mean_at_k"] for r in runs]) for b in benches]
         for key in ("mean_T", "mean_D"):
-            cells.append(cell([sum(r["benchmarks"][b][key] for b in benches) / len(benches) for r in runs], 1.0))
+            cells.append(cell([bench_mean(r, key) for r in runs], scale=1.0))
         cells.append(cell([r["avg_mean_at_k"] for r in runs]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -43,8 +49,8 @@ def seeds_table(folders: list[str]) -> str:
 if __name__ == "__main__":
     if {"-h", "--help"} & set(sys.argv[1:]):
         sys.exit(print(__doc__))   # print returns None: exit status 0
-    args = [a for a in sys.argv[1:] if not a.startswith("--out=")]
-    out = next((a[6:] for a in sys.argv[1:] if a.startswith("--out=")), None)
+    args = [a for a in sys.argv[1:] if not a.startswith(OUT_FLAG)]
+    out = next((a[len(OUT_FLAG):] for a in sys.argv[1:] if a.startswith(OUT_FLAG)), None)
     if not args:
         sys.exit(__doc__)
     try:
@@ -54,5 +60,5 @@ if __name__ == "__main__":
             with open(out, "w", encoding="utf-8") as fh:
                 fh.write(table + "\n")
     except (OSError, ValueError, KeyError) as e:
-        sys.exit(f"seeds_table.py: error: {type(e).__name__}: {e} (pass eval.py output folders named eval_<run>_seed<s>"
-                 " and an --out in an existing folder)")
+        sys.exit(f"seeds_table.py: error: {type(e).__name__}: {e} (pass eval.py output folders "
+                 "named eval_<run>_seed<s> and an --out in an existing folder)")

@@ -1,5 +1,6 @@
-"""Problems, prompts and traces of a data spec, and their lengths: python scripts/show_data.py --show=synthetic:hard --n=2
+"""Problems, prompts and traces of a data spec, and their lengths:
 
+    python scripts/show_data.py --show=synthetic:hard --n=2
     python scripts/show_data.py --show=synthetic:easy --style=sequential
     python scripts/show_data.py --show=parallel_gsm8k --n=1
 """
@@ -9,13 +10,16 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
 
-import config  # noqa: E402
-from data import Style, build_prompt, load_data  # noqa: E402
-from model import TAGS, build_char_tokenizer  # noqa: E402
+import config
+from data import Style, build_prompt, load_data
+from model import TAGS, build_char_tokenizer
+
+SYNTHETIC_STATS_LIMIT = 2000     # synthetic records counted for the lengths when --limit=0
+
 
 @dataclass
 class ShowConfig:
-    """python scripts/show_data.py --show=synthetic:hard --n=2: problems, prompts, traces, lengths."""
+    """show_data.py --show=synthetic:hard --n=2: problems, prompts, traces, lengths."""
     show: str = "synthetic:easy"       # a load_data spec
     style: Style = "parallel"
     n: config.NonNegativeInt = 3       # records printed
@@ -23,21 +27,31 @@ class ShowConfig:
     limit: config.NonNegativeInt = 0   # records for the length statistics (0: all; synthetic: 2000)
     data_dir: str = ""
 
+
+def tiny_tokens(text: str) -> int:
+    """The length of `text` in the character tokenizer's tokens (each tag is one)."""
+    return len(text) - sum(text.count(t) * (len(t) - 1) for t in TAGS)
+
+
 def main(argv: list[str]) -> None:
-    cfg = config.parse(ShowConfig, argv)                    # --n=-1 once printed all records
+    cfg = config.parse(ShowConfig, argv)                    # refuses --n=-1 (NonNegativeInt)
     tok = build_char_tokenizer()
     synthetic = all(n.strip().startswith("synthetic:") for n in cfg.show.split(","))
-    records = load_data(cfg.show, style=cfg.style, limit=cfg.limit or (2000 if synthetic else None), seed=cfg.seed,
+    default_limit = SYNTHETIC_STATS_LIMIT if synthetic else None
+    records = load_data(cfg.show, style=cfg.style, limit=cfg.limit or default_limit, seed=cfg.seed,
                         data_dir=cfg.data_dir or None)
     for r in records[:cfg.n]:
         print(f"--- {r['id']}  (answer {r['answer']})\n{build_prompt(tok, r['problem'], cfg.style)}"
               + (r["solution"] or "(no solution)"))
-    tokens = lambda text: len(text) - sum(text.count(t) * (len(t) - 1) for t in TAGS)  # noqa: E731  (tiny tokens)
-    resp = [tokens(r["solution"]) for r in records if r["solution"]]
-    full = [tokens(build_prompt(tok, r["problem"], cfg.style) + r["solution"]) for r in records if r["solution"]]
-    print(f"--- {len(records)} records" + (f"; tiny-tokenizer tokens per response mean {sum(resp) / len(resp):.1f} max "
-                                            f"{max(resp)}, prompt+response mean {sum(full) / len(full):.1f} max "
-                                            f"{max(full)}" if resp else ""))
+    solved = [r for r in records if r["solution"]]
+    resp = [tiny_tokens(r["solution"]) for r in solved]
+    full = [tiny_tokens(build_prompt(tok, r["problem"], cfg.style) + r["solution"]) for r in solved]
+    lengths = ""
+    if resp:
+        lengths = (f"; tiny-tokenizer tokens per response mean {sum(resp) / len(resp):.1f} max "
+                   f"{max(resp)}, prompt+response mean {sum(full) / len(full):.1f} max {max(full)}")
+    print(f"--- {len(records)} records{lengths}")
+
 
 if __name__ == "__main__":
     try:
