@@ -1,5 +1,5 @@
-"""The tools in scripts/: training curves, the table of several evaluations, the reward benchmark's batch, the
-data viewer, the mask example."""
+"""The tools in scripts/: training curves, the table of several evaluations, the reward benchmark's
+batch, the data viewer, the mask example."""
 import json
 import os
 import subprocess
@@ -10,57 +10,72 @@ import pytest
 from scripts import bench_rewards, failures, plot, show_data, summary, table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Seconds a script may take to answer --help, all of them at once on a loaded 2-core machine (~30 s
+# there unloaded): only a hang should reach it.
+HELP_TIMEOUT = 600
 
 
 def run_script(name, *args):
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *args], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *args],
+                         capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     return out.stdout
 
 
 def test_every_script_answers_help_and_does_nothing_else(tmp_path):
-    """`--help` prints the usage and exits 0 without running: bench_sample.py once ran its 6-minute benchmark,
-    summary/failures/seeds_table read "--help" as a path, show_mask/plot_s1_s2 exited 1. All run at once."""
-    names = sorted(n for n in os.listdir(os.path.join(ROOT, "scripts")) if n.endswith(".py") and n != "__init__.py")
-    procs = {n: subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", n), "--help"], cwd=tmp_path,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in names}
+    """`--help` prints the usage and exits 0 without running: bench_sample.py once ran its 6-minute
+    benchmark, summary/failures/seeds_table read "--help" as a path, show_mask/plot_s1_s2 exited 1.
+    All run at once."""
+    names = sorted(n for n in os.listdir(os.path.join(ROOT, "scripts"))
+                   if n.endswith(".py") and n != "__init__.py")
+    procs = {n: subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", n), "--help"],
+                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+             for n in names}
     try:
         for n, p in procs.items():
-            out, err = p.communicate(timeout=120)
-            doc = open(os.path.join(ROOT, "scripts", n)).read().split('"""')[1]       # the module docstring
-            assert p.returncode == 0 and (out.startswith("usage:") or out.startswith(doc[:40])), (n, out[:200], err)
+            out, err = p.communicate(timeout=HELP_TIMEOUT)
+            with open(os.path.join(ROOT, "scripts", n)) as f:
+                doc = f.read().split('"""')[1]                           # the module docstring
+            assert p.returncode == 0 and out.startswith(("usage:", doc[:40])), (n, out[:200], err)
     finally:
         for p in procs.values():
             p.kill()
     assert os.listdir(tmp_path) == []                 # nothing written
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Training curves
 
 
 def _write_log(run_dir):
     rows = [{"step": s, "reward_mean": -1 + s / 5, "accuracy": s / 10, "parallel_ratio": 1 - s / 10,
              "parallel_position": None if s == 2 else s / 12} for s in range(1, 7)]
-    rows.append({"step": 6, "eval/synthetic:hard:test/mean_at_k": 0.4, "eval/synthetic:hard:test/parallel_ratio": 0.5})
+    rows.append({"step": 6, "eval/synthetic:hard:test/mean_at_k": 0.4,
+                 "eval/synthetic:hard:test/parallel_ratio": 0.5})
     with open(os.path.join(run_dir, "log.jsonl"), "w") as f:
         f.write("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
 
 
 def test_summary_shows_before_and_after(tmp_path):
-    rows = [{"step": 0, "eval/avg_mean_at_k": 0.25, "eval/hard/mean_at_k": 0.25, "eval/hard/parallel_ratio": 0.5},
+    rows = [{"step": 0, "eval/avg_mean_at_k": 0.25, "eval/hard/mean_at_k": 0.25,
+             "eval/hard/parallel_ratio": 0.5},
             {"step": 1, "reward_mean": 0.1, "loss": 0.3},
-            {"step": 1, "eval/avg_mean_at_k": 0.5, "eval/hard/mean_at_k": 0.5, "eval/hard/parallel_ratio": 1.0}]
+            {"step": 1, "eval/avg_mean_at_k": 0.5, "eval/hard/mean_at_k": 0.5,
+             "eval/hard/parallel_ratio": 1.0}]
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = run_script("summary.py", str(tmp_path))
     assert "1 steps logged" in out and "hard/mean_at_k" in out and "25.0" in out and "100.0" in out
     (tmp_path / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
     assert "final loss (mean of the last 1 steps): 2.0000" in summary.summary(str(tmp_path))
-    (tmp_path / "log.jsonl").write_text(json.dumps(rows[1]) + "\n")     # the demo's GRPO: --eval_data=, no evals
-    assert "no held-out evaluation before and after in this log" in summary.summary(str(tmp_path))   # was silent
+    # the demo's GRPO: --eval_data=, no evals
+    (tmp_path / "log.jsonl").write_text(json.dumps(rows[1]) + "\n")
+    # was silent
+    assert "no held-out evaluation before and after in this log" in summary.summary(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no log.jsonl"):
         summary.summary(str(tmp_path / "nope"))
-    (tmp_path / "log.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo\n')   # a run killed mid-line
+    # a run killed mid-line
+    (tmp_path / "log.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo\n')
     with pytest.raises(ValueError, match="log.jsonl line 2 is not JSON"):
         summary.summary(str(tmp_path))
 
@@ -71,31 +86,35 @@ def test_plot_writes_a_png_from_a_partial_log(tmp_path):
     run_script("plot.py", str(tmp_path))
     with open(tmp_path / "curves.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    (tmp_path / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")   # no plotted key at all
+    # no plotted key at all
+    (tmp_path / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
     assert plot.plot_curves(str(tmp_path), out=str(tmp_path / "empty.png")).endswith("empty.png")
-    for args, msg in [(["--smooth=0"], "--smooth=0.0: the weight of the newest point"),   # a flat line at the first
-                      (["--out=x.txt"], "plot.py: error: Format 'txt' is not supported")]:  # a traceback
-        out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plot.py"), str(tmp_path), *args],
-                             capture_output=True, text=True)
-        assert out.returncode != 0 and msg in out.stderr and "Traceback" not in out.stderr, out.stderr
+    # once a flat line at the first point, and a traceback
+    for args, msg in [(["--smooth=0"], "--smooth=0.0: the weight of the newest point"),
+                      (["--out=x.txt"], "plot.py: error: Format 'txt' is not supported")]:
+        command = [sys.executable, os.path.join(ROOT, "scripts", "plot.py"), str(tmp_path), *args]
+        out = subprocess.run(command, capture_output=True, text=True, check=False)
+        assert out.returncode != 0 and msg in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr, out.stderr
 
 
 def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
     _write_log(tmp_path)
-    monkeypatch.setitem(sys.modules, "matplotlib", None)           # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib", None)          # import matplotlib -> ImportError
     with pytest.raises(SystemExit, match="pip install matplotlib"):
         plot.plot_curves(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no log.jsonl"):
         plot.plot_curves(str(tmp_path / "missing"))
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The table of several evaluations
 
 
 def _summary(folder, name, mean):
     os.makedirs(folder)
-    bench = {"k": 2, "mean_at_k": mean, "pass_at_k": 0.5, "parallel_ratio": 0.25, "num_responses": 8}
+    bench = {"k": 2, "mean_at_k": mean, "pass_at_k": 0.5, "parallel_ratio": 0.25,
+             "num_responses": 8}
     with open(os.path.join(folder, "summary.json"), "w") as f:
         json.dump({"name": name, "benchmarks": {"synthetic:hard:test": bench}}, f)
 
@@ -103,51 +122,63 @@ def _summary(folder, name, mean):
 def test_table_has_a_row_per_evaluation(tmp_path):
     _summary(tmp_path / "a", "SFT", 0.25)
     _summary(tmp_path / "b", "GRPO", 0.5)
-    out = run_script("table.py", f"{tmp_path / 'a'},{tmp_path / 'b'}", f"--out_dir={tmp_path / 'res'}")
+    out = run_script("table.py", f"{tmp_path / 'a'},{tmp_path / 'b'}",
+                     f"--out_dir={tmp_path / 'res'}")
     lines = out.strip().splitlines()
-    assert lines[0] == "| Method | Parallel % | synthetic:hard:test Mean@2 | synthetic:hard:test Pass@2 | Avg |"
-    assert lines[2:] == ["| SFT | 25.0 | 25.0 | 50.0 | 25.0 |", "| GRPO | 25.0 | 50.0 | 50.0 | 50.0 |"]
+    assert lines[0] == ("| Method | Parallel % | synthetic:hard:test Mean@2 | synthetic:hard:test "
+                        "Pass@2 | Avg |")
+    assert lines[2:] == ["| SFT | 25.0 | 25.0 | 50.0 | 25.0 |",
+                         "| GRPO | 25.0 | 50.0 | 50.0 | 50.0 |"]
     assert (tmp_path / "res" / "results.md").read_text().strip() == out.strip()
     with pytest.raises(FileNotFoundError, match="run `python eval.py"):
         table.combine_tables([str(tmp_path / "missing")])
-    _summary(tmp_path / "c", "SFT", 0.75)     # a second run of one name once replaced the first row silently
+    # a second run of one name once replaced the first row silently
+    _summary(tmp_path / "c", "SFT", 0.75)
     rows = table.combine_tables([str(tmp_path / "a"), str(tmp_path / "c")]).splitlines()[2:]
-    assert rows == ["| SFT | 25.0 | 25.0 | 50.0 | 25.0 |", f"| SFT ({tmp_path / 'c'}) | 25.0 | 75.0 | 50.0 | 75.0 |"]
+    assert rows == ["| SFT | 25.0 | 25.0 | 50.0 | 25.0 |",
+                    f"| SFT ({tmp_path / 'c'}) | 25.0 | 75.0 | 50.0 | 75.0 |"]
     with pytest.raises(ValueError, match="is a file: name a folder"):
         table.combine_tables([str(tmp_path / "a")], out_dir=str(tmp_path / "a" / "summary.json"))
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "table.py"), ""], capture_output=True,
-                         text=True)
-    assert out.returncode == 2 and "no evaluation folder" in out.stderr     # once an empty table, exit 0
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "table.py"), ""],
+                         capture_output=True, text=True, check=False)
+    # once an empty table, exit 0
+    assert out.returncode == 2 and "no evaluation folder" in out.stderr
 
 
 def test_failures_classes_by_hand(tmp_path):
     """One hand-made wrong response per class of "Which two of 6 1 5 3 make 8?" (the pair 5, 3)."""
     p = "Which two of 6 1 5 3 make 8?"
-    cases = {"cut by the budget": "6+1=7 vs 8: no\n5+3", "false ok": "6+1=7 vs 8: ok\nFinal Answer: 6, 1",
-             "missed ok": "5+3=8 vs 8: no\nFinal Answer: 6, 1", "wrong sum": "6+1=8 vs 8: no\nFinal Answer: 6, 1",
+    cases = {"cut by the budget": "6+1=7 vs 8: no\n5+3",
+             "false ok": "6+1=7 vs 8: ok\nFinal Answer: 6, 1",
+             "missed ok": "5+3=8 vs 8: no\nFinal Answer: 6, 1",
+             "wrong sum": "6+1=8 vs 8: no\nFinal Answer: 6, 1",
              "number not in the list": "6+2=8 vs 8: ok\nFinal Answer: 6, 2",
              "answer is not the checked pair": "5+3=8 vs 8: ok\nFinal Answer: 6, 1",
-             "other": "5+3=8 vs 8: ok\nFinal Answer: 5, 3</Path>"}          # wrong by the reward: malformed
+             "other": "5+3=8 vs 8: ok\nFinal Answer: 5, 3</Path>"}  # wrong by the reward: malformed
     assert {k: failures.classify(p, r, False) for k, r in cases.items()} == {k: k for k in cases}
     assert failures.classify(p, "anything", True) == "right"
-    rows = [{"benchmark": "synthetic:hard:test", "prompt": p, "response": r, "correct": False} for r in cases.values()]
+    rows = [{"benchmark": "synthetic:hard:test", "prompt": p, "response": r, "correct": False}
+            for r in cases.values()]
     (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert failures.table(str(tmp_path)) == [f"{tmp_path / 'samples.jsonl'} synthetic:hard:test (7 samples): "
+    assert failures.table(str(tmp_path)) == [f"{tmp_path / 'samples.jsonl'} synthetic:hard:test "
+                                             "(7 samples): "
                                              + ", ".join(f"{k} 14.3%" for k in cases)]
     (tmp_path / "samples.jsonl").write_text("")       # once a blank line
     with pytest.raises(ValueError, match="holds no samples"):
         failures.table(str(tmp_path))
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The reward benchmark's batch
 
 
 def test_bench_rewards_batch_is_mixed_and_sized():
     responses, golds = bench_rewards._bench_batch(bench_rewards.BenchConfig(n=200, seed=1))
     assert len(responses) == len(golds) == 200
-    assert sum("<Parallel>" in r for r in responses) > 50 and sum("__import__" in r for r in responses) > 0
-    assert len(set(golds)) > 10 and all(g == golds[i - i % 8] for i, g in enumerate(golds))   # groups of 8 share a gold
+    assert sum("<Parallel>" in r for r in responses) > 50
+    assert sum("__import__" in r for r in responses) > 0
+    # groups of 8 share a gold
+    assert len(set(golds)) > 10 and all(g == golds[i - i % 8] for i, g in enumerate(golds))
 
 
 def test_show_data(capsys):
@@ -161,5 +192,6 @@ def test_show_data(capsys):
 
 def test_show_mask_prints_the_worked_example():
     out = run_script("show_mask.py")
-    assert " unseen positions:    0    1    2    3    4    5    6    7    8    5    6    7    9" in out
+    assert (" unseen positions:    0    1    2    3    4    5    6    7    8    5    6    7    9"
+            in out)
     assert "parse_structure: valid=True" in out
