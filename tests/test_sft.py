@@ -1,42 +1,54 @@
-"""Tests of sft.py: the loss is the token mean of the global batch however it is split, resume is exact.
+"""Tests of sft.py: the loss is the token mean of the global batch however it is split, resume is
+exact.
 
 References come from outside the code under test: Hugging Face's own `labels=` loss (which masks the
-prompt with -100 and shifts in sequence order, exactly our rule), one un-split batch as the reference
-for gradient accumulation and for 2 ranks (DDP and FSDP2, gloo on CPU), and an uninterrupted 6-step run
-as the reference for 3 steps + resume + 3 steps. The model is a ~100k-parameter Qwen3 (hidden 64,
-2 layers) with the character tokenizer, saved once as a checkpoint folder so every path loads it with
-`--model=<folder>`. The records are hand-made in the canonical layout (2- and 3-path blocks, text before
-a block, different lengths so micro-batches hold different numbers of response tokens).
+prompt with -100 and shifts in sequence order, exactly our rule), one un-split batch as the
+reference for gradient accumulation and for 2 ranks (DDP and FSDP2, gloo on CPU), and an
+uninterrupted 6-step run as the reference for 3 steps + resume + 3 steps. The model is a
+~100k-parameter Qwen3 (hidden 64, 2 layers) with the character tokenizer, saved once as a checkpoint
+folder so every path loads it with `--model=<folder>`. The records are hand-made in the canonical
+layout (2- and 3-path blocks, text before a block, different lengths so micro-batches hold different
+numbers of response tokens).
 
-This file is also the worker script of the 2-rank test: `torchrun --nproc_per_node=2 tests/test_sft.py ...`.
+This file is also the worker script of the 2-rank test:
+`torchrun --nproc_per_node=2 tests/test_sft.py ...`.
 """
 
+import contextlib
+import functools
 import glob
 import inspect
 import json
 import math
 import os
-import shutil
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)                     # also when run by torchrun as a script
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
-from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from config import parse  # noqa: E402
-import plumbing  # noqa: E402
-import sft  # noqa: E402
-from attention import TagIds  # noqa: E402
-from model import add_parallel_tags, build_char_tokenizer, load_model  # noqa: E402
-from plumbing import save_checkpoint  # noqa: E402
+import plumbing
+import sft
+from attention import TagIds
+from config import parse
+from model import add_parallel_tags, build_char_tokenizer, load_model
+from plumbing import save_checkpoint
+
+# Seconds a test waits for another process to reach a state (print a line, exit, write a file): far
+# above what it takes on a loaded 2-core machine, so only a hang reaches it. Waits poll the state,
+# never sleep a fixed time.
+PROCESS_TIMEOUT = 600
+POLL_INTERVAL = 0.1
 
 
 def make_records(n: int, seed: int = 0) -> list[dict]:
@@ -48,18 +60,20 @@ def make_records(n: int, seed: int = 0) -> list[dict]:
         products = [a * b for a, b in parts]
         paths = "".join(f"<Path>{a}*{b}={a * b}</Path>" for a, b in parts)
         lead = "Split it.\n" * (i % 3)
-        solution = (f"{lead}<Parallel>{paths}</Parallel>\n<Summary>{'+'.join(map(str, products))}={sum(products)}"
-                    f"</Summary>Final Answer: {sum(products)}")
-        out.append({"id": f"t{i}", "problem": "What is " + " + ".join(f"{a}*{b}" for a, b in parts) + "?",
-                    "answer": str(sum(products)), "solution": solution, "source": "test"})
+        solution = (f"{lead}<Parallel>{paths}</Parallel>\n<Summary>{'+'.join(map(str, products))}="
+                    f"{sum(products)}</Summary>Final Answer: {sum(products)}")
+        problem = "What is " + " + ".join(f"{a}*{b}" for a, b in parts) + "?"
+        out.append({"id": f"t{i}", "problem": problem, "answer": str(sum(products)),
+                    "solution": solution, "source": "test"})
     return out
 
 
 def small_model(seed: int = 0):
     tok = build_char_tokenizer()
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=32, intermediate_size=128, max_position_embeddings=256,
-                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                      intermediate_size=128, max_position_embeddings=256, tie_word_embeddings=True,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                       bos_token_id=None)
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
@@ -95,13 +109,13 @@ def max_diff(a: dict, b: dict) -> float:
 
 
 def config(model_dir, out_dir, **kw) -> sft.SFTConfig:
-    base = dict(model=model_dir, out_dir=str(out_dir), lr=1e-3, batch_size=8, micro_batch_size=4, max_steps=6,
-                warmup_ratio=0.2, max_length=256, max_time=0.0, save_every=3, keep_last=0, eval_samples=0,
-                log_every=0)
+    base = dict(model=model_dir, out_dir=str(out_dir), lr=1e-3, batch_size=8, micro_batch_size=4,
+                max_steps=6, warmup_ratio=0.2, max_length=256, max_time=0.0, save_every=3,
+                keep_last=0, eval_samples=0, log_every=0)
     return sft.SFTConfig(**{**base, **kw})
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Hand-worked pieces
 
 
@@ -126,14 +140,16 @@ def test_shards_are_disjoint_and_cover_the_batch():
 
 def test_schedule_warmup_then_cosine():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, sft.sft_schedule(10, 0.2))   # 2 warm-up steps, 8 cosine steps
+    # 2 warm-up steps, 8 cosine steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, sft.sft_schedule(10, 0.2))
     lrs = []
     for _ in range(10):
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
     # warm-up 1/2, 2/2; then 0.5 * (1 + cos(pi * k / 7)) for k = 0..7
-    expected = [0.5, 1.0, 1.0, 0.9504844, 0.8117449, 0.6112605, 0.3887395, 0.1882551, 0.0495156, 0.0]
+    expected = [0.5, 1.0, 1.0, 0.9504844, 0.8117449, 0.6112605, 0.3887395, 0.1882551, 0.0495156,
+                0.0]
     assert lrs == pytest.approx(expected, abs=1e-6)
 
 
@@ -146,14 +162,18 @@ def test_stream_position_resumes_the_same_order():
 
 
 def test_parse_config(capsys):
+    # --key=value and --key value
     cfg = parse(sft.SFTConfig, ["--lr=3e-4", "--fsdp=True", "--betas=0.9,0.99", "--max_steps=None",
-                                       "--mode", "seen", "--batch_size=64"])      # --key=value and --key value
+                                "--mode", "seen", "--batch_size=64"])
     assert (cfg.lr, cfg.fsdp, cfg.betas, cfg.max_steps, cfg.mode, cfg.batch_size) == \
         (3e-4, True, (0.9, 0.99), None, "seen", 64)
     assert parse(sft.SFTConfig, ["--lr=1"], base={"lr": 5.0, "seed": 7}).seed == 7
-    for bad, msg in [(["--lr"], "expected one argument"), (["--learning_rate=1"], "unrecognized arguments"),
-                     (["--fsdp=maybe"], "invalid true_or_false value"), (["--batch_size=1.5"], "invalid int or None"),
-                     (["--mode=causal"], "invalid choice: 'causal'"), (["--betas=0.9"], "invalid 2-tuple value")]:
+    for bad, msg in [(["--lr"], "expected one argument"),
+                     (["--learning_rate=1"], "unrecognized arguments"),
+                     (["--fsdp=maybe"], "invalid true_or_false value"),
+                     (["--batch_size=1.5"], "invalid int or None"),
+                     (["--mode=causal"], "invalid choice: 'causal'"),
+                     (["--betas=0.9"], "invalid 2-tuple value")]:
         with pytest.raises(SystemExit):
             parse(sft.SFTConfig, bad)
         assert msg in capsys.readouterr().err
@@ -164,13 +184,15 @@ def test_parse_config(capsys):
 
 def test_tiny_and_real_defaults():
     tiny = sft.resolve_defaults(sft.SFTConfig())
-    assert (tiny.lr, tiny.batch_size, tiny.micro_batch_size, tiny.warmup_ratio, tiny.max_steps) == (1e-3, 32, 8, 0.05, 400)
+    assert (tiny.lr, tiny.batch_size, tiny.micro_batch_size, tiny.warmup_ratio, tiny.max_steps) == \
+        (1e-3, 32, 8, 0.05, 400)
     real = sft.resolve_defaults(sft.SFTConfig(model="Qwen/Qwen3-4B-Base"), world_size=8)
-    assert (real.lr, real.batch_size, real.micro_batch_size, real.warmup_ratio, real.epochs, real.betas,
-            real.weight_decay, real.grad_clip) == (1e-5, 128, 1, 0.1, 5.0, (0.9, 0.95), 0.01, 1.0)
+    assert (real.lr, real.batch_size, real.micro_batch_size, real.warmup_ratio, real.epochs,
+            real.betas, real.weight_decay, real.grad_clip) == \
+        (1e-5, 128, 1, 0.1, 5.0, (0.9, 0.95), 0.01, 1.0)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The loss
 
 
@@ -197,7 +219,8 @@ def test_accumulation_equals_one_batch(grad_checkpointing):
     hold different numbers of response tokens, so averaging per micro-batch (§8.2.6) would not."""
     model, tok = small_model()
     if grad_checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     tags = TagIds.from_tokenizer(tok)
     ex = sft.tokenize_records(make_records(8), tok, "parallel", 256)
@@ -215,7 +238,7 @@ def test_accumulation_equals_one_batch(grad_checkpointing):
     assert max(g.abs().max().item() for g in g1.values()) > 1e-2     # the gradients are not all ~0
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 2 ranks (DDP and FSDP2 over gloo) = one process
 
 
@@ -235,15 +258,19 @@ def _worker(model_dir: str, out_dir: str):
                     fully_shard(layer)
                 wrapped = fully_shard(model)
             ex = sft.tokenize_records(records[:8], tok, "parallel", 256)
-            mbs = sft.shard_micro_batches(ex, list(range(8)), info.rank, info.world_size, 2, tok.pad_token_id)
-            nll, n = sft.accumulate_gradients(wrapped, mbs, TagIds.from_tokenizer(tok), "unseen", info.world_size, info.device)
+            mbs = sft.shard_micro_batches(ex, list(range(8)), info.rank, info.world_size, 2,
+                                          tok.pad_token_id)
+            nll, n = sft.accumulate_gradients(wrapped, mbs, TagIds.from_tokenizer(tok), "unseen",
+                                              info.world_size, info.device)
             g = {k: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
                  for k, p in model.named_parameters()}
             if info.is_main:
                 torch.save({"grads": g, "nll": nll, "n": n}, os.path.join(out_dir, f"{kind}.pt"))
-        sft.train(config(model_dir, os.path.join(out_dir, "ddp_run"), max_steps=2, save_every=0), records=records)
+        sft.train(config(model_dir, os.path.join(out_dir, "ddp_run"), max_steps=2, save_every=0),
+                  records=records)
         if FSDP_CAN_SAVE:
-            sft.train(config(model_dir, os.path.join(out_dir, "fsdp_run"), max_steps=2, save_every=0, fsdp=True),
+            fsdp_run = os.path.join(out_dir, "fsdp_run")
+            sft.train(config(model_dir, fsdp_run, max_steps=2, save_every=0, fsdp=True),
                       records=records)
 
 
@@ -251,37 +278,86 @@ def _worker(model_dir: str, out_dir: str):
 FSDP_CAN_SAVE = "state_dict" in inspect.signature(save_checkpoint).parameters
 
 
+def wait_until(condition, what: str, timeout: float = PROCESS_TIMEOUT) -> None:
+    """Poll `condition()` until it is true; fail after `timeout` seconds, saying `what` it waited
+    for."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout} s for {what}")
+        time.sleep(POLL_INTERVAL)
+
+
+def has_written(proc: subprocess.Popen, path: Path, stderr: Path) -> bool:
+    """Whether `proc` has written `path` (a file or folder); fails when `proc` ended without it
+    (its stderr goes to the file `stderr`)."""
+    ended = proc.poll() is not None              # first: a process that ended wrote all it will
+    if path.exists():
+        return True
+    assert not ended, f"{proc.args[1]} ended before it wrote {path}: {stderr.read_text()[-2000:]}"
+    return False
+
+
+@contextlib.contextmanager
+def sigint_reaches_children():
+    """SIGINT as in a terminal for the processes started inside: a background job (`make test &`)
+    inherits SIGINT ignored, and Python keeps an ignored SIGINT so, while a handled one is reset to
+    the default at exec and the child's Python turns it into KeyboardInterrupt. (Not preexec_fn:
+    it is unsafe in a process with threads, and pytest's has some once the wandb, tqdm and reward
+    worker tests ran.)"""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_is_one_line_that_says_the_checkpoints_are_kept(model_dir, tmp_path):
-    """SIGINT inside a run of sft.py and of grpo.py (both at once) ends in one line, not a bare traceback."""
-    root, env = os.path.dirname(os.path.dirname(os.path.abspath(__file__))), dict(os.environ, PYTHONUNBUFFERED="1")
-    cmds = {"sft.py": [f"--model={model_dir}", "--max_steps=100000", "--log_every=1"],
-            "grpo.py": [f"--model={model_dir}", "--batch_size=2", "--group_size=2", "--eval_data="]}
-    procs = {n: subprocess.Popen([sys.executable, os.path.join(root, n), f"--out_dir={tmp_path / n}", *args], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,   # SIGINT as in a terminal
-                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # (a background
-             for n, args in cmds.items()}                    # job inherits it ignored, and Python keeps it so)
+    """SIGINT inside a run of sft.py and of grpo.py (both at once) ends in one line, not a bare
+    traceback. Each gets it once its first checkpoint is written (--save_every=1), so it is inside
+    the training loop with a checkpoint to keep, and neither can be done by then
+    (--max_steps=100000)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    cmds = {"sft.py": [f"--model={model_dir}", "--max_steps=100000", "--log_every=1",
+                       "--save_every=1"],
+            "grpo.py": [f"--model={model_dir}", "--batch_size=2", "--group_size=2", "--eval_data=",
+                        "--max_steps=100000", "--save_every=1"]}
+    procs = {}
+    with sigint_reaches_children():
+        for n, args in cmds.items():
+            # a file, not a pipe: a child never blocks on a full pipe that the test is not reading
+            with open(tmp_path / f"{n}.stderr", "w") as err:
+                procs[n] = subprocess.Popen([sys.executable, os.path.join(root, n),
+                                             f"--out_dir={tmp_path / n}", *args],
+                                            env=env, stdout=subprocess.DEVNULL, stderr=err)
     try:
         for name, p in procs.items():
-            while not (line := p.stdout.readline()).startswith(("SFT ", "GRPO ")):   # inside train()
-                assert line, f"{name} ended before it started training: {p.stderr.read()[-2000:]}"
-            time.sleep(1)
+            stderr = tmp_path / f"{name}.stderr"
+            first_checkpoint = tmp_path / name / "checkpoint-1"
+            wait_until(functools.partial(has_written, p, first_checkpoint, stderr),
+                       f"{name}'s first checkpoint")
             p.send_signal(signal.SIGINT)
-            err = p.communicate(timeout=60)[1]
-            assert p.returncode == 1 and f"{name}: interrupted; the checkpoints in out_dir are kept" in err, err[-2000:]
+            p.wait(timeout=PROCESS_TIMEOUT)
+            err = stderr.read_text()
+            assert p.returncode == 1, err[-2000:]
+            assert f"{name}: interrupted; the checkpoints in out_dir are kept" in err, err[-2000:]
             assert "Traceback" not in err, err[-2000:]
     finally:
         for p in procs.values():
             p.kill()
+            p.wait()
 
 
 def test_two_ranks_equal_one_process(model_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            os.path.abspath(__file__), model_dir, str(tmp_path)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)          # its own process group: a hang is killed whole
+    # its own process group: a hang is killed whole
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
     try:
-        output, _ = proc.communicate(timeout=180)
+        output, _ = proc.communicate(timeout=PROCESS_TIMEOUT)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
@@ -299,12 +375,14 @@ def test_two_ranks_equal_one_process(model_dir, tmp_path):
         assert max_diff(got["grads"], ref) < 1e-6, kind
 
     # the whole training loop: same losses, gradient norms and weights as one process
-    one = sft.train(config(model_dir, tmp_path / "single", max_steps=2, save_every=0), records=make_records(16))
-    ref_log = [json.loads(line) for line in open(tmp_path / "single" / "log.jsonl")]
+    one = sft.train(config(model_dir, tmp_path / "single", max_steps=2, save_every=0),
+                    records=make_records(16))
+    ref_log = [json.loads(line)
+               for line in (tmp_path / "single" / "log.jsonl").read_text().splitlines()]
     ref_w = load_file(tmp_path / "single" / "checkpoint-2" / "model.safetensors")
     assert [r["step"] for r in ref_log] == [1, 2] and one["checkpoint"].endswith("checkpoint-2")
     for run in ["ddp_run"] + ["fsdp_run"] * FSDP_CAN_SAVE:
-        log = [json.loads(line) for line in open(tmp_path / run / "log.jsonl")]
+        log = [json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()]
         assert [r["tokens"] for r in log] == [r["tokens"] for r in ref_log], run
         for a, b in zip(log, ref_log):
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-6), run
@@ -313,73 +391,83 @@ def test_two_ranks_equal_one_process(model_dir, tmp_path):
         assert max((w[k] - ref_w[k]).abs().max().item() for k in ref_w) < 1e-6, run
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Checkpoints and resume
 
 
 def test_resume_is_bit_exact(model_dir, tmp_path, capsys):
     """6 steps in one go = 3 steps, stop, resume from checkpoint-3, 3 more steps: equal bit for bit.
-    Batches of 8 over 13 examples, so the data position crosses epochs at odd places. Everything goes
-    through the command line: the data from a .jsonl file, the config of the resumed run from the
-    checkpoint; then --resume=True continues the latest checkpoint with a command-line override and
-    greedy-samples the model for the end-of-run summary."""
+    Batches of 8 over 13 examples, so the data position crosses epochs at odd places. Everything
+    goes through the command line: the data from a .jsonl file, the config of the resumed run from
+    the checkpoint; then --resume=True continues the latest checkpoint with a command-line override
+    and greedy-samples the model for the end-of-run summary."""
     data = tmp_path / "train.jsonl"
     with open(data, "w") as f:
         for r in make_records(13):
-            f.write(json.dumps({"problem": r["problem"], "answer": r["answer"], "solution": r["solution"]}) + "\n")
+            row = {"problem": r["problem"], "answer": r["answer"], "solution": r["solution"]}
+            f.write(json.dumps(row) + "\n")
     a, b = tmp_path / "a", tmp_path / "b"
-    args = [f"--model={model_dir}", f"--data={data}", f"--out_dir={a}", "--lr=1e-3", "--batch_size=8",
-            "--micro_batch_size=4", "--max_steps=6", "--warmup_ratio=0.2", "--max_length=256", "--max_time=0",
-            "--save_every=3", "--keep_last=0", "--eval_samples=0", "--log_every=0"]
+    args = [f"--model={model_dir}", f"--data={data}", f"--out_dir={a}", "--lr=1e-3",
+            "--batch_size=8", "--micro_batch_size=4", "--max_steps=6", "--warmup_ratio=0.2",
+            "--max_length=256", "--max_time=0", "--save_every=3", "--keep_last=0",
+            "--eval_samples=0", "--log_every=0"]
     full = sft.main(args)
     assert sorted(os.listdir(a)) == ["checkpoint-3", "checkpoint-6", "log.jsonl"]
     state = torch.load(a / "checkpoint-3" / "trainer_state.pt", weights_only=False)
-    assert state["step"] == 3 and state["data_position"] == {"epoch": 1, "index": 11}   # 24 = 13 + 11
+    # 24 = 13 + 11
+    assert state["step"] == 3 and state["data_position"] == {"epoch": 1, "index": 11}
     assert {"optimizer", "scheduler", "rng", "config"} <= state.keys()
 
     resumed = sft.main([f"--resume={a / 'checkpoint-3'}", f"--out_dir={b}"])
     wa, wb = (load_file(d / "checkpoint-6" / "model.safetensors") for d in (a, b))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    log_a = [json.loads(line)["loss"] for line in open(a / "log.jsonl")]
-    log_b = [json.loads(line)["loss"] for line in open(b / "log.jsonl")]
+    log_a = [json.loads(line)["loss"] for line in (a / "log.jsonl").read_text().splitlines()]
+    log_b = [json.loads(line)["loss"] for line in (b / "log.jsonl").read_text().splitlines()]
     assert len(log_a) == 6 and log_b == log_a[3:]
     assert full["steps"] == resumed["steps"] == 6
     start = load_file(os.path.join(model_dir, "model.safetensors"))
-    assert not torch.equal(start["model.layers.0.mlp.up_proj.weight"], wa["model.layers.0.mlp.up_proj.weight"])
+    up_proj = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(start[up_proj], wa[up_proj])
 
     capsys.readouterr()
     more = sft.main([f"--out_dir={b}", "--resume=True", "--max_steps=8", "--eval_samples=2"])
     assert more["steps"] == 8 and more["checkpoint"] == str(b / "checkpoint-8")
     assert more["eval"]["n"] == 2 and 0.0 <= more["eval"]["format_valid"] <= 1.0
     out = capsys.readouterr().out
-    assert f"checkpoint: {b / 'checkpoint-8'}" in out and "next step trains at lr 9.55e-05, not the checkpoint's 0" in out
-    rows = [json.loads(line) for line in open(b / "log.jsonl")]
+    assert f"checkpoint: {b / 'checkpoint-8'}" in out
+    assert "next step trains at lr 9.55e-05, not the checkpoint's 0" in out
+    rows = [json.loads(line) for line in (b / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [4, 5, 6, 7, 8]
-    # step 7 follows the 8-step schedule (warm-up 2, cosine to 0 at optimizer step 7), not the 6-step run's final lr 0
-    assert rows[3]["lr"] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 4 / 5))) and rows[4]["lr"] == 0.0
+    # step 7 follows the 8-step schedule (warm-up 2, cosine to 0 at optimizer step 7), not the
+    # 6-step run's final lr 0
+    assert rows[3]["lr"] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 4 / 5)))
+    assert rows[4]["lr"] == 0.0
 
     # a fresh run into a used folder moves the earlier run aside instead of deleting it
     again = sft.main(args[:6] + ["--max_steps=3"] + args[7:])
-    assert again["steps"] == 3 and sorted(os.listdir(a)) == ["checkpoint-3", "earlier-1", "log.jsonl"]
+    assert again["steps"] == 3
+    assert sorted(os.listdir(a)) == ["checkpoint-3", "earlier-1", "log.jsonl"]
     assert sorted(os.listdir(a / "earlier-1")) == ["checkpoint-3", "checkpoint-6", "log.jsonl"]
     wa_old = load_file(a / "earlier-1" / "checkpoint-6" / "model.safetensors")
     assert all(torch.equal(wa[k], wa_old[k]) for k in wa)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Bad input
 
 
 def test_bad_input_is_dropped_or_refused(model_dir, tmp_path):
     _, tok = load_model(model_dir, device="cpu")
     records = make_records(4)
-    records[1]["solution"] = "<Parallel><Path>2*3=6</Path></Parallel>\n<Summary>6</Summary>Final Answer: 6"  # 1 path
-    records[2]["solution"] = "x" * 300                                                                # too long
+    records[1]["solution"] = ("<Parallel><Path>2*3=6</Path></Parallel>\n<Summary>6</Summary>"
+                              "Final Answer: 6")                                      # 1 path
+    records[2]["solution"] = "x" * 300                                                # too long
     printed = []
     ex = sft.tokenize_records(records, tok, "parallel", 256, log=printed.append)
     assert len(ex) == 2
-    assert printed == ["dropped 1 of 4 examples longer than max_length=256 tokens and 1 with a malformed parallel "
-                       "structure (first: t1: block at token 0 has 1 path(s), needs >= 2)"]
+    assert printed == [("dropped 1 of 4 examples longer than max_length=256 tokens and 1 with a "
+                        "malformed parallel structure (first: t1: block at token 0 has 1 path(s), "
+                        "needs >= 2)")]
     with pytest.raises(ValueError, match="no training examples left out of 1 records"):
         sft.tokenize_records(records[2:3], tok, "parallel", 256, log=lambda *a: None)
     with pytest.raises(ValueError, match="does not have '<Parallel>' as one token"):
@@ -387,10 +475,11 @@ def test_bad_input_is_dropped_or_refused(model_dir, tmp_path):
     with pytest.raises(ValueError, match="no solution"):
         sft.tokenize_records([dict(records[0], solution=None)], tok, "parallel", 256)
     printed = []                              # one record without a solution aborted its whole file
-    assert len(sft.tokenize_records([dict(records[0], solution=None), records[3]], tok, "parallel", 256,
-                                    log=printed.append)) == 1
+    assert len(sft.tokenize_records([dict(records[0], solution=None), records[3]], tok, "parallel",
+                                    256, log=printed.append)) == 1
     assert printed == ["dropped 1 of 2 records without a solution to train on"]
-    assert plumbing.resume_path(config(model_dir, tmp_path, resume="False")) == ""   # a bool word, not a folder
+    # a bool word, not a folder
+    assert plumbing.resume_path(config(model_dir, tmp_path, resume="False")) == ""
     with pytest.raises(FileNotFoundError, match="not a checkpoint folder"):
         sft.train(config(model_dir, tmp_path, resume=str(tmp_path / "nope")), records=records)
     with pytest.raises(FileNotFoundError, match="found no checkpoint"):
@@ -410,25 +499,30 @@ def test_bad_input_is_dropped_or_refused(model_dir, tmp_path):
 
 
 def test_a_run_keeps_the_users_folders_and_its_own_start(model_dir, tmp_path):
-    """checkpoint-best and checkpoint-3-backup were deleted by the pruning or moved by a resume; a --model inside
-    out_dir was moved aside by the fresh run that started from it (a later resume then found no model)."""
+    """checkpoint-best and checkpoint-3-backup were deleted by the pruning or moved by a resume; a
+    --model inside out_dir was moved aside by the fresh run that started from it (a later resume
+    then found no model)."""
     run = tmp_path / "run"
-    sft.train(config(model_dir, run, max_steps=3, save_every=1, keep_last=1), records=make_records(8))
+    sft.train(config(model_dir, run, max_steps=3, save_every=1, keep_last=1),
+              records=make_records(8))
     for name in ("checkpoint-best", "checkpoint-3-backup", "checkpoint-03"):
         shutil.copytree(run / "checkpoint-3", run / name)
-    sft.train(config(model_dir, run, max_steps=5, save_every=1, keep_last=1, resume="True"), records=make_records(8))
+    sft.train(config(model_dir, run, max_steps=5, save_every=1, keep_last=1, resume="True"),
+              records=make_records(8))
     kept = ["checkpoint-03", "checkpoint-3-backup", "checkpoint-5", "checkpoint-best", "log.jsonl"]
     assert sorted(os.listdir(run)) == kept
     with pytest.raises(ValueError, match="is inside --out_dir=.*pass another --out_dir"):
         sft.train(config(str(run / "checkpoint-5"), run, max_steps=1), records=make_records(8))
     os.symlink(run, tmp_path / "link")                   # the same folder by another name
     with pytest.raises(ValueError, match="is inside --out_dir"):
-        sft.train(config(str(tmp_path / "link" / "checkpoint-5"), run, max_steps=1), records=make_records(8))
+        sft.train(config(str(tmp_path / "link" / "checkpoint-5"), run, max_steps=1),
+                  records=make_records(8))
     assert sorted(os.listdir(run)) == kept
 
 
 def test_a_tiny_checkpoint_gets_the_tiny_preset(model_dir, monkeypatch):
-    """The preset followed the name "tiny" only: a tiny checkpoint got the real-model one (lr 1e-5, batch 128)."""
+    """The preset followed the name "tiny" only: a tiny checkpoint got the real-model one (lr 1e-5,
+    batch 128)."""
     class Resolved(Exception):
         pass
     def load(cfg, *args, **kw):
@@ -441,33 +535,33 @@ def test_a_tiny_checkpoint_gets_the_tiny_preset(model_dir, monkeypatch):
 
 
 def test_quick_eval_skips_problems_longer_than_the_context():
-    """The end-of-run greedy check samples only problems whose prompt + budget fit the 512-token context."""
+    """The end-of-run greedy check samples only problems whose prompt + budget fit the 512-token
+    context."""
     model, tok = load_model("tiny", seed=0)
     records = [{"problem": "x" * 500, "answer": "1"}, {"problem": "Ava has 2 pens.", "answer": "2"},
                {"problem": "y" * 496, "answer": "3"}, {"problem": "Ben has 3 pens.", "answer": "3"}]
-    # prompts: 500 + 1 = 501 and 496 + 1 = 497 tokens; with 16 new tokens only the two short ones fit
+    # prompts: 500 + 1 = 501 and 496 + 1 = 497 tokens; with 16 new tokens only the two short ones
+    # fit
     out = sft.quick_eval(model, tok, records, "unseen", n=2, max_new_tokens=16)
     assert out["n"] == 2
-    assert len(out["notes"]) == 1 and "2 of 4 problems have a prompt + max_new_tokens (16) longer than the model's " \
-        "context (512 tokens" in out["notes"][0]
-
-
-if __name__ == "__main__":                   # torchrun worker of test_two_ranks_equal_one_process
-    _worker(*sys.argv[1:3])
-
+    assert len(out["notes"]) == 1 and "2 of 4 problems have a prompt + max_new_tokens (16) " \
+        "longer than the model's context (512 tokens" in out["notes"][0]
 
 
 WALL_CLOCK = ("elapsed", "tokens_per_s")        # log fields that measure time, not the run
 
 
 def test_same_seed_same_run_bit_for_bit(model_dir, tmp_path):
-    """Two fresh runs with the same seed and thread count: equal weights and log rows (wall-clock fields aside)."""
-    runs = [sft.train(config(model_dir, tmp_path / d, max_steps=3, save_every=0), records=make_records(10))
+    """Two fresh runs with the same seed and thread count: equal weights and log rows (wall-clock
+    fields aside)."""
+    runs = [sft.train(config(model_dir, tmp_path / d, max_steps=3, save_every=0),
+                      records=make_records(10))
             for d in "ab"]
     wa, wb = (load_file(os.path.join(r["checkpoint"], "model.safetensors")) for r in runs)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    rows = [[{k: v for k, v in json.loads(line).items() if k not in WALL_CLOCK} for line in open(tmp_path / d /
-             "log.jsonl")] for d in "ab"]
+    rows = [[{k: v for k, v in json.loads(line).items() if k not in WALL_CLOCK}
+             for line in (tmp_path / d / "log.jsonl").read_text().splitlines()]
+            for d in "ab"]
     assert len(rows[0]) == 3 and rows[0] == rows[1]
 
 
@@ -475,20 +569,24 @@ def test_wandb_gets_the_rows_of_log_jsonl(model_dir, tmp_path, wandb_rows):
     logged = wandb_rows
     sft.train(config(model_dir, tmp_path / "run", max_steps=2, save_every=0, wandb_project="test"),
               records=make_records(10))
-    assert logged == [json.loads(line) for line in open(tmp_path / "run" / "log.jsonl")] and len(logged) == 2
+    rows = (tmp_path / "run" / "log.jsonl").read_text().splitlines()
+    assert logged == [json.loads(line) for line in rows] and len(logged) == 2
     assert {"step", "loss", "lr", "grad_norm"} <= logged[0].keys()
-    runs = glob.glob(str(tmp_path / "run" / "wandb" / "offline-run-*" / "run-*.wandb"))   # the offline run, finished
+    # the offline run, finished, and the keys in it: wandb's service may still be writing it under
+    # load
+    pattern = str(tmp_path / "run" / "wandb" / "offline-run-*" / "run-*.wandb")
+    wait_until(lambda: glob.glob(pattern), "wandb's offline run file")
+    runs = glob.glob(pattern)
     assert len(runs) == 1
-    for _ in range(300):            # the keys in it; wandb's service may still be writing it under load
-        if all(k.encode() in open(runs[0], "rb").read() for k in logged[0]):
-            break
-        time.sleep(0.1)
-    assert all(k.encode() in open(runs[0], "rb").read() for k in logged[0])
+    run_file = Path(runs[0])
+    wait_until(lambda: all(k.encode() in run_file.read_bytes() for k in logged[0]),
+               "the logged keys in wandb's run file")
+    assert all(k.encode() in run_file.read_bytes() for k in logged[0])
 
 
 def test_a_wandb_start_that_fails_changes_nothing(model_dir, tmp_path, monkeypatch):
-    """A missing login is one ValueError, and neither a new out_dir nor an earlier run in a used one is touched
-    (the start once came after the earlier run was moved aside and the log opened)."""
+    """A missing login is one ValueError, and neither a new out_dir nor an earlier run in a used one
+    is touched (the start once came after the earlier run was moved aside and the log opened)."""
     wandb = pytest.importorskip("wandb", reason="optional: pip install -r requirements-extra.txt")
 
     def no_login(**kw):
@@ -496,72 +594,96 @@ def test_a_wandb_start_that_fails_changes_nothing(model_dir, tmp_path, monkeypat
     monkeypatch.setattr(wandb, "init", no_login)
     records = make_records(10)
     with pytest.raises(ValueError, match="WANDB_MODE=offline"):
-        sft.train(config(model_dir, tmp_path / "new", max_steps=1, wandb_project="p"), records=records)
+        sft.train(config(model_dir, tmp_path / "new", max_steps=1, wandb_project="p"),
+                  records=records)
     assert not (tmp_path / "new").exists()
     sft.train(config(model_dir, tmp_path / "used", max_steps=1, save_every=0), records=records)
     before = sorted(os.listdir(tmp_path / "used"))
     with pytest.raises(ValueError, match="WANDB_MODE=offline"):
-        sft.train(config(model_dir, tmp_path / "used", max_steps=1, wandb_project="p"), records=records)
+        sft.train(config(model_dir, tmp_path / "used", max_steps=1, wandb_project="p"),
+                  records=records)
     assert sorted(os.listdir(tmp_path / "used")) == before == ["checkpoint-1", "log.jsonl"]
 
 
 def test_a_diverged_loss_stops_before_the_step_and_keeps_the_checkpoints(model_dir, tmp_path):
-    """--lr=1e3 once ran to the end, saved a NaN checkpoint and reported "format valid 100%" for <pad> samples;
-    eval.py and sample.py then crashed on it. Now the first non-finite gradient norm stops the run."""
+    """--lr=1e3 once ran to the end, saved a NaN checkpoint and reported "format valid 100%" for
+    <pad> samples; eval.py and sample.py then crashed on it. Now the first non-finite gradient norm
+    stops the run."""
     records, run = make_records(10), tmp_path / "run"
     sft.train(config(model_dir, run, max_steps=2, save_every=2), records=records)
     with pytest.raises(ValueError, match="the gradient norm is (nan|inf): the loss diverged"):
-        sft.train(config(model_dir, run, resume=str(run / "checkpoint-2"), max_steps=12, lr=1e3, save_every=0),
+        sft.train(config(model_dir, run, resume=str(run / "checkpoint-2"), max_steps=12, lr=1e3,
+                         save_every=0),
                   records=records)
     state = load_file(run / "checkpoint-2" / "model.safetensors")
     assert sorted(os.listdir(run)) == [".lock", "checkpoint-2", "log.jsonl"] and \
         all(torch.isfinite(v).all() for v in state.values())
 
 
-def test_resuming_an_older_checkpoint_moves_the_abandoned_newer_ones_aside(model_dir, tmp_path, capsys):
-    """Resuming checkpoint-2 of a run that reached checkpoint-4 once left checkpoint-4 in place, and a later
-    --resume=True continued it: the abandoned run, not the one just trained."""
+def test_resuming_an_older_checkpoint_moves_the_abandoned_newer_ones_aside(model_dir, tmp_path,
+                                                                           capsys):
+    """Resuming checkpoint-2 of a run that reached checkpoint-4 once left checkpoint-4 in place, and
+    a later --resume=True continued it: the abandoned run, not the one just trained."""
     records, run = make_records(10), tmp_path / "run"
     sft.train(config(model_dir, run, max_steps=4, save_every=2), records=records)
-    sft.train(config(model_dir, run, resume=str(run / "checkpoint-2"), max_steps=3, save_every=0), records=records)
+    sft.train(config(model_dir, run, resume=str(run / "checkpoint-2"), max_steps=3, save_every=0),
+              records=records)
     assert sorted(os.listdir(run)) == ["checkpoint-2", "checkpoint-3", "earlier-1", "log.jsonl"]
     assert sorted(os.listdir(run / "earlier-1")) == ["checkpoint-4", "log.jsonl"] and \
         "moved the checkpoints after step 2" in capsys.readouterr().out
-    assert [json.loads(x)["step"] for x in open(run / "earlier-1" / "log.jsonl")] == [1, 2, 3, 4]   # once lost
+    earlier_log = (run / "earlier-1" / "log.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in earlier_log] == [1, 2, 3, 4]   # once lost
     assert plumbing.find_latest_checkpoint(str(run)) == str(run / "checkpoint-3")
 
 
 def test_a_folder_that_a_live_run_writes_is_refused(model_dir, tmp_path):
-    """Two runs into one out_dir once interleaved their log.jsonl lines. A live process's lock refuses the second
-    run before anything moves; a lock whose process is gone is taken over, and a finished run leaves none."""
+    """Two runs into one out_dir once interleaved their log.jsonl lines. A live process's lock
+    refuses the second run before anything moves; a lock whose process is gone is taken over, and a
+    finished run leaves none."""
     records, run = make_records(10), tmp_path / "run"
     sft.train(config(model_dir, run, max_steps=1, save_every=0), records=records)
-    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as other:
+    # the other process lives until it is killed (or its stdin closes), however slow the run is
+    other_command = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+    with subprocess.Popen(other_command, stdin=subprocess.PIPE) as other:
         (run / ".lock").write_text(str(other.pid))
         with pytest.raises(ValueError, match=f"being written by another run \\(pid {other.pid}\\)"):
             sft.train(config(model_dir, run, max_steps=1, save_every=0), records=records)
         assert sorted(os.listdir(run)) == [".lock", "checkpoint-1", "log.jsonl"]
         other.kill()
-    sft.train(config(model_dir, run, max_steps=1, save_every=0), records=records)    # that process is gone
+    # that process is gone (leaving the with-block waited for it)
+    sft.train(config(model_dir, run, max_steps=1, save_every=0), records=records)
     assert sorted(os.listdir(run)) == ["checkpoint-1", "earlier-1", "log.jsonl"]
 
 
 def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(model_dir, tmp_path):
-    """--micro_batch_size=0 used to move the finished run aside and then fail (range() arg 3 must not be zero)."""
+    """--micro_batch_size=0 used to move the finished run aside and then fail (range() arg 3 must
+    not be zero)."""
     records = make_records(10)
     sft.train(config(model_dir, tmp_path / "run", max_steps=1, save_every=0), records=records)
-    for flag, value in (("batch_size", 0), ("micro_batch_size", 0), ("max_steps", 0), ("max_steps", -3)):
+    for flag, value in (("batch_size", 0), ("micro_batch_size", 0), ("max_steps", 0),
+                        ("max_steps", -3)):
         with pytest.raises(ValueError, match=f"--{flag}={value}: must be at least 1"):
-            sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: value}), records=records)
-    for flag in ("limit", "eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every", "save_every", "keep_last"):
+            sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: value}),
+                      records=records)
+    for flag in ("limit", "eval_samples", "warmup_ratio", "grad_clip", "max_time", "log_every",
+                 "save_every", "keep_last"):
         with pytest.raises(ValueError, match=f"--{flag}=-1: must be at least 0"):
-            sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: -1}), records=records)
+            sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: -1}),
+                      records=records)
     for flag in ("warmup_ratio", "grad_clip", "weight_decay"):     # NaN passed every "< 0" check
         with pytest.raises(ValueError, match=f"--{flag}=nan: must be at least 0"):
-            sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: float("nan")}), records=records)
-    for kw, msg in [(dict(warmup_ratio=1.5), "--warmup_ratio=1.5: must be at least 0 and at most 1$"),
-                    (dict(max_steps=None, epochs=0.0), "^--epochs=0.0: must be above 0"),   # moved the run, saved nothing
+            sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: float("nan")}),
+                      records=records)
+    for kw, msg in [(dict(warmup_ratio=1.5),
+                     "--warmup_ratio=1.5: must be at least 0 and at most 1$"),
+                    # moved the run, saved nothing
+                    (dict(max_steps=None, epochs=0.0), "^--epochs=0.0: must be above 0"),
                     (dict(lr=float("inf")), "^--lr=inf: must be above 0")]:
         with pytest.raises(ValueError, match=msg):
-            sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, **kw}), records=records)
+            sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, **kw}),
+                      records=records)
     assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-1", "log.jsonl"]
+
+
+if __name__ == "__main__":                   # torchrun worker of test_two_ranks_equal_one_process
+    _worker(*sys.argv[1:3])
