@@ -1,4 +1,5 @@
-"""Test settings: nothing waits on the Hugging Face hub; tests run from the repository root imports."""
+"""Test settings: nothing waits on the Hugging Face hub; tests run from the repository root
+imports."""
 import os
 import sys
 
@@ -16,16 +17,16 @@ SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 # Tiny models run faster on one thread (per-op overhead dominates), and several test processes
 # (2-rank gloo tests, the reward workers) must not oversubscribe a 2-core machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-import torch  # noqa: E402
+import torch
 
 torch.set_num_threads(1)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The course kit (ASSIGNMENTS.md): `pytest -m exercise_k` grades exercise k. The kit's own tests in
 # tests/test_exercises.py carry the marker in the file; the existing tests below that also grade an
-# exercise get it here (file -> test function -> exercises), so the test files stay as they are. A test grades
-# exercise k only if it needs nothing beyond exercises 1..k.
+# exercise get it here (file -> test function -> exercises), so the test files stay as they are. A
+# test grades exercise k only if it needs nothing beyond exercises 1..k.
 
 NUM_EXERCISES = 8
 EXERCISE_TESTS = {
@@ -44,7 +45,8 @@ EXERCISE_TESTS = {
         "test_loss_agg_modes_on_a_hand_table": (6,),
     },
     "test_sample.py": {
-        "test_recorded_logprobs_equal_training_forward": (4,),   # end to end: also needs exercises 1-3
+        # end to end: also needs exercises 1-3
+        "test_recorded_logprobs_equal_training_forward": (4,),
     },
     "test_eval.py": {
         "test_pass_at_k_hand_values": (7,),
@@ -75,9 +77,11 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def wandb_rows(tmp_path, monkeypatch) -> list[dict]:
-    """The real wandb in offline mode under tmp_path, and the rows its runs log (Run.log still runs)."""
+    """The real wandb in offline mode under tmp_path, and the rows its runs log (Run.log still
+    runs)."""
     wandb = pytest.importorskip("wandb", reason="optional: pip install -r requirements-extra.txt")
-    for k, v in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
+    settings = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    for k, v in settings.items():
         monkeypatch.setenv(k, v)
     logged, real_log = [], wandb.Run.log
     monkeypatch.setattr(wandb.Run, "log", lambda self, row, *a, **kw: logged.append(dict(row)) or

@@ -1,10 +1,11 @@
-"""Tests of attention.py: the parser, the Seen/Unseen masks and positions, and cached branching decode.
+"""Tests of attention.py: the parser, the Seen/Unseen masks and positions, and cached branching
+decode.
 
 The expected values come from outside the code under test: the worked example of NOTES.md §2
-(written out literally below), hand-computed positions for malformed responses, and reference runs of
-tiny random models (an ordinary causal forward of prefix + one path, and a cached branching decode
-that feeds the paths of a block side by side into one `sample.SlotCache` row, the way the sampler
-does).
+(written out literally below), hand-computed positions for malformed responses, and reference runs
+of tiny random models (an ordinary causal forward of prefix + one path, and a cached branching
+decode that feeds the paths of a block side by side into one `sample.SlotCache` row, the way the
+sampler does).
 
 Token ids used throughout (a made-up vocabulary of 120; the tags sit at fixed ids):
     0 pad, 1 eos, 10 newline, 11..98 text, 100 <Parallel>, 101 </Parallel>, 102 <Path>, 103 </Path>,
@@ -20,13 +21,14 @@ from attention import TagIds, build_mask_and_positions, parse_structure, structu
 
 PAD, EOS, NL = 0, 1, 10
 P, EP, A, EA, S, ES = 100, 101, 102, 103, 104, 105
-TAGS = TagIds(parallel=P, end_parallel=EP, path=A, end_path=EA, summary=S, end_summary=ES, newline=(NL,), eos=EOS)
+TAGS = TagIds(parallel=P, end_parallel=EP, path=A, end_path=EA, summary=S, end_summary=ES,
+              newline=(NL,), eos=EOS)
 VOCAB = 120
 TOL = 1e-5
 MIN = torch.finfo(torch.float32).min
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The worked example of NOTES.md §2
 
 
@@ -69,7 +71,7 @@ def test_worked_example_positions_and_mask():
     assert mask.shape == (1, 1, 19, 19) and mask.dtype == torch.float32
     assert pos.shape == (1, 19) and pos.dtype == torch.long
     assert pos[0].tolist() == EXAMPLE_POS_UNSEEN
-    assert set(mask.unique().tolist()) == {0.0, MIN}                 # additive: 0 visible, finfo.min hidden
+    assert set(mask.unique().tolist()) == {0.0, MIN}         # additive: 0 visible, finfo.min hidden
     assert torch.equal(mask[0, 0] == 0, grid(EXAMPLE_UNSEEN_MASK))
 
     mask, pos = build_mask_and_positions(ids, [3], am, TAGS, "seen")
@@ -81,16 +83,18 @@ def test_worked_example_positions_and_mask():
 
     s = parse_structure(EXAMPLE_RESPONSE, TAGS)
     assert s.valid and s.reason == "" and s.length == 16
-    assert [(b.start, b.paths, b.end, b.summary) for b in s.blocks] == [(1, [(2, 6), (6, 9)], 9, (11, 14))]
+    assert [(b.start, b.paths, b.end, b.summary) for b in s.blocks] == \
+        [(1, [(2, 6), (6, 9)], 9, (11, 14))]
     assert parse_structure(torch.tensor(EXAMPLE_RESPONSE), TAGS) == s   # a tensor parses the same
 
 
-# ----------------------------------------------------------------------------------------------------
-# Malformed responses: never raise, valid=False with a reason, a defined mask from the recovery rules
+# --------------------------------------------------------------------------------------------------
+# Malformed responses: never raise, valid=False with a reason, a defined mask from the recovery
+# rules
 #
-# Each case: response (a, b, ... are text), a phrase of the reason, the hand-computed Unseen positions
-# with a 2-token prompt (so the response starts at position 2), and the hidden (rows, cols) rectangles
-# in response coordinates (everything else is plain causal).
+# Each case: response (a, b, ... are text), a phrase of the reason, the hand-computed Unseen
+# positions with a 2-token prompt (so the response starts at position 2), and the hidden
+# (rows, cols) rectangles in response coordinates (everything else is plain causal).
 a, b, c, x, y, z, w, s_, t_ = 31, 32, 33, 34, 35, 36, 37, 38, 39
 
 MALFORMED = {
@@ -101,18 +105,22 @@ MALFORMED = {
     "truncated_mid_path": ([a, P, A, x, y, EA, A, z], "unclosed <Path>",
                            [2, 3, 4, 5, 6, 7, 4, 5], [((6, 8), (2, 6))]),
     # a stray </Path> in the main chain is ordinary main text
-    "stray_end_path": ([a, EA, b, P, A, x, EA, A, y, w, EA, EP, NL, S, s_, ES, c], "stray structural tag",
-                       [2, 3, 4, 5, 6, 7, 8, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [((7, 11), (4, 7))]),
+    "stray_end_path": ([a, EA, b, P, A, x, EA, A, y, w, EA, EP, NL, S, s_, ES, c],
+                       "stray structural tag",
+                       [2, 3, 4, 5, 6, 7, 8, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+                       [((7, 11), (4, 7))]),
     # <Summary> with no block is ordinary main text: plain causal, sequential
     "summary_without_block": ([a, S, s_, ES, b], "<Summary> without a parallel block",
                               [2, 3, 4, 5, 6], []),
     # <Parallel> inside a path is an ordinary token of that path (no nested block)
     "parallel_inside_path": ([a, P, A, x, P, y, EA, A, z, EA, EP, NL, S, s_, ES],
-                             "inside a path", [2, 3, 4, 5, 6, 7, 8, 4, 5, 6, 9, 10, 11, 12, 13], [((7, 10), (2, 7))]),
+                             "inside a path", [2, 3, 4, 5, 6, 7, 8, 4, 5, 6, 9, 10, 11, 12, 13],
+                             [((7, 10), (2, 7))]),
     # a block with one path: nothing to hide, positions sequential
     "one_path_block": ([a, P, A, x, EA, EP, NL, S, s_, ES, b], "1 path(s)",
                        list(range(2, 13)), []),
-    # text between two paths is block-level: one past the furthest path so far, hidden from later paths
+    # text between two paths is block-level: one past the furthest path so far, hidden from later
+    # paths
     "text_between_paths": ([a, P, A, x, EA, t_, A, y, EA, EP], "outside every path",
                            [2, 3, 4, 5, 6, 7, 4, 5, 6, 8], [((6, 9), (2, 6))]),
     # no <Summary> after </Parallel>
@@ -142,12 +150,14 @@ def test_malformed_response_recovery(name):
 
 def test_malformed_structures_recorded():
     s = parse_structure(MALFORMED["truncated_mid_path"][0], TAGS)
-    assert [(bl.start, bl.paths, bl.end, bl.summary) for bl in s.blocks] == [(1, [(2, 6), (6, 8)], None, None)]
+    assert [(bl.start, bl.paths, bl.end, bl.summary) for bl in s.blocks] == \
+        [(1, [(2, 6), (6, 8)], None, None)]
     s = parse_structure(MALFORMED["unclosed_summary"][0], TAGS)
-    assert [(bl.start, bl.paths, bl.end, bl.summary) for bl in s.blocks] == [(1, [(2, 5), (5, 8)], 8, (10, 12))]
+    assert [(bl.start, bl.paths, bl.end, bl.summary) for bl in s.blocks] == \
+        [(1, [(2, 5), (5, 8)], 8, (10, 12))]
     s = parse_structure(MALFORMED["parallel_inside_path"][0], TAGS)
     assert [(bl.start, bl.paths) for bl in s.blocks] == [(1, [(2, 7), (7, 10)])]
-    assert parse_structure([], TAGS).valid                   # an empty response has nothing wrong with it
+    assert parse_structure([], TAGS).valid             # an empty response has nothing wrong with it
 
 
 def test_random_tag_soup_never_raises_and_stays_causal():
@@ -181,13 +191,13 @@ def test_bad_shapes_raise_value_error():
         build_mask_and_positions(ids, [1], torch.tensor([[1, 0, 1]]), TAGS, "seen")
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Tiny random models
 
 
 def tiny_model(arch: str, impl: str):
-    """A ~90k-parameter random model. initializer_range 0.05 (not 0.02) so that attention is far from
-    uniform and a wrong mask or position moves the logits by much more than the tolerance."""
+    """A ~90k-parameter random model. initializer_range 0.05 (not 0.02) so that attention is far
+    from uniform and a wrong mask or position moves the logits by much more than the tolerance."""
     import transformers as tf
 
     common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -210,8 +220,9 @@ def text(rng, n):
 
 def make_response(rng, blocks, main_len=3, summary_len=2, tail_len=3):
     """A canonical response (NOTES.md §1) with len(blocks) parallel blocks; blocks[i] = the body
-    lengths of block i's paths. Returns (response ids, [(index of <Parallel>, [(s, e) per path incl. tags])]),
-    spans in response coordinates, recorded while building (independent of parse_structure)."""
+    lengths of block i's paths. Returns (response ids, [(index of <Parallel>, [(s, e) per path incl.
+    tags])]), spans in response coordinates, recorded while building (independent of
+    parse_structure)."""
     resp, layout = [], []
     for path_lens in blocks:
         resp += text(rng, main_len) + [P]
@@ -232,18 +243,20 @@ BLOCKS = {2: [[3, 1], [1, 4]], 3: [[2, 4, 1], [3, 1, 2]]}
 
 
 def causal_chunk_mask(past: int, q: int, rows: int = 1) -> torch.Tensor:
-    """(rows, 1, q, past+q) additive: new tokens see the whole cache and the new tokens before them."""
+    """(rows, 1, q, past+q) additive: new tokens see the whole cache and the new tokens before
+    them."""
     vis = torch.ones(q, past + q, dtype=torch.bool).tril(past)
     return torch.zeros(rows, 1, q, past + q).masked_fill(~vis, MIN)
 
 
 @torch.no_grad()
 def cached_branching_logits(model, prompt, response, layout):
-    """Decode `prompt + response` the way the branching sampler does, returning logits (L, V) aligned
-    with the full sequence: one `sample.SlotCache` row; prefill up to <Parallel>; then every step feeds
-    the N paths' next tokens as N queries of that row (path k at position p+1+t, seeing the shared slots
-    and its own; a finished path feeds a hidden dummy); then the path slots become shared and </Parallel>,
-    the newline, <Summary>, the summary and the main text follow one token at a time."""
+    """Decode `prompt + response` the way the branching sampler does, returning logits (L, V)
+    aligned with the full sequence: one `sample.SlotCache` row; prefill up to <Parallel>; then every
+    step feeds the N paths' next tokens as N queries of that row (path k at position p+1+t, seeing
+    the shared slots and its own; a finished path feeds a hidden dummy); then the path slots become
+    shared and </Parallel>, the newline, <Summary>, the summary and the main text follow one token
+    at a time."""
     from sample import HIDDEN, SHARED, SlotCache
 
     ids = prompt + response
@@ -252,38 +265,43 @@ def cached_branching_logits(model, prompt, response, layout):
     cache = SlotCache(1, len(ids) + 1, "cpu")          # every token and one scratch slot
 
     def step(tokens, positions, codes, mask=None):
-        """Feed one row of queries; real ones take the next slots, dummies (HIDDEN) one scratch slot."""
+        """Feed one row of queries; real ones take the next slots, dummies (HIDDEN) one scratch
+        slot."""
         used = int((cache.owner[0] != HIDDEN).sum())   # every slot so far is real: no padding here
         n = sum(c != HIDDEN for c in codes)
         slots = [used + i for i in range(n)] + [used + n] * (len(codes) - n)
         cache.attend_to(max(slots) + 1)
         cache.slots, codes_t = torch.tensor([slots]), torch.tensor([codes])
         cache.owner[0, slots] = codes_t[0]
-        o = model(input_ids=torch.tensor([tokens]), position_ids=torch.tensor([positions]), cache=cache,
-                  attention_mask=cache.mask(codes_t, torch.float32) if mask is None else mask, use_cache=True)
+        o = model(input_ids=torch.tensor([tokens]), position_ids=torch.tensor([positions]),
+                  cache=cache,
+                  attention_mask=cache.mask(codes_t, torch.float32) if mask is None else mask,
+                  use_cache=True)
         return o.logits[0]
 
     cur = pos_next = 0
     for p, spans in layout:
         p_abs = n0 + p
-        if cur == 0:                                   # prefill prompt + main text + <Parallel> in one chunk
+        if cur == 0:                          # prefill prompt + main text + <Parallel> in one chunk
             q = p_abs + 1
             out[:q] = step(ids[:q], list(range(q)), [SHARED] * q, causal_chunk_mask(0, q))
             pos_next = q
-        else:                                          # main text after the previous block, token by token
+        else:                                 # main text after the previous block, token by token
             for i in range(cur, p_abs + 1):
                 out[i] = step([ids[i]], [pos_next], [SHARED])[0]
                 pos_next += 1
         pos_p = pos_next - 1
         lens = [e - s for s, e in spans]
-        for t in range(max(lens)):                     # live paths first (the sampler's order), then dummies
+        for t in range(max(lens)):            # live paths first (the sampler's order), then dummies
             live = [k for k, ln in enumerate(lens) if t < ln]
             dummies = len(lens) - len(live)
             logits = step([ids[n0 + spans[k][0] + t] for k in live] + [EOS] * dummies,
-                          [pos_p + 1 + t] * len(live) + [0] * dummies, [2 + k for k in live] + [HIDDEN] * dummies)
+                          [pos_p + 1 + t] * len(live) + [0] * dummies,
+                          [2 + k for k in live] + [HIDDEN] * dummies)
             for i, k in enumerate(live):
                 out[n0 + spans[k][0] + t] = logits[i]
-        cache.owner.masked_fill_(cache.owner > SHARED, SHARED)   # the block closes: nothing is copied
+        # the block closes: nothing is copied
+        cache.owner.masked_fill_(cache.owner > SHARED, SHARED)
         cur = p_abs + 1 + sum(lens)                    # index of </Parallel>
         pos_next = pos_p + 1 + max(lens)
     for i in range(cur, len(ids)):                     # </Parallel> \n <Summary> ... tail
@@ -318,7 +336,8 @@ def test_slot_cache_writes_in_place_fans_out_and_keeps_rows():
     storage = cache.keys[0].data_ptr()
     cache.fan_out(3)                                           # rows 0, 0, 0, 1, 1, 1
     assert cache.active_rows == 6 and cache.keys[0].data_ptr() == storage   # no copy of the cache
-    assert cache.keys[0][:, 0, :5, 0].tolist() == [[0, 1, 2, 3, 4]] * 3 + [[100, 101, 102, 103, 104]] * 3
+    assert cache.keys[0][:, 0, :5, 0].tolist() == \
+        [[0, 1, 2, 3, 4]] * 3 + [[100, 101, 102, 103, 104]] * 3
     assert cache.owner[:, :5].tolist() == [[SHARED, HIDDEN, 2, 3, SHARED]] * 3 + [[0] * 5] * 3
     cache.keys[0][0] += 7                                      # the rows are copies, not views
     assert cache.keys[0][1, 0, 0, 0] == 0
@@ -388,7 +407,7 @@ def test_structured_forward_rejects_unknown_mode():
         structured_forward(model, ids, torch.ones_like(ids), [1], TAGS, "Unseen")
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # A padded batch equals its rows run one at a time, with finite logits and gradients
 
 
@@ -445,7 +464,8 @@ def test_padded_batch_equals_rows(impl, mode):
         if hi == lo:
             continue
         one = ids[r:r + 1, lo:hi]
-        ref = structured_forward(model, one, torch.ones_like(one), [prompt_lengths[r]], TAGS, mode)[0]
+        ref = structured_forward(model, one, torch.ones_like(one), [prompt_lengths[r]], TAGS,
+                                 mode)[0]
         assert (logits[r, lo:hi] - ref).abs().max().item() <= TOL
         row_loss = row_loss + token_loss(ref, one[0], 0, hi - lo)
     row_loss.backward()

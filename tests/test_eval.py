@@ -1,9 +1,9 @@
-"""eval.py: Pass@k / Mean@k arithmetic, the Table 2 layout, evaluate() against the sampler, the CLI, plots."""
+"""eval.py: Pass@k / Mean@k arithmetic, the Table 2 layout, evaluate() against the sampler, the CLI,
+plots."""
 import json
 import math
 import os
 import re
-import sys
 
 import pytest
 import torch
@@ -15,18 +15,20 @@ from plumbing import save_checkpoint
 from rewards import extract_answer, verify
 from sample import generate
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Pass@k
 
 
 def test_pass_at_k_hand_values():
-    assert ev.pass_at_k(16, 1, 16) == 1.0              # the one correct sample is always among the 16
+    assert ev.pass_at_k(16, 1, 16) == 1.0          # the one correct sample is always among the 16
     assert ev.pass_at_k(16, 1, 1) == pytest.approx(1 / 16, abs=1e-15)
     assert ev.pass_at_k(5, 2, 2) == pytest.approx(0.7, abs=1e-15)   # 1 - C(3,2)/C(5,2) = 1 - 3/10
     assert ev.pass_at_k(16, 0, 16) == 0.0
     assert ev.pass_at_k(4, 1, 2) == pytest.approx(0.5, abs=1e-15)   # 1 - C(3,2)/C(4,2) = 1 - 3/6
-    assert ev.pass_at_k(10, 3, 3) == pytest.approx(1 - 35 / 120, abs=1e-15)   # C(7,3)=35, C(10,3)=120
-    assert ev.pass_at_k(1000, 1, 500) == pytest.approx(0.5, abs=1e-12)       # C(999,500)/C(1000,500) = 1/2
+    # C(7,3)=35, C(10,3)=120
+    assert ev.pass_at_k(10, 3, 3) == pytest.approx(1 - 35 / 120, abs=1e-15)
+    # C(999,500)/C(1000,500) = 1/2
+    assert ev.pass_at_k(1000, 1, 500) == pytest.approx(0.5, abs=1e-12)
     # verl's bootstrap expectation is biased low: one correct of 16 -> 1 - (15/16)^16
     assert ev.pass_at_k_verl(16, 1, 16) == pytest.approx(1 - (15 / 16) ** 16, abs=1e-15)
     assert 0.643 < ev.pass_at_k_verl(16, 1, 16) < 0.645
@@ -40,28 +42,32 @@ def test_pass_at_k_equals_binomial_formula():
                 assert ev.pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12), (n, c, k)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Mean@k, Pass@k and the structure statistics over hand-made samples
 
 
 def _sample(pid, correct, blocks=(), valid=True, T=10, D=10, bench="b"):
     return {"benchmark": bench, "id": pid, "correct": correct, "has_parallel": bool(blocks),
-            "num_blocks": len(blocks), "parallel_positions": list(blocks), "format_valid": valid, "T": T, "D": D}
+            "num_blocks": len(blocks), "parallel_positions": list(blocks), "format_valid": valid,
+            "T": T, "D": D}
 
 
 def test_summarize_hand_computed():
     samples = [_sample("A", True, [0.1], T=20, D=14), _sample("A", False), _sample("A", False),
                _sample("A", False, [0.2, 0.6], valid=False, T=30, D=22),
-               _sample("B", True), _sample("B", True, [0.4]), _sample("B", False), _sample("B", True)]
+               _sample("B", True), _sample("B", True, [0.4]), _sample("B", False),
+               _sample("B", True)]
     m = ev.summarize(samples, k=4)
     assert m["mean_at_k"] == pytest.approx((1 / 4 + 3 / 4) / 2)            # 0.5
-    assert m["pass_at_k"] == 1.0                                            # both problems have a hit
-    assert ev.summarize(samples, k=2)["pass_at_k"] == pytest.approx((0.5 + 1.0) / 2)   # A: 1-C(3,2)/C(4,2)
+    assert m["pass_at_k"] == 1.0                                        # both problems have a hit
+    # A: 1-C(3,2)/C(4,2)
+    assert ev.summarize(samples, k=2)["pass_at_k"] == pytest.approx((0.5 + 1.0) / 2)
     assert ev.summarize(samples, k=1)["pass_at_k"] == pytest.approx(0.5)   # Pass@1 = Mean
     assert m["pass_at_k_verl"] == pytest.approx(((1 - 0.75 ** 4) + (1 - 0.25 ** 4)) / 2)
     assert m["parallel_ratio"] == 3 / 8
     assert m["mean_blocks"] == 4 / 8
-    assert m["mean_parallel_position"] == pytest.approx((0.1 + 0.2 + 0.6 + 0.4) / 4)   # every block once
+    # every block once
+    assert m["mean_parallel_position"] == pytest.approx((0.1 + 0.2 + 0.6 + 0.4) / 4)
     assert m["mean_T"] == (20 + 30 + 6 * 10) / 8 and m["mean_D"] == (14 + 22 + 6 * 10) / 8
     assert m["format_valid"] == 7 / 8 and m["format_valid_parallel"] == pytest.approx(2 / 3)
     assert (m["k"], m["num_problems"], m["num_responses"]) == (4, 2, 8)
@@ -76,26 +82,32 @@ def test_summarize_hand_computed():
 
 def test_avg_is_the_mean_of_the_mean_at_columns():
     # Table 2, GRPO (DAPO): (14.8 + 18.5 + 63.6 + 83.5) / 4 = 45.1, unweighted by benchmark size
-    benches = {"aime25": {"mean_at_k": 0.148, "num_responses": 480}, "aime24": {"mean_at_k": 0.185, "num_responses": 480},
-               "amc23": {"mean_at_k": 0.636, "num_responses": 640}, "math500": {"mean_at_k": 0.835, "num_responses": 316}}
+    benches = {"aime25": {"mean_at_k": 0.148, "num_responses": 480},
+               "aime24": {"mean_at_k": 0.185, "num_responses": 480},
+               "amc23": {"mean_at_k": 0.636, "num_responses": 640},
+               "math500": {"mean_at_k": 0.835, "num_responses": 316}}
     assert ev.average_mean_at_k(benches) == pytest.approx(0.451)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The table
 
 
 def _m(k, mean, pss, ratio, n):
-    return {"k": k, "mean_at_k": mean, "pass_at_k": pss, "parallel_ratio": ratio, "num_responses": n}
+    return {"k": k, "mean_at_k": mean, "pass_at_k": pss, "parallel_ratio": ratio,
+            "num_responses": n}
 
 
 def test_format_table_layout_reproduces_table2_rows():
     rows = {
         "GRPO (DAPO)": {"aime25": _m(16, .148, .324, 0, 480), "aime24": _m(16, .185, .306, 0, 480),
                         "amc23": _m(16, .636, .851, 0, 640), "math500": _m(1, .835, .835, 0, 316)},
-        "Parallel-R1-Unseen (S1)": {"aime25": _m(16, .177, .378, .136, 480), "aime24": _m(16, .183, .332, .136, 480),
-                                    "amc23": _m(16, .697, .889, .136, 640), "math500": _m(1, .826, .826, .136, 316)},
-        # pooled Parallel %: (0.5*100 + 0*300) / 400 = 12.5 (not the unweighted 25.0); a missing bench is "-"
+        "Parallel-R1-Unseen (S1)": {"aime25": _m(16, .177, .378, .136, 480),
+                                    "aime24": _m(16, .183, .332, .136, 480),
+                                    "amc23": _m(16, .697, .889, .136, 640),
+                                    "math500": _m(1, .826, .826, .136, 316)},
+        # pooled Parallel %: (0.5*100 + 0*300) / 400 = 12.5 (not the unweighted 25.0); a missing
+        # bench is "-"
         "partial": {"aime25": _m(16, .2, .5, .5, 100), "math500": _m(1, .5, .5, 0.0, 300)},
     }
     assert ev.format_table(rows) == (
@@ -103,20 +115,21 @@ def test_format_table_layout_reproduces_table2_rows():
         "| AMC23 Mean@16 | AMC23 Pass@16 | MATH Mean@1 | Avg |\n"
         "|---|---|---|---|---|---|---|---|---|---|\n"
         "| GRPO (DAPO) | 0.0 | 14.8 | 32.4 | 18.5 | 30.6 | 63.6 | 85.1 | 83.5 | 45.1 |\n"
-        "| Parallel-R1-Unseen (S1) | 13.6 | 17.7 | 37.8 | 18.3 | 33.2 | 69.7 | 88.9 | 82.6 | 47.1 |\n"
+        "| Parallel-R1-Unseen (S1) | 13.6 | 17.7 | 37.8 | 18.3 | 33.2 | 69.7 | 88.9 | 82.6 "
+        "| 47.1 |\n"
         "| partial | 12.5 | 20.0 | 50.0 | - | - | - | - | 50.0 | 35.0 |")
     with pytest.raises(ValueError, match="k=8"):
         ev.format_table({"a": {"aime25": _m(16, 0, 0, 0, 1)}, "b": {"aime25": _m(8, 0, 0, 0, 1)}})
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # evaluate() on a tiny random model
 
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """The tiny model gains nothing from intra-op threads, and on a shared 2-core machine their spin-waits
-    made these tests ~7x slower; restored afterwards for the other test files."""
+    """The tiny model gains nothing from intra-op threads, and on a shared 2-core machine their
+    spin-waits made these tests ~7x slower; restored afterwards for the other test files."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -139,9 +152,10 @@ def test_evaluate_is_the_sampler_scored_and_deterministic(tiny, records, mode, b
     model.train()
     kw = dict(k=2, max_new_tokens=16, seed=3, batch_size=batch_size)
     metrics, samples = ev.evaluate(model, tok, records, mode, **kw)
-    assert model.training                                   # the caller's train/eval state is restored
+    assert model.training                                # the caller's train/eval state is restored
     model.eval()
-    # what evaluate sampled is exactly sample.generate on the built prompts, batch b seeded with seed + b
+    # what evaluate sampled is exactly sample.generate on the built prompts, batch b seeded with
+    # seed + b
     style = "sequential" if mode == "sequential" else "parallel"
     prompts = [build_prompt(tok, r["problem"], style) for r in records]
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -152,9 +166,10 @@ def test_evaluate_is_the_sampler_scored_and_deterministic(tiny, records, mode, b
     assert len(samples) == 4
     for i, (s, r) in enumerate(zip(samples, ref)):
         rec = records[i // 2]
-        assert (s["id"], s["gold"], s["prompt"], s["sample_index"]) == (rec["id"], rec["answer"], prompts[i // 2], i % 2)
-        assert (s["response"], s["T"], s["D"], s["finish_reason"]) == (r.text, r.num_tokens, r.critical_path,
-                                                                       r.finish_reason)
+        assert (s["id"], s["gold"], s["prompt"], s["sample_index"]) == \
+            (rec["id"], rec["answer"], prompts[i // 2], i % 2)
+        assert (s["response"], s["T"], s["D"], s["finish_reason"]) == \
+            (r.text, r.num_tokens, r.critical_path, r.finish_reason)
         assert s["extracted_answer"] == extract_answer(r.text)
         assert s["correct"] == verify(extract_answer(r.text), rec["answer"])
         assert s["reward"] == (1.0 if s["correct"] else -1.0)
@@ -176,20 +191,22 @@ def test_evaluate_rejects_bad_arguments(tiny, records):
         ev.evaluate(model, tok, records, "unseen", k=0)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The command line: checkpoint mode, tags, outputs, errors
 
 
 def test_checkpoint_mode_and_tag_check(tmp_path, tiny):
     model, tok = tiny
     ckpt = tmp_path / "seen"
-    save_checkpoint(str(ckpt), model, tok, trainer_state={"step": 3, "config": {"mode": "seen", "style": "parallel"}})
+    save_checkpoint(str(ckpt), model, tok,
+                    trainer_state={"step": 3, "config": {"mode": "seen", "style": "parallel"}})
     cfg, where = read_checkpoint_config(str(ckpt))
     assert (mode_from_config(cfg), os.path.basename(where)) == ("seen", "trainer_state.pt")
     assert ev.check_tags(ev.own_tokenizer(str(ckpt)), str(ckpt), "unseen") is True
     assert mode_from_config({"mode": "unseen", "style": "sequential"}) == "sequential"
     assert mode_from_config({}) is None and read_checkpoint_config("tiny") == ({}, "")
-    (ckpt / "parallel_r1.json").write_text(json.dumps({"mode": "sequential"}))      # preferred when present
+    # preferred when present
+    (ckpt / "parallel_r1.json").write_text(json.dumps({"mode": "sequential"}))
     assert mode_from_config(read_checkpoint_config(str(ckpt))[0]) == "sequential"
 
     bare = tmp_path / "bare"                      # a tokenizer that never had the tags
@@ -199,29 +216,35 @@ def test_checkpoint_mode_and_tag_check(tmp_path, tiny):
         ev.check_tags(tok_bare, str(bare), "unseen")
     assert ev.check_tags(tok_bare, str(bare), "seen", allow_untrained_tags=True) is False
     assert ev.check_tags(tok_bare, str(bare), "sequential") is False
-    with pytest.raises(ValueError, match="allow_untrained_tags"):     # the command line stops before sampling
-        ev.run(ev.EvalConfig(model=str(bare), data="synthetic:easy:test", out_dir=str(tmp_path / "o")))
-    with pytest.raises(FileNotFoundError, match="no folder"):                # a path that does not exist
+    # the command line stops before sampling
+    with pytest.raises(ValueError, match="allow_untrained_tags"):
+        ev.run(ev.EvalConfig(model=str(bare), data="synthetic:easy:test",
+                             out_dir=str(tmp_path / "o")))
+    with pytest.raises(FileNotFoundError, match="no folder"):           # a path that does not exist
         ev.own_tokenizer(str(tmp_path / "nothing-here"))
 
 
 def test_run_writes_table_samples_and_summary(tmp_path, tiny):
     model, tok = tiny
     ckpt = str(tmp_path / "ckpt")
-    save_checkpoint(ckpt, model, tok, trainer_state={"config": {"mode": "seen", "style": "parallel"}})
+    save_checkpoint(ckpt, model, tok,
+                    trainer_state={"config": {"mode": "seen", "style": "parallel"}})
     out = tmp_path / "out"
-    summary = ev.run(ev.EvalConfig(model=ckpt, data="synthetic:easy:test,synthetic:hard:test", limit=2, k=2,
-                                   k_overrides="synthetic:hard:test=1", max_new_tokens=16, name="ours",
-                                   out_dir=str(out), device="cpu"))
+    summary = ev.run(ev.EvalConfig(model=ckpt, data="synthetic:easy:test,synthetic:hard:test",
+                                   limit=2, k=2, k_overrides="synthetic:hard:test=1",
+                                   max_new_tokens=16, name="ours", out_dir=str(out),
+                                   device="cpu"))
     assert summary["mode"] == "seen" and summary["mode_source"].endswith("trainer_state.pt")
     lines = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
     assert len(lines) == 2 * 2 + 2 * 1
-    assert [x["benchmark"] for x in lines] == ["synthetic:easy:test"] * 4 + ["synthetic:hard:test"] * 2
-    for key in ("benchmark", "id", "prompt", "response", "extracted_answer", "gold", "correct", "reward",
-                "has_parallel", "num_blocks", "T", "D"):
+    assert [x["benchmark"] for x in lines] == \
+        ["synthetic:easy:test"] * 4 + ["synthetic:hard:test"] * 2
+    for key in ("benchmark", "id", "prompt", "response", "extracted_answer", "gold", "correct",
+                "reward", "has_parallel", "num_blocks", "T", "D"):
         assert key in lines[0]
     table = (out / "results.md").read_text()
-    assert table.splitlines()[0] == ("| Method | Parallel % | synthetic:easy:test Mean@2 | synthetic:easy:test Pass@2 "
+    assert table.splitlines()[0] == ("| Method | Parallel % | synthetic:easy:test Mean@2 "
+                                     "| synthetic:easy:test Pass@2 "
                                      "| synthetic:hard:test Mean@1 | Avg |")
     assert table.splitlines()[2].startswith("| ours | ")
     saved = json.loads((out / "summary.json").read_text())
@@ -230,9 +253,9 @@ def test_run_writes_table_samples_and_summary(tmp_path, tiny):
 
 
 def test_prompts_longer_than_the_context_are_skipped_and_counted(tmp_path, capfd):
-    """The tiny model: context 512, one token per character, prompt = problem + "\\n" = len(problem) + 1
-    tokens. With max_new_tokens 8, a 503-character problem fills the context exactly (504 + 8 = 512) and
-    fits; a 504-character one (513) does not."""
+    """The tiny model: context 512, one token per character, prompt = problem + "\\n" =
+    len(problem) + 1 tokens. With max_new_tokens 8, a 503-character problem fills the context
+    exactly (504 + 8 = 512) and fits; a 504-character one (513) does not."""
     assert ev.split_by_context([100, 256, 257], 256, 512) == ([0, 1], [2])
     assert ev.split_by_context([100, 10_000], 256, None) == ([0, 1], [])
     f = tmp_path / "long.jsonl"
@@ -241,8 +264,8 @@ def test_prompts_longer_than_the_context_are_skipped_and_counted(tmp_path, capfd
     kw = dict(model="tiny", data=str(f), k=1, max_new_tokens=8, device="cpu")
     summary = ev.run(ev.EvalConfig(**kw, out_dir=str(tmp_path / "skip")))
     err = capfd.readouterr().err
-    assert "1 of 3 problems have a prompt + max_new_tokens (8) longer than the model's context (512 tokens; " \
-           "prompts are 13-505 tokens): skipped" in err
+    assert "1 of 3 problems have a prompt + max_new_tokens (8) longer than the model's context " \
+           "(512 tokens; prompts are 13-505 tokens): skipped" in err
     assert summary["skipped_too_long"] == {str(f): ["long-2"]}
     assert summary["benchmarks"][str(f)]["num_problems"] == 2
     lines = [json.loads(x) for x in (tmp_path / "skip" / "samples.jsonl").read_text().splitlines()]
@@ -261,22 +284,26 @@ def test_prompts_longer_than_the_context_are_skipped_and_counted(tmp_path, capfd
 def test_unknown_benchmark_is_a_clear_error_before_sampling(tmp_path):
     out = tmp_path / "out"
     with pytest.raises(ValueError, match="unknown dataset 'aime2024'"):
-        ev.run(ev.EvalConfig(model="tiny", data="synthetic:easy:test,aime2024", out_dir=str(out), device="cpu"))
+        ev.run(ev.EvalConfig(model="tiny", data="synthetic:easy:test,aime2024", out_dir=str(out),
+                             device="cpu"))
     assert not out.exists()
     with pytest.raises(ValueError, match="not in --data"):
-        ev.run(ev.EvalConfig(model="tiny", data="synthetic:easy:test", k_overrides="math500=1", out_dir=str(out)))
+        ev.run(ev.EvalConfig(model="tiny", data="synthetic:easy:test", k_overrides="math500=1",
+                             out_dir=str(out)))
     with pytest.raises(ValueError, match="benchmark=k"):
         ev.parse_k_overrides("math500:1")
 
 
-@pytest.mark.parametrize("kw, flag", [(dict(data=""), "--data=''"), (dict(data=" , "), "--data=' , '"),
+@pytest.mark.parametrize("kw, flag", [(dict(data=""), "--data=''"),
+                                      (dict(data=" , "), "--data=' , '"),
                                       (dict(limit=-1), "--limit=-1"), (dict(k=0), "--k=0"),
-                                      (dict(device="cuda"), "--device=cuda"), (dict(device="mps"), "--device=mps"),
+                                      (dict(device="cuda"), "--device=cuda"),
+                                      (dict(device="mps"), "--device=mps"),
                                       (dict(max_blocks=-1), "--max_blocks=-1"),
                                       (dict(top_p=0.0), "--top_p=0.0")])
 def test_bad_flags_are_one_error_before_anything_is_written(tmp_path, kw, flag):
-    """An empty --data once wrote an empty table, --limit=-1 blamed the data set, --device=cuda on a CPU-only
-    machine ended in torch's AssertionError, --top_p=0 quietly decoded greedily."""
+    """An empty --data once wrote an empty table, --limit=-1 blamed the data set, --device=cuda on a
+    CPU-only machine ended in torch's AssertionError, --top_p=0 quietly decoded greedily."""
     if kw.get("device") == "cuda" and torch.cuda.is_available() or kw.get("device") == "mps" and \
             torch.backends.mps.is_available():
         pytest.skip(f"this machine has {kw['device']}")
@@ -287,7 +314,8 @@ def test_bad_flags_are_one_error_before_anything_is_written(tmp_path, kw, flag):
 
 
 def test_a_failed_evaluation_keeps_the_earlier_samples(tmp_path, monkeypatch):
-    """samples.jsonl is written as samples.jsonl.partial and renamed at the end (a failure once left it empty)."""
+    """samples.jsonl is written as samples.jsonl.partial and renamed at the end (a failure once left
+    it empty)."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "samples.jsonl").write_text("earlier\n")
@@ -301,23 +329,28 @@ def test_a_failed_evaluation_keeps_the_earlier_samples(tmp_path, monkeypatch):
 
 
 def test_a_second_evaluation_into_one_folder_keeps_the_first(tmp_path):
-    """A second eval.py run into one out_dir once overwrote the first's three files without a word."""
+    """A second eval.py run into one out_dir once overwrote the first's three files without a
+    word."""
     out = tmp_path / "out"
-    first = ev.run(ev.EvalConfig(model="tiny", data="synthetic:easy:test", out_dir=str(out), limit=1, k=1, name="a"))
-    ev.run(ev.EvalConfig(model="tiny", data="synthetic:easy:test", out_dir=str(out), limit=1, k=1, name="b"))
+    first = ev.run(ev.EvalConfig(model="tiny", data="synthetic:easy:test", out_dir=str(out),
+                                 limit=1, k=1, name="a"))
+    ev.run(ev.EvalConfig(model="tiny", data="synthetic:easy:test", out_dir=str(out), limit=1, k=1,
+                         name="b"))
     assert sorted(os.listdir(out)) == ["earlier-1", "results.md", "samples.jsonl", "summary.json"]
     assert json.loads((out / "earlier-1" / "summary.json").read_text())["table"] == first["table"]
     assert json.loads((out / "summary.json").read_text())["name"] == "b"
 
 
 def test_default_out_dirs_of_two_runs_checkpoints_differ(tmp_path, monkeypatch):
-    """The default out_dir once came from the path's last two parts: runs/a/sft/checkpoint-1 and runs/b/sft/
-    checkpoint-1 wrote into one folder, the second evaluation over the first."""
+    """The default out_dir once came from the path's last two parts: runs/a/sft/checkpoint-1 and
+    runs/b/sft/checkpoint-1 wrote into one folder, the second evaluation over the first."""
     monkeypatch.chdir(tmp_path)
     model, tok = load_model("tiny")
     out = []
     for run in ("a", "b"):
         save_checkpoint(ckpt := os.path.join("runs", run, "sft", "checkpoint-1"), model, tok)
-        out.append(ev.run(ev.EvalConfig(model=ckpt, data="synthetic:easy:test", limit=1, k=1))["name"])
-    assert sorted(os.listdir(tmp_path / "runs" / "eval")) == ["runs_a_sft_checkpoint-1", "runs_b_sft_checkpoint-1"]
-    assert out == [os.path.join("sft", "checkpoint-1")] * 2     # the table's Method cell stays short
+        out.append(ev.run(ev.EvalConfig(model=ckpt, data="synthetic:easy:test", limit=1,
+                                        k=1))["name"])
+    assert sorted(os.listdir(tmp_path / "runs" / "eval")) == \
+        ["runs_a_sft_checkpoint-1", "runs_b_sft_checkpoint-1"]
+    assert out == [os.path.join("sft", "checkpoint-1")] * 2   # the table's Method cell stays short

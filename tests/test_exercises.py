@@ -1,16 +1,24 @@
-"""The course kit's own grading tests (ASSIGNMENTS.md): tiny hand-worked inputs, one group per exercise, each
-failure naming the input, the expected and the actual value and the NOTES.md section to read. Together with the
-existing tests tagged in conftest.py (EXERCISE_TESTS) they grade exercise k: `pytest -m exercise_k`.
+"""The course kit's own grading tests (ASSIGNMENTS.md): tiny hand-worked inputs, one group per
+exercise, each failure naming the input, the expected and the actual value and the NOTES.md section
+to read. Together with the existing tests tagged in conftest.py (EXERCISE_TESTS) they grade exercise
+k: `pytest -m exercise_k`.
 
-Token ids as in test_attention.py: 1 eos, 10 newline, 11..98 text, 100 <Parallel>, 101 </Parallel>, 102 <Path>,
-103 </Path>, 104 <Summary>, 105 </Summary>."""
+Token ids as in test_attention.py: 1 eos, 10 newline, 11..98 text, 100 <Parallel>, 101 </Parallel>,
+102 <Path>, 103 </Path>, 104 <Summary>, 105 </Summary>."""
 
 import math
 
 import pytest
 import torch
 
-from attention import Block, Structure, TagIds, build_mask_and_positions, parse_structure, unseen_positions
+from attention import (
+    Block,
+    Structure,
+    TagIds,
+    build_mask_and_positions,
+    parse_structure,
+    unseen_positions,
+)
 from eval import pass_at_k
 from grpo import agg_loss, compute_advantages, loss_weights, policy_loss
 from rewards import RewardSchedule
@@ -18,7 +26,8 @@ from sample import token_logprobs
 
 EOS, NL = 1, 10
 P, EP, A, EA, S, ES = 100, 101, 102, 103, 104, 105
-TAGS = TagIds(parallel=P, end_parallel=EP, path=A, end_path=EA, summary=S, end_summary=ES, newline=(NL,), eos=EOS)
+TAGS = TagIds(parallel=P, end_parallel=EP, path=A, end_path=EA, summary=S, end_summary=ES,
+              newline=(NL,), eos=EOS)
 NAMES = {EOS: "eos", NL: r"\n", P: "<P>", EP: "</P>", A: "<A>", EA: "</A>", S: "<S>", ES: "</S>"}
 
 # the worked example of NOTES.md §2: a <P> <A> x1 x2 </A> <A> y1 </A> </P> \n <S> s1 </S> b eos
@@ -36,22 +45,25 @@ def spans(s: Structure):
     return [(b.start, b.paths, b.end, b.summary) for b in s.blocks]
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Exercise 1: parse_structure (NOTES.md §1)
 
 @pytest.mark.exercise_1
 @pytest.mark.parametrize("ids, expected", [
     (RESPONSE, [(1, [(2, 6), (6, 9)], 9, (11, 14))]),
-    (TWO_BLOCKS, [(1, [(2, 5), (5, 9)], 9, (11, 14)), (15, [(16, 19), (19, 23), (23, 26)], 26, (28, 31))]),
+    (TWO_BLOCKS, [(1, [(2, 5), (5, 9)], 9, (11, 14)),
+                  (15, [(16, 19), (19, 23), (23, 26)], 26, (28, 31))]),
     ([24, 25, EOS], []),
 ])
 def test_ex1_spans_of_well_formed_responses(ids, expected):
     s = parse_structure(ids, TAGS)
-    assert s.valid and s.reason == "", f"{show(ids)}\n  is well-formed (NOTES.md §1), got reason {s.reason!r}"
+    assert s.valid and s.reason == "", \
+        f"{show(ids)}\n  is well-formed (NOTES.md §1), got reason {s.reason!r}"
     assert s.length == len(ids)
-    assert spans(s) == expected, (f"response {show(ids)}\n  expected (start, paths, end, summary) = {expected}\n"
-                                  f"  got {spans(s)}\n  (spans [start, end), a path from its <Path> to its </Path> "
-                                  f"inclusive; NOTES.md §1)")
+    assert spans(s) == expected, \
+        (f"response {show(ids)}\n  expected (start, paths, end, summary) = "
+         f"{expected}\n  got {spans(s)}\n  (spans [start, end), a path from "
+         f"its <Path> to its </Path> inclusive; NOTES.md §1)")
 
 
 @pytest.mark.exercise_1
@@ -63,54 +75,63 @@ def test_ex1_spans_of_well_formed_responses(ids, expected):
 ])
 def test_ex1_malformed_responses_say_why(ids, phrase):
     s = parse_structure(ids, TAGS)
-    assert not s.valid and phrase in s.reason, (f"{show(ids)}\n  expected valid=False with a reason containing "
-                                                f"{phrase!r}, got valid={s.valid}, reason={s.reason!r}")
+    assert not s.valid and phrase in s.reason, \
+        (f"{show(ids)}\n  expected valid=False with a reason "
+         f"containing {phrase!r}, got valid={s.valid}, "
+         f"reason={s.reason!r}")
 
 
-# ----------------------------------------------------------------------------------------------------
-# Exercise 2: unseen_positions (NOTES.md §2). The structures are written by hand: no parser needed.
+# --------------------------------------------------------------------------------------------------
+# Exercise 2: unseen_positions (NOTES.md §2). The structures are written by hand: no parser
+# needed.
 
 @pytest.mark.exercise_2
 @pytest.mark.parametrize("structure, start, expected", [
-    (Structure([Block(1, [(2, 6), (6, 9)], 9, (11, 14))], True, "", 16), 3,       # NOTES.md §2's table
+    (Structure([Block(1, [(2, 6), (6, 9)], 9, (11, 14))], True, "", 16), 3,    # NOTES.md §2's table
      [3, 4, 5, 6, 7, 8, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15]),
-    (Structure([], True, "", 4), 7, [7, 8, 9, 10]),                                # no block: sequential
+    (Structure([], True, "", 4), 7, [7, 8, 9, 10]),                          # no block: sequential
     # a 2-token prompt; text between the paths is block-level: one past the furthest path so far
-    (Structure([Block(1, [(2, 5), (6, 9)], 9, None)], False, "token 5 inside a block but outside every path", 10), 2,
+    (Structure([Block(1, [(2, 5), (6, 9)], 9, None)], False,
+               "token 5 inside a block but outside every path", 10), 2,
      [2, 3, 4, 5, 6, 7, 4, 5, 6, 8]),
     # no </Parallel> (the response ends inside the block) and a path cut off by the budget
     (Structure([Block(1, [(2, 6), (6, 8)], None, None)], False, "unclosed <Path> at token 6", 8), 2,
      [2, 3, 4, 5, 6, 7, 4, 5]),
-    (Structure([Block(1, [(2, 5), (5, 9)], 9, (11, 14)), Block(15, [(16, 19), (19, 23), (23, 25)], 25, (27, 30))],
+    (Structure([Block(1, [(2, 5), (5, 9)], 9, (11, 14)),
+                Block(15, [(16, 19), (19, 23), (23, 25)], 25, (27, 30))],
                True, "", 31), 0,
-     [0, 1, 2, 3, 4, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 13, 14, 15, 16, 13, 14, 17, 18, 19, 20, 21,
-      22]),
+     [0, 1, 2, 3, 4, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 13, 14, 15, 16, 13, 14, 17, 18,
+      19, 20, 21, 22]),
 ])
 def test_ex2_positions_by_hand(structure, start, expected):
     got = unseen_positions(structure, start)
-    assert got == expected, (f"blocks {spans(structure)}, first position {start}\n  expected {expected}\n"
-                             f"  got      {got}\n  first difference at index "
-                             f"{next((i for i, (g, e) in enumerate(zip(got, expected)) if g != e), min(len(got), len(expected)))}"
-                             f"\n  (every path counts from p+1, p the position of its <Parallel>; </Parallel> one past "
-                             f"the longest path; NOTES.md §2)")
+    first_difference = next((i for i, (g, e) in enumerate(zip(got, expected)) if g != e),
+                            min(len(got), len(expected)))
+    assert got == expected, (f"blocks {spans(structure)}, first position {start}\n  expected "
+                             f"{expected}\n  got      {got}\n  first difference at index "
+                             f"{first_difference}"
+                             f"\n  (every path counts from p+1, p the position of its <Parallel>; "
+                             f"</Parallel> one past the longest path; NOTES.md §2)")
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Exercise 3: build_mask_and_positions (NOTES.md §2)
 
 @pytest.mark.exercise_3
 def test_ex3_unseen_mask_hides_exactly_the_sibling_path():
     prompt = [21, 22, 23]
     ids = torch.tensor([prompt + RESPONSE])
-    mask, pos = build_mask_and_positions(ids, [3], torch.ones_like(ids), TAGS, "unseen")
+    mask, _ = build_mask_and_positions(ids, [3], torch.ones_like(ids), TAGS, "unseen")
     assert mask.shape == (1, 1, 19, 19) and mask.dtype == torch.float32, (mask.shape, mask.dtype)
     hidden = (mask[0, 0] != 0).nonzero().tolist()
     future = [[i, j] for i in range(19) for j in range(i + 1, 19)]
     extra = sorted(set(map(tuple, hidden)) - set(map(tuple, future)))
     expected = [(i, j) for i in (9, 10, 11) for j in (5, 6, 7, 8)]
-    assert extra == expected, (f"prompt {prompt}, response {show(RESPONSE)} (row index = token index)\n"
-                               f"  hidden beyond the causal mask, expected (query, key) {expected}\n  got {extra}\n"
-                               f"  (path 2 = rows 9-11 must not see path 1 = columns 5-8; NOTES.md §2)")
+    assert extra == expected, \
+        (f"prompt {prompt}, response {show(RESPONSE)} (row index = token "
+         f"index)\n  hidden beyond the causal mask, expected (query, key) "
+         f"{expected}\n  got {extra}\n"
+         f"  (path 2 = rows 9-11 must not see path 1 = columns 5-8; NOTES.md §2)")
     assert set(mask.unique().tolist()) == {0.0, torch.finfo(torch.float32).min}, \
         "additive mask: 0 visible, torch.finfo(dtype).min hidden, never a bool (NOTES.md §2)"
 
@@ -121,13 +142,14 @@ def test_ex3_padding_sees_itself_and_positions_start_at_zero():
     am = torch.tensor([[0, 0, 1, 1, 1, 1]])
     mask, pos = build_mask_and_positions(ids, [2], am, TAGS, "seen")
     vis = (mask[0, 0] == 0).int().tolist()
-    expected = [[1, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0], [0, 0, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0],
-                [0, 0, 1, 1, 1, 1]]
+    expected = [[1, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0], [0, 0, 1, 1, 0, 0],
+                [0, 0, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
     assert vis == expected, f"left-padded row, visible (1) expected\n  {expected}\n  got\n  {vis}"
-    assert pos[0].tolist() == [0, 0, 0, 1, 2, 3], f"positions: padding 0, real tokens from 0; got {pos[0].tolist()}"
+    assert pos[0].tolist() == [0, 0, 0, 1, 2, 3], \
+        f"positions: padding 0, real tokens from 0; got {pos[0].tolist()}"
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Exercise 4: token_logprobs
 
 @pytest.mark.exercise_4
@@ -137,72 +159,86 @@ def test_ex4_logprobs_by_hand():
     got = token_logprobs(logits, tokens)
     expected = [math.log(3 / 4), math.log(1 / 2)]
     assert got.shape == (1, 2) and got.dtype == torch.float32, (got.shape, got.dtype)
-    assert got[0].tolist() == pytest.approx(expected, abs=1e-6), f"logits {logits.tolist()}, tokens {tokens.tolist()}"
-    got_t = token_logprobs(logits, tokens, temperature=0.5)               # logits / 0.5: softmax(0, 2 log 3) = 1/10, 9/10
+    assert got[0].tolist() == pytest.approx(expected, abs=1e-6), \
+        f"logits {logits.tolist()}, tokens {tokens.tolist()}"
+    # logits / 0.5: softmax(0, 2 log 3) = 1/10, 9/10
+    got_t = token_logprobs(logits, tokens, temperature=0.5)
     assert got_t[0].tolist() == pytest.approx([math.log(9 / 10), math.log(1 / 2)], abs=1e-6), \
         f"temperature 0.5 divides the logits before the log-softmax; got {got_t.tolist()}"
-    assert token_logprobs(logits, tokens, temperature=0.0).tolist() == got.tolist(), "temperature <= 0 counts as 1"
+    assert token_logprobs(logits, tokens, temperature=0.0).tolist() == got.tolist(), \
+        "temperature <= 0 counts as 1"
     half = token_logprobs(logits.to(torch.bfloat16), tokens)
-    assert half.dtype == torch.float32, f"bf16 logits give float32 log-probs (computed in float32), got {half.dtype}"
+    assert half.dtype == torch.float32, \
+        f"bf16 logits give float32 log-probs (computed in float32), got {half.dtype}"
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Exercise 5: policy_loss (NOTES.md §5)
 
 @pytest.mark.exercise_5
 def test_ex5_one_table_of_tokens():
     old = torch.zeros(1, 4)
     ratio = torch.tensor([[1.1, 1.5, 0.5, 5.0]])
-    adv = torch.tensor([[1.0], ])                                         # (B, 1): broadcast over the tokens
+    adv = torch.tensor([[1.0], ])                        # (B, 1): broadcast over the tokens
     loss, clipped, dual = policy_loss(ratio.log(), old, adv, 0.2, 0.28, 3.0)
     exp = [-1.1, -1.28, -0.5, -1.28]
-    assert loss[0].tolist() == pytest.approx(exp, abs=1e-6), (f"A = +1, ratios {ratio.tolist()}, clip 0.2/0.28\n"
-                                                               f"  expected loss {exp}\n  got {loss.tolist()} (NOTES.md §5)")
-    assert clipped[0].tolist() == [False, True, False, True] and not dual.any(), (clipped.tolist(), dual.tolist())
+    assert loss[0].tolist() == pytest.approx(exp, abs=1e-6), \
+        (f"A = +1, ratios {ratio.tolist()}, clip 0.2/0.28\n"
+         f"  expected loss {exp}\n  got {loss.tolist()} (NOTES.md §5)")
+    assert clipped[0].tolist() == [False, True, False, True] and not dual.any(), \
+        (clipped.tolist(), dual.tolist())
     loss, clipped, dual = policy_loss(ratio.log(), old, -adv, 0.2, 0.28, 3.0)
     exp = [1.1, 1.5, 0.8, 3.0]
-    assert loss[0].tolist() == pytest.approx(exp, abs=1e-6), (f"A = -1, ratios {ratio.tolist()}: clipped below at 0.8,"
-                                                               f" dual clip at c|A| = 3\n  expected {exp}\n  got "
-                                                               f"{loss.tolist()} (NOTES.md §5)")
-    assert clipped[0].tolist() == [False, False, True, False] and dual[0].tolist() == [False, False, False, True], \
+    assert loss[0].tolist() == pytest.approx(exp, abs=1e-6), \
+        (f"A = -1, ratios {ratio.tolist()}: clipped below at 0.8,"
+         f" dual clip at c|A| = 3\n  expected {exp}\n  got "
+         f"{loss.tolist()} (NOTES.md §5)")
+    assert clipped[0].tolist() == [False, False, True, False] and \
+        dual[0].tolist() == [False, False, False, True], \
         f"clipped {clipped.tolist()}, dual {dual.tolist()}"
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Exercise 6: compute_advantages and loss_weights (NOTES.md §5)
 
 @pytest.mark.exercise_6
 def test_ex6_two_groups():
     adv, var = compute_advantages([1.0, -1.0, 1.0, 1.0], 2)
     exp = [1 / (math.sqrt(2) + 1e-6), -1 / (math.sqrt(2) + 1e-6), 0.0, 0.0]
-    assert adv.tolist() == pytest.approx(exp, abs=1e-6), (f"rewards [1, -1 | 1, 1], G = 2: (r - mean) / (unbiased std + "
-                                                          f"1e-6), equal groups exactly 0\n  expected {exp}\n  got "
-                                                          f"{adv.tolist()} (NOTES.md §5)")
+    assert adv.tolist() == pytest.approx(exp, abs=1e-6), \
+        (f"rewards [1, -1 | 1, 1], G = 2: (r - mean) / (unbiased std + "
+         f"1e-6), equal groups exactly 0\n  expected {exp}\n  got "
+         f"{adv.tolist()} (NOTES.md §5)")
     assert var.tolist() == [True, False] and adv.dtype == torch.float32
 
 
 @pytest.mark.exercise_6
 def test_ex6_weights_and_denominators():
     mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
-    for mode, w_row0, d in [("token-mean", [1, 1, 0, 0], 6), ("seq-mean-token-mean", [0.5, 0.5, 0, 0], 2),
+    for mode, w_row0, d in [("token-mean", [1, 1, 0, 0], 6),
+                            ("seq-mean-token-mean", [0.5, 0.5, 0, 0], 2),
                             ("seq-mean-token-sum-norm", [1, 1, 0, 0], 2 * 8)]:
         w, den = loss_weights(mask, mode, max_new_tokens=8)
         assert w[0].tolist() == pytest.approx(w_row0) and den == pytest.approx(d), \
-            (f"{mode}, loss mask {mask.tolist()}, max_new_tokens 8\n  expected row-0 weights {w_row0}, denominator {d}"
-             f"\n  got {w[0].tolist()}, {den} (NOTES.md §5; a response with no loss token is not counted)")
+            (f"{mode}, loss mask {mask.tolist()}, max_new_tokens 8\n  expected row-0 weights "
+             f"{w_row0}, denominator {d}"
+             f"\n  got {w[0].tolist()}, {den} (NOTES.md §5; a response with no loss token is not "
+             f"counted)")
     assert agg_loss(torch.ones(3, 4), mask, "seq-mean-token-mean").item() == pytest.approx(1.0)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Exercise 7: pass_at_k (NOTES.md §7)
 
 @pytest.mark.exercise_7
-@pytest.mark.parametrize("n, c, k", [(4, 1, 2), (5, 2, 2), (16, 0, 4), (16, 16, 1), (3, 2, 2), (2000, 3, 1000)])
+@pytest.mark.parametrize("n, c, k", [(4, 1, 2), (5, 2, 2), (16, 0, 4), (16, 16, 1), (3, 2, 2),
+                                     (2000, 3, 1000)])
 def test_ex7_against_the_binomials(n, c, k):
     exact = 1 - math.comb(n - c, k) / math.comb(n, k)
     got = pass_at_k(n, c, k)
-    assert got == pytest.approx(exact, abs=1e-12), (f"n={n} responses, c={c} correct, k={k}: expected 1 - C(n-c, k) / "
-                                                    f"C(n, k) = {exact!r}, got {got!r} (NOTES.md §7)")
+    assert got == pytest.approx(exact, abs=1e-12), \
+        (f"n={n} responses, c={c} correct, k={k}: expected 1 - C(n-c, k) / "
+         f"C(n, k) = {exact!r}, got {got!r} (NOTES.md §7)")
 
 
 @pytest.mark.exercise_7
@@ -215,15 +251,19 @@ def test_ex7_k_responses_cannot_be_drawn_from_fewer(n, c, k):
         pass_at_k(n, c, k)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Exercise 8: RewardSchedule.kind_at and .reward (NOTES.md §4)
 
 @pytest.mark.exercise_8
 def test_ex8_s2_window_by_hand():
     got = [RewardSchedule("alternating").kind_at(t) for t in range(1, 13)]
     exp = ["accuracy"] * 8 + ["tiered"] * 2 + ["accuracy"] * 2
-    assert got == exp, f"steps 1..12 of S2 (window 10, 8 accuracy steps)\n  expected {exp}\n  got {got} (NOTES.md §4)"
+    assert got == exp, \
+        f"steps 1..12 of S2 (window 10, 8 accuracy steps)\n  expected {exp}\n  got {got} " \
+        f"(NOTES.md §4)"
     r = [RewardSchedule("alternating").reward(9, correct=c, has_parallel=p, format_ok=f)
-         for c, p, f in [(True, True, True), (True, False, True), (True, True, False), (False, True, True)]]
-    assert r == [1.2, 1.0, -1.0, -1.0], f"tiered rewards at step 9 (correct/parallel/format): expected " \
-                                        f"[1.2, 1.0, -1.0, -1.0], got {r} (NOTES.md §4)"
+         for c, p, f in [(True, True, True), (True, False, True), (True, True, False),
+                         (False, True, True)]]
+    assert r == [1.2, 1.0, -1.0, -1.0], \
+        f"tiered rewards at step 9 (correct/parallel/format): expected " \
+        f"[1.2, 1.0, -1.0, -1.0], got {r} (NOTES.md §4)"

@@ -6,13 +6,21 @@ import os
 import shutil
 import string
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import SHARED
 
 from attention import TagIds
-from model import TAGS, TINY_CONFIG, build_char_tokenizer, check_model_name, load_model, read_checkpoint_config
+from model import (
+    TAGS,
+    TINY_CONFIG,
+    build_char_tokenizer,
+    check_model_name,
+    load_model,
+    read_checkpoint_config,
+)
 from plumbing import load_trainer_state, save_checkpoint
 
 QWEN3_TOKENIZER = os.path.join(SHARED, "tokenizers", "qwen3")
@@ -28,7 +36,8 @@ def tiny():
 def tiny_param_count(vocab: int) -> int:
     """Parameters of a Qwen3 decoder with TINY_CONFIG, counted from the architecture (no biases,
     RMSNorm weights, q/k norms per head_dim, SwiGLU MLP, tied embeddings)."""
-    h, hd, ffn = TINY_CONFIG["hidden_size"], TINY_CONFIG["head_dim"], TINY_CONFIG["intermediate_size"]
+    h, hd = TINY_CONFIG["hidden_size"], TINY_CONFIG["head_dim"]
+    ffn = TINY_CONFIG["intermediate_size"]
     q, kv = TINY_CONFIG["num_attention_heads"] * hd, TINY_CONFIG["num_key_value_heads"] * hd
     layer = h * q + 2 * h * kv + q * h + 2 * hd + 3 * h * ffn + 2 * h
     return vocab * h + TINY_CONFIG["num_hidden_layers"] * layer + h
@@ -36,15 +45,17 @@ def tiny_param_count(vocab: int) -> int:
 
 def test_tiny_model_size_and_vocabulary(tiny):
     model, tok = tiny
-    vocab = 3 + len(PRINTABLE) + len(TAGS)                 # <pad> <eos> <unk>, 96 characters, 6 tags
+    vocab = 3 + len(PRINTABLE) + len(TAGS)             # <pad> <eos> <unk>, 96 characters, 6 tags
     assert len(tok) == vocab == 105
     assert model.get_input_embeddings().weight.shape == (vocab, TINY_CONFIG["hidden_size"])
     n = sum(p.numel() for p in model.parameters())
     assert n == tiny_param_count(vocab)
-    assert 0.95e6 < n < 2e6                                # "~1M" (the README and model.py say so); exactly 997,888
+    # "~1M" (the README and model.py say so); exactly 997,888
+    assert 0.95e6 < n < 2e6
     assert type(model).__name__ == "Qwen3ForCausalLM" and not model.training
     assert next(model.parameters()).dtype == torch.float32
-    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    assert model.get_output_embeddings().weight.data_ptr() == \
+        model.get_input_embeddings().weight.data_ptr()
 
 
 def test_char_tokenizer(tiny):
@@ -57,7 +68,8 @@ def test_char_tokenizer(tiny):
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
     assert tok.decode(tok.encode(PRINTABLE, add_special_tokens=False)) == PRINTABLE
     # anything else is <unk>, one id per character
-    a, b = tok.encode("a", add_special_tokens=False)[0], tok.encode("b", add_special_tokens=False)[0]
+    a = tok.encode("a", add_special_tokens=False)[0]
+    b = tok.encode("b", add_special_tokens=False)[0]
     assert tok.encode("aéb\t€", add_special_tokens=False) == [a, 2, b, 2, 2]
     # each tag is one id, also inside text; skip_special_tokens removes exactly the tags
     for t, i in zip(TAGS, range(99, 105)):
@@ -68,7 +80,8 @@ def test_char_tokenizer(tiny):
     assert len(ids) == 14 and tok.decode(ids) == s
     assert tok.decode(ids, skip_special_tokens=True) == "x12\n3y"
     tags = TagIds.from_tokenizer(tok)
-    assert (tags.parallel, tags.end_summary, tags.newline, tags.eos) == (99, 104, (tok.encode("\n")[0],), 1)
+    assert (tags.parallel, tags.end_summary, tags.newline, tags.eos) == \
+        (99, 104, (tok.encode("\n")[0],), 1)
 
 
 def check_tag_rows(model, tok, base_tok):
@@ -109,7 +122,8 @@ def test_unknown_name_offline_fails_fast(monkeypatch, tmp_path):
 
 
 def digest(folder):
-    return {f: hashlib.sha256(open(os.path.join(folder, f), "rb").read()).hexdigest() for f in sorted(os.listdir(folder))}
+    return {f: hashlib.sha256(Path(folder, f).read_bytes()).hexdigest()
+            for f in sorted(os.listdir(folder))}
 
 
 def test_save_checkpoint_is_atomic_and_reloads(tmp_path, monkeypatch):
@@ -151,7 +165,7 @@ def test_save_checkpoint_is_atomic_and_reloads(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", replace_then_crash)
     with pytest.raises(OSError, match="between the renames"):
         save_checkpoint(path, model, tok, trainer_state={"step": 4})
-    assert calls[0][0] == path and calls[1][1] == path       # it did get as far as the second rename
+    assert calls[0][0] == path and calls[1][1] == path     # it did get as far as the second rename
     assert os.listdir(tmp_path) == ["ckpt"]
     assert digest(path) == before
 
@@ -162,7 +176,8 @@ def test_save_checkpoint_is_atomic_and_reloads(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="trainer_state.pt"):
         load_trainer_state(str(tmp_path))
 
-    # a checkpoint without its tokenizer loaded as a one-token tokenizer, and training divided by zero
+    # a checkpoint without its tokenizer loaded as a one-token tokenizer, and training divided by
+    # zero
     bare = tmp_path / "bare"
     shutil.copytree(path, bare)
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -185,21 +200,27 @@ def test_save_checkpoint_is_atomic_and_reloads(tmp_path, monkeypatch):
 
 def test_real_qwen3_tokenizer(tmp_path):
     if not os.path.isfile(os.path.join(QWEN3_TOKENIZER, "tokenizer.json")):
-        pytest.skip("the real Qwen3 tokenizer is not at ../shared/tokenizers/qwen3 (shared folder absent)")
+        pytest.skip("the real Qwen3 tokenizer is not at ../shared/tokenizers/qwen3 (shared folder "
+                    "absent)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     raw = AutoTokenizer.from_pretrained(QWEN3_TOKENIZER)
     model, tok = load_model("tiny", tokenizer=QWEN3_TOKENIZER)
     ids = [tok.convert_tokens_to_ids(t) for t in TAGS]
-    # six single, distinct ids, new (distinct from every token the tokenizer had), the rest unchanged
+    # six single, distinct ids, new (distinct from every token the tokenizer had), the rest
+    # unchanged
     assert len(tok) == len(raw) + 6 and sorted(ids) == list(range(len(raw), len(raw) + 6))
     assert not set(TAGS) & set(raw.get_vocab())
     for t, i in zip(TAGS, ids):
         assert tok.encode(t, add_special_tokens=False) == [i]
     text = "Let x = 2.<Parallel><Path>x+1</Path></Parallel>\n<Summary>3</Summary>"
     expected = []
-    for piece in ("Let x = 2.", "<Parallel>", "<Path>", "x+1", "</Path>", "</Parallel>", "\n", "<Summary>", "3", "</Summary>"):
-        expected += [ids[TAGS.index(piece)]] if piece in TAGS else raw.encode(piece, add_special_tokens=False)
+    for piece in ("Let x = 2.", "<Parallel>", "<Path>", "x+1", "</Path>", "</Parallel>", "\n",
+                  "<Summary>", "3", "</Summary>"):
+        if piece in TAGS:
+            expected += [ids[TAGS.index(piece)]]
+        else:
+            expected += raw.encode(piece, add_special_tokens=False)
     assert tok.encode(text, add_special_tokens=False) == expected
     assert tok.decode(expected, skip_special_tokens=True) == "Let x = 2.x+1\n3"
     check_tag_rows(model, tok, raw)
@@ -223,17 +244,21 @@ def test_real_qwen3_tokenizer(tmp_path):
         hf = AutoModelForCausalLM.from_pretrained(path)
         assert torch.equal(hf(x).logits, ref)
     tags = TagIds.from_tokenizer(t2)
-    assert (tags.parallel, tags.newline, tags.eos) == (ids[0], tuple(raw.encode("\n")), raw.eos_token_id)
+    assert (tags.parallel, tags.newline, tags.eos) == \
+        (ids[0], tuple(raw.encode("\n")), raw.eos_token_id)
 
 
 def test_a_run_folder_is_refused_with_its_latest_checkpoint(tmp_path):
-    """--model=<run folder> (a common slip) names the checkpoint to pass instead of failing in the tokenizer."""
+    """--model=<run folder> (a common slip) names the checkpoint to pass instead of failing in the
+    tokenizer."""
     for step in (2, 10):
         (tmp_path / "run" / f"checkpoint-{step}").mkdir(parents=True)
-    with pytest.raises(FileNotFoundError, match=r"is a run folder, not a checkpoint: .*checkpoint-10'"):
+    with pytest.raises(FileNotFoundError,
+                       match=r"is a run folder, not a checkpoint: .*checkpoint-10'"):
         load_model(str(tmp_path / "run"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         load_model(str(tmp_path / "empty"))
-    with pytest.raises(FileNotFoundError, match="has no config.json"):          # also where only a tokenizer is read
+    # also where only a tokenizer is read
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
         check_model_name(str(tmp_path / "empty"), weights=False)

@@ -1,4 +1,7 @@
-"""The branching sampler: its recorded log-probs equal one training forward, budgets hold, nothing crashes."""
+"""The branching sampler: its recorded log-probs equal one training forward, budgets hold, nothing
+crashes."""
+
+import itertools
 
 import pytest
 import torch
@@ -15,9 +18,10 @@ PROMPTS = ["Ava has 3 boxes of 7 pens.", "Hi", "Bob has 12 pens and 5 cups; how 
 def tiny(attn="sdpa", seed=0):
     tok = build_char_tokenizer()
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=512,
-                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=True,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     model = Qwen3ForCausalLM._from_config(cfg, attn_implementation=attn, dtype=torch.float32)
     add_parallel_tags(model, tok)
     return model.eval(), tok
@@ -48,7 +52,8 @@ def max_logprob_diff(model, tok, rollouts, mode, temperature):
         ids[i, :len(s)] = torch.tensor(s)
         am[i, :len(s)] = 1
     with torch.no_grad():
-        logits = structured_forward(model, ids, am, [len(r.prompt_ids) for r in rollouts], tags, mode)
+        logits = structured_forward(model, ids, am, [len(r.prompt_ids) for r in rollouts], tags,
+                                    mode)
     worst, checked = 0.0, 0
     for i, r in enumerate(rollouts):
         n, R = len(r.prompt_ids), len(r.response_ids)
@@ -68,8 +73,8 @@ def max_logprob_diff(model, tok, rollouts, mode, temperature):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_recorded_logprobs_equal_training_forward(models, mode, num_paths, temperature):
     _, model, tok = models
-    rollouts = generate(model, tok, PROMPTS, group_size=3, mode=mode, max_new_tokens=90, max_path_tokens=12,
-                        num_paths=num_paths, temperature=temperature, seed=7)
+    rollouts = generate(model, tok, PROMPTS, group_size=3, mode=mode, max_new_tokens=90,
+                        max_path_tokens=12, num_paths=num_paths, temperature=temperature, seed=7)
     # the batch really exercises the structure: several blocks, N paths each, truncations
     blocks = [b for r in rollouts for b in r.structure.blocks]
     assert sum(len(r.structure.blocks) >= 2 for r in rollouts) >= 2
@@ -105,18 +110,20 @@ def test_greedy_sequential_equals_plain_greedy_loop(models):
 
 
 def test_unseen_paths_share_the_prefix_and_positions(models):
-    """Greedy Unseen with identical paths: every path of a block is the same text (same context, same
-    positions), and the summary follows at p + longest + 1 -- checked through the training forward."""
+    """Greedy Unseen with identical paths: every path of a block is the same text (same context,
+    same positions), and the summary follows at p + longest + 1 -- checked through the training
+    forward."""
     _, model, tok = models
-    tags = TagIds.from_tokenizer(tok)
-    rollouts = generate(model, tok, PROMPTS, mode="unseen", greedy=True, max_new_tokens=80, max_path_tokens=10)
+    rollouts = generate(model, tok, PROMPTS, mode="unseen", greedy=True, max_new_tokens=80,
+                        max_path_tokens=10)
     some = False
     for r in rollouts:
         for b in r.structure.blocks:
             texts = [r.response_ids[s:e] for s, e in b.paths]
             if b.end is not None:
                 some = True
-                assert all(t == texts[0] for t in texts), "greedy paths from one prefix must be identical"
+                assert all(t == texts[0] for t in texts), \
+                    "greedy paths from one prefix must be identical"
     assert some
     assert max_logprob_diff(model, tok, rollouts, "unseen", 1.0) <= 1e-4
 
@@ -151,8 +158,8 @@ def test_max_blocks_masks_parallel_so_the_answer_can_follow(models):
                and r.structure.blocks[0].summary[1] < r.num_tokens - 1 for r in rollouts)
 
 
-@pytest.mark.parametrize("kw", [dict(num_paths=1), dict(max_blocks=-1), dict(temperature=-0.5), dict(top_k=-1),
-                                dict(top_p=0.0), dict(top_p=1.5)])
+@pytest.mark.parametrize("kw", [dict(num_paths=1), dict(max_blocks=-1), dict(temperature=-0.5),
+                                dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)])
 def test_settings_out_of_range_are_refused(models, kw):
     """Each of these once sampled anyway (top_p=0 greedily, max_blocks=-1 as 0, top_k=-1 as off)."""
     _, model, tok = models
@@ -165,7 +172,8 @@ def test_critical_path(models):
     """D = T - sum over blocks of (sum of path lengths - longest path) in Unseen; D = T in Seen."""
     _, model, tok = models
     for mode in ("unseen", "seen"):
-        for r in generate(model, tok, PROMPTS, group_size=3, mode=mode, max_new_tokens=80, max_path_tokens=12, seed=5):
+        for r in generate(model, tok, PROMPTS, group_size=3, mode=mode, max_new_tokens=80,
+                          max_path_tokens=12, seed=5):
             saved = sum(sum(e - s for s, e in b.paths) - max(e - s for s, e in b.paths)
                         for b in r.structure.blocks if b.paths)
             assert r.critical_path == (r.num_tokens - saved if mode == "unseen" else r.num_tokens)
@@ -173,15 +181,17 @@ def test_critical_path(models):
 
 @pytest.mark.parametrize("strength", [0.0, 3.0, 8.0])
 def test_fuzz_never_crashes_hangs_or_overruns(strength):
-    """Random weights, and logits that favour tags heavily: over many seeds the sampler always returns,
-    stays within every budget, and each response parses into exactly the spans it was sampled with."""
+    """Random weights, and logits that favour tags heavily: over many seeds the sampler always
+    returns, stays within every budget, and each response parses into exactly the spans it was
+    sampled with."""
     model, tok = tiny(seed=1)
     model = biased(model, tok, strength)
     tags = TagIds.from_tokenizer(tok)
     for seed in range(12):
         mode = ("unseen", "seen", "sequential")[seed % 3]
-        rollouts = generate(model, tok, PROMPTS[: 1 + seed % 3], group_size=2, mode=mode, max_new_tokens=30,
-                            max_path_tokens=5, num_paths=2 + seed % 2, max_blocks=1 + seed % 3,
+        rollouts = generate(model, tok, PROMPTS[: 1 + seed % 3], group_size=2, mode=mode,
+                            max_new_tokens=30, max_path_tokens=5, num_paths=2 + seed % 2,
+                            max_blocks=1 + seed % 3,
                             temperature=(1.0, 2.0, 0.5)[seed % 3], top_p=(1.0, 0.9)[seed % 2],
                             top_k=(0, 10)[seed % 2], seed=seed)
         for r in rollouts:
@@ -200,11 +210,13 @@ class EndPathAfter(torch.nn.Module):
 
     def __init__(self, inner, tok, trigger):
         super().__init__()
-        self.inner, self.trigger, self.end_path = inner, trigger, TagIds.from_tokenizer(tok).end_path
+        self.inner = inner
+        self.trigger = trigger
+        self.end_path = TagIds.from_tokenizer(tok).end_path
 
     def forward(self, **kw):
         out = self.inner(**kw)
-        ids = kw["input_ids"][:, -out.logits.shape[1]:]           # the prefill keeps the last logits only
+        ids = kw["input_ids"][:, -out.logits.shape[1]:]     # the prefill keeps the last logits only
         out.logits[..., self.end_path] += 40.0 * (ids == self.trigger)
         return out
 
@@ -214,49 +226,57 @@ class EndPathAfter(torch.nn.Module):
 
 @pytest.mark.parametrize("mode", ["unseen", "seen"])
 def test_three_paths_of_very_different_lengths(models, mode):
-    """One path closes after a token or two while a sibling runs to max_path_tokens: each path keeps its
-    own positions (p+1, p+2, ...) and its own context, checked through the training forward."""
+    """One path closes after a token or two while a sibling runs to max_path_tokens: each path keeps
+    its own positions (p+1, p+2, ...) and its own context, checked through the training forward."""
     model, _, tok = models
     tags = TagIds.from_tokenizer(tok)
     bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
     bias[tags.parallel], bias[tags.end_path], bias[tags.end_summary] = 4.0, -30.0, 3.0
     trigger = tok.convert_tokens_to_ids("e")
-    bias[trigger] = 2.5                                # some paths sample the trigger early, some never
+    bias[trigger] = 2.5                            # some paths sample the trigger early, some never
     wrapped = EndPathAfter(TagBias(model, bias), tok, trigger).eval()
-    rollouts = generate(wrapped, tok, PROMPTS, group_size=4, mode=mode, max_new_tokens=120, max_path_tokens=20,
-                        num_paths=3, max_blocks=2, seed=12)
-    lens = [[e - s for s, e in b.paths] for r in rollouts for b in r.structure.blocks if b.end is not None]
+    rollouts = generate(wrapped, tok, PROMPTS, group_size=4, mode=mode, max_new_tokens=120,
+                        max_path_tokens=20, num_paths=3, max_blocks=2, seed=12)
+    lens = [[e - s for s, e in b.paths] for r in rollouts for b in r.structure.blocks
+            if b.end is not None]
     assert all(len(x) == 3 for x in lens)
     assert any(min(x) <= 4 and max(x) == 20 for x in lens), lens
-    assert any(x[0] == 20 and min(x[1:]) <= 4 for x in lens), lens   # also when the first path is the longest
+    # also when the first path is the longest
+    assert any(x[0] == 20 and min(x[1:]) <= 4 for x in lens), lens
     assert max_logprob_diff(wrapped, tok, rollouts, mode, 1.0) <= 1e-4
 
 
 @pytest.mark.parametrize("mode", ["unseen", "seen"])
 def test_block_cut_by_the_budget_parses_into_its_spans(models, mode):
-    """The budget runs out while N paths are open: each gets its reserved </Path> injected, the response
-    has exactly max_new_tokens tokens and parses into the spans it was sampled with; log-probs exact."""
+    """The budget runs out while N paths are open: each gets its reserved </Path> injected, the
+    response has exactly max_new_tokens tokens and parses into the spans it was sampled with;
+    log-probs exact."""
     model, _, tok = models
     tags = TagIds.from_tokenizer(tok)
     bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
     bias[tags.parallel], bias[tags.end_path], bias[tags.eos] = 6.0, -30.0, -30.0
     wrapped = TagBias(model, bias).eval()
-    for budget, n, min_cut in [(25, 3, 3), (32, 2, 3), (9, 3, 0)]:   # 9: often no room to open the block
-        rollouts = generate(wrapped, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=budget, num_paths=n,
-                            seed=budget)
+    # 9: often no room to open the block
+    for budget, n, min_cut in [(25, 3, 3), (32, 2, 3), (9, 3, 0)]:
+        rollouts = generate(wrapped, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=budget,
+                            num_paths=n, seed=budget)
         cut = 0
         for r in rollouts:
             last = r.structure.blocks[-1]
-            assert r.finish_reason == "budget" and parse_structure(r.response_ids, tags).blocks == r.structure.blocks
-            if not last.paths:                         # no room for N x <Path></Path>: it ends at <Parallel>
-                assert r.response_ids[-1] == tags.parallel and budget - r.num_tokens < 2 * (n if mode == "unseen" else 1)
+            assert r.finish_reason == "budget"
+            assert parse_structure(r.response_ids, tags).blocks == r.structure.blocks
+            # no room for N x <Path></Path>: it ends at <Parallel>
+            if not last.paths:
+                assert r.response_ids[-1] == tags.parallel
+                assert budget - r.num_tokens < 2 * (n if mode == "unseen" else 1)
                 continue
             assert r.num_tokens == budget
             if last.end is None:                       # cut inside the block
                 cut += 1
-                s, e = last.paths[-1]
-                assert e == budget and r.response_ids[e - 1] == tags.end_path and r.sampled_mask[e - 1] == 0
-                if mode == "unseen":                   # every path was open: each ends in an injected </Path>
+                _, e = last.paths[-1]
+                assert e == budget and r.response_ids[e - 1] == tags.end_path
+                assert r.sampled_mask[e - 1] == 0
+                if mode == "unseen":         # every path was open: each ends in an injected </Path>
                     assert len(last.paths) == n
                     assert all(r.response_ids[e - 1] == tags.end_path and r.sampled_mask[e - 1] == 0
                                for s, e in last.paths)
@@ -266,14 +286,17 @@ def test_block_cut_by_the_budget_parses_into_its_spans(models, mode):
 
 @pytest.mark.parametrize("mode", ["unseen", "seen", "sequential"])
 def test_finished_rows_leave_the_batch_and_the_rest_stay_exact(models, mode, monkeypatch):
-    """Responses of very different lengths in one batch: once half the rows are done the cache drops
-    them (SlotCache.keep_rows), and the rows that go on decoding stay exact."""
+    """Responses of very different lengths in one batch: once half the rows are done the cache
+    drops them (SlotCache.keep_rows), and the rows that go on decoding stay exact."""
     import sample
 
     model, _, tok = models
     tags = TagIds.from_tokenizer(tok)
     bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
-    bias[tags.parallel], bias[tags.end_path], bias[tags.end_summary], bias[tags.eos] = 2.0, 1.0, 3.0, 1.5
+    bias[tags.parallel] = 2.0
+    bias[tags.end_path] = 1.0
+    bias[tags.end_summary] = 3.0
+    bias[tags.eos] = 1.5
     wrapped = TagBias(model, bias).eval()
     sizes, keep_rows = [], sample.SlotCache.keep_rows
 
@@ -282,38 +305,46 @@ def test_finished_rows_leave_the_batch_and_the_rest_stay_exact(models, mode, mon
         return keep_rows(self, rows)
 
     monkeypatch.setattr(sample.SlotCache, "keep_rows", spy)
-    rollouts = generate(wrapped, tok, PROMPTS, group_size=4, mode=mode, max_new_tokens=100, max_path_tokens=8, seed=2)
+    rollouts = generate(wrapped, tok, PROMPTS, group_size=4, mode=mode, max_new_tokens=100,
+                        max_path_tokens=8, seed=2)
     lengths = sorted(r.num_tokens for r in rollouts)
     assert len(sizes) >= 2 and sizes[0] <= 6, sizes               # at least two compactions
-    assert all(b < a for a, b in zip(sizes, sizes[1:]))
+    assert all(b < a for a, b in itertools.pairwise(sizes))
     assert lengths[0] * 4 < lengths[-1], lengths
     assert max_logprob_diff(wrapped, tok, rollouts, mode, 1.0) <= 1e-4
 
 
 @pytest.mark.parametrize("mode", ["unseen", "seen", "sequential"])
 def test_samples_done_at_the_first_token(models, mode):
-    """Budgets of 0 and 1 token, and an EOS first: every row is done before the first decode step."""
+    """Budgets of 0 and 1 token, and an EOS first: every row is done before the first decode
+    step."""
     model, _, tok = models
     assert all(r.response_ids == [] and r.finish_reason == "budget"
-               for r in generate(model, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=0, seed=0))
-    assert all(r.num_tokens == 1 for r in generate(model, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=1))
+               for r in generate(model, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=0,
+                                 seed=0))
+    assert all(r.num_tokens == 1
+               for r in generate(model, tok, PROMPTS, group_size=2, mode=mode, max_new_tokens=1))
     bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
     bias[tok.eos_token_id] = 50.0
     assert all(r.response_ids == [tok.eos_token_id] and r.finish_reason == "eos"
-               for r in generate(TagBias(model, bias), tok, PROMPTS, mode=mode, max_new_tokens=10, seed=0))
+               for r in generate(TagBias(model, bias), tok, PROMPTS, mode=mode, max_new_tokens=10,
+                                 seed=0))
 
 
 def test_layout_puts_each_path_on_its_own_line():
     from sample import Rollout, layout
     _, tok = tiny()
-    text = "6+3=9\n<Parallel><Path>2+5=7\nno</Path><Path>5+3=8</Path></Parallel>\n<Summary>5, 3</Summary>\nFinal Answer: 5, 3"
+    text = ("6+3=9\n<Parallel><Path>2+5=7\nno</Path><Path>5+3=8</Path></Parallel>\n"
+            "<Summary>5, 3</Summary>\nFinal Answer: 5, 3")
     ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
     st = parse_structure(ids, TagIds.from_tokenizer(tok))
     r = Rollout(0, [], ids, [1] * len(ids), [0.0] * len(ids), st, len(ids), len(ids), "eos")
-    assert layout(r, tok) == "6+3=9\n<Parallel>\n    <Path> 2+5=7\\nno\n    <Path> 5+3=8\n<Summary> 5, 3\nFinal Answer: 5, 3"
-    cut = tok.encode("a<Parallel><Path>x</Path><Path>y", add_special_tokens=False)    # cut inside the block
-    r = Rollout(0, [], cut, [1] * len(cut), [0.0] * len(cut), parse_structure(cut, TagIds.from_tokenizer(tok)),
-                len(cut), len(cut), "budget")
+    assert layout(r, tok) == ("6+3=9\n<Parallel>\n    <Path> 2+5=7\\nno\n    <Path> 5+3=8\n"
+                              "<Summary> 5, 3\nFinal Answer: 5, 3")
+    # cut inside the block
+    cut = tok.encode("a<Parallel><Path>x</Path><Path>y", add_special_tokens=False)
+    r = Rollout(0, [], cut, [1] * len(cut), [0.0] * len(cut),
+                parse_structure(cut, TagIds.from_tokenizer(tok)), len(cut), len(cut), "budget")
     assert layout(r, tok) == "a\n<Parallel>\n    <Path> x\n    <Path> y"
 
 
@@ -322,13 +353,21 @@ def test_sample_cli_prints_the_responses(capsys):
     sample.main(["--model=tiny", "--n=2", "--max_new_tokens=12", "--mode=unseen"])
     out = capsys.readouterr().out
     assert out.count("=== ") == 3 and out.count("--- sample ") == 6 and "mode unseen" in out
-    with pytest.raises(ValueError, match="^a 4-token prompt \\+ --max_new_tokens=1000 is more than the model's"):
-        sample.main(["--model=tiny", "--prompt=9999", "--max_new_tokens=1000"])    # once sampled past it silently
+    # once sampled past it silently
+    too_long = "^a 4-token prompt \\+ --max_new_tokens=1000 is more than the model's"
+    with pytest.raises(ValueError, match=too_long):
+        sample.main(["--model=tiny", "--prompt=9999", "--max_new_tokens=1000"])
     with pytest.raises(ValueError, match="^--n=0: must be at least 1$"):
         sample.main(["--model=tiny", "--n=0"])
-    calls = []                                # --mode=sequential sampled <Parallel> blocks (eval.py masks them)
+    # --mode=sequential sampled <Parallel> blocks (eval.py masks them)
+    calls = []
     real = sample.generate
-    sample.generate = lambda *a, **kw: calls.append(kw) or real(*a, **kw)
+
+    def recording_generate(*a, **kw):
+        calls.append(kw)
+        return real(*a, **kw)
+
+    sample.generate = recording_generate
     try:
         sample.main(["--model=tiny", "--n=1", "--max_new_tokens=4", "--mode=sequential"])
     finally:
@@ -338,14 +377,19 @@ def test_sample_cli_prints_the_responses(capsys):
 
 @pytest.mark.parametrize("mode", ["unseen", "seen"])
 def test_no_empty_path_even_when_the_logits_want_one(models, mode):
-    """</Path> (and EOS, which would inject it) is banned as a path's first token (NOTES.md §4): with logits that
-    favour </Path> strongly every path still holds a token; the recorded log-probs stay the unmasked model's."""
+    """</Path> (and EOS, which would inject it) is banned as a path's first token (NOTES.md §4):
+    with logits that favour </Path> strongly every path still holds a token; the recorded log-probs
+    stay the unmasked model's."""
     model, _, tok = models
     tags = TagIds.from_tokenizer(tok)
     bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
-    bias[tags.parallel], bias[tags.end_path], bias[tags.end_summary], bias[tags.eos] = 6.0, 30.0, 3.0, 1.0
+    bias[tags.parallel] = 6.0
+    bias[tags.end_path] = 30.0
+    bias[tags.end_summary] = 3.0
+    bias[tags.eos] = 1.0
     wrapped = TagBias(model, bias).eval()
-    rollouts = generate(wrapped, tok, PROMPTS, group_size=3, mode=mode, max_new_tokens=150, num_paths=3, seed=3)
+    rollouts = generate(wrapped, tok, PROMPTS, group_size=3, mode=mode, max_new_tokens=150,
+                        num_paths=3, seed=3)
     spans = [e - s for r in rollouts for b in r.structure.blocks for s, e in b.paths]
     assert len(spans) >= 9 and min(spans) == 3            # <Path> x </Path>: one token, never zero
     assert all("empty" not in r.structure.reason for r in rollouts)
