@@ -5,12 +5,11 @@ response cut by the step budget still parses and trains."""
 import hashlib
 
 import torch
+from test_sample import PROMPTS, max_logprob_diff, tiny  # the sampler's fixtures
 
 from attention import TagIds, parse_structure
 from grpo import GRPOConfig, ppo_update
 from sample import SamplingConfig, critical_path, generate
-
-from test_sample import PROMPTS, max_logprob_diff, tiny     # noqa: I001 (the sampler's fixtures)
 from scripts.bench_sample import TagBias
 
 
@@ -105,7 +104,8 @@ def test_a_response_cut_by_the_step_budget_parses_and_trains():
     wrapped = tags_biased(model, tok, parallel=6.0, end_path=-30.0)
     sampling = SamplingConfig(max_new_tokens=24, num_paths=3, budget="steps", seed=7)
     rollouts = generate(wrapped, tok, PROMPTS[:2], group_size=2, mode="unseen", sampling=sampling)
-    cut_in_block = [r for r in rollouts if r.structure.blocks and r.structure.blocks[-1].end is None]
+    cut_in_block = [r for r in rollouts
+                    if r.structure.blocks and r.structure.blocks[-1].end is None]
     assert cut_in_block
     for r in cut_in_block:
         assert parse_structure(r.response_ids, tags).blocks == r.structure.blocks
