@@ -1,8 +1,8 @@
-"""Tests of rewards.py: extraction, the verifiers, the time bound on untrusted answers, the format check,
-the paper's reward schedules and batch scoring.
+"""Tests of rewards.py: extraction, the verifiers, the time bound on untrusted answers, the format
+check, the paper's reward schedules and batch scoring.
 
-Every expected value is written out by hand: the verifier table below states, for each pair, whether a
-mathematician would call the answers equal (and the paper verifier's official string comparison is
+Every expected value is written out by hand: the verifier table below states, for each pair, whether
+a mathematician would call the answers equal (and the paper verifier's official string comparison is
 worked through step by step in `test_normalize_paper`); the reward tables of the S2 schedule are the
 rule of NOTES.md §4 spelled out step by step; token indices in the format reasons are counted by
 hand on the tiny character tokenizer (one character = one token, one tag = one token).
@@ -17,9 +17,23 @@ import pytest
 
 import rewards
 import verifier
-from rewards import (RewardSchedule, check_format, extract_answer, has_parallel, num_blocks,
-                     parallel_positions, score_batch, verify)
-from verifier import normalize_answer, normalize_paper, parse_number, pool_stats, symbolic_equal_many
+from rewards import (
+    RewardSchedule,
+    check_format,
+    extract_answer,
+    has_parallel,
+    num_blocks,
+    parallel_positions,
+    score_batch,
+    verify,
+)
+from verifier import (
+    normalize_answer,
+    normalize_paper,
+    parse_number,
+    pool_stats,
+    symbolic_equal_many,
+)
 
 BOUND = 1.0          # the per-check timeout the security tests use
 SLACK = 1.0          # scheduling slack on 2 shared cores
@@ -27,7 +41,8 @@ SLACK = 1.0          # scheduling slack on 2 shared cores
 
 @pytest.fixture(scope="module")
 def warm_pool():
-    """Start the symbolic workers once (a Python start + math-verify import), so timings below measure checks."""
+    """Start the symbolic workers once (a Python start + math-verify import), so timings below
+    measure checks."""
     assert symbolic_equal_many([("\\sqrt{4}", "2")], timeout=30.0) == [True]
     yield
 
@@ -44,28 +59,33 @@ def tags(tok):
     return TagIds.from_tokenizer(tok)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Extraction
 
 @pytest.mark.parametrize("text, expected", [
-    # the structural tags are removed first; the last Final Answer line counts (here the main chain's)
-    ("6*7?<Parallel><Path>Final Answer: 41</Path><Path>42</Path></Parallel>\n<Summary>42</Summary>Final Answer: 42",
+    # the structural tags are removed first; the last Final Answer line counts (here the main
+    # chain's)
+    (("6*7?<Parallel><Path>Final Answer: 41</Path><Path>42</Path></Parallel>\n"
+      "<Summary>42</Summary>Final Answer: 42"),
      "42"),
     ("Final Answer: 7<eos>", "7"),                                   # the tiny tokenizer's EOS text
     ("Final Answer: 6<|im_end|>", "6"),                              # a Qwen end marker
-    ("Final Answer: 3\nwait, no.\nFinal Answer: 5\nDone.", "5"),     # last line wins, rest of line only
+    # last line wins, rest of line only
+    ("Final Answer: 3\nwait, no.\nFinal Answer: 5\nDone.", "5"),
     ("final answer: 9", "9"),
     ("**Final Answer:** 12", "12"),
-    ("Final Answer: the answer is \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),   # a box inside the line
+    ("Final Answer: the answer is \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),  # a box inside the line
     ("\\boxed{1}\nFinal Answer: 2", "2"),                           # Final Answer beats a box
     ("so \\boxed{\\frac{1}{\\sqrt{2}}} done", "\\frac{1}{\\sqrt{2}}"),   # nested braces
     ("\\boxed{1} then \\boxed{2}", "2"),                             # several boxes: the last
     ("\\boxed{3} and \\boxed{4", "3"),                              # the last balanced box
     ("Natalia sold 48/2 = 24 clips.\n#### 1,234", "1,234"),          # GSM8K
-    ("Final Answer: 8\n" + "x" * 1000, "8"),                         # beyond the official 300-char window
+    ("Final Answer: 8\n" + "x" * 1000, "8"),                 # beyond the official 300-char window
     ("I am not sure.", None),
-    # no marker: the last number, not a coefficient of an expression (nor punctuation after the number)
-    ("so it is 12, in all.", "12"), ("It is 4\\sqrt{2}.", None), ("about 2\\pi or 3x", None), ("2^5 of them", None),
+    # no marker: the last number, not a coefficient of an expression (nor punctuation after the
+    # number)
+    ("so it is 12, in all.", "12"), ("It is 4\\sqrt{2}.", None), ("about 2\\pi or 3x", None),
+    ("2^5 of them", None),
     ("it grew 13.5\\%.", "13.5\\%"), ("2 \\times 3 is 6.", "6"),
     ("", None),
     ("Final Answer:", None),
@@ -81,7 +101,7 @@ def test_extract_answer_rejects_non_text():
         extract_answer([1, 2, 3])
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The default verifier: exact, numeric, symbolic
 
 VERIFY_CASES = [
@@ -193,12 +213,13 @@ def test_verify(warm_pool, pred, gold, expected):
 
 
 @pytest.mark.parametrize("pred, gold, expected", [
-    ("2", "54x^2+108x", False), ("54x^2+108x", "2", False), ("76", "\\{1,76,78\\}", False), ("10", "[7,10)", False),
-    ("(1,2)", "3", False), ("96", "96\\sqrt{2}", None), ("2", "\\sqrt{4}", None), ("76", "\\{76\\}", None),
+    ("2", "54x^2+108x", False), ("54x^2+108x", "2", False), ("76", "\\{1,76,78\\}", False),
+    ("10", "[7,10)", False), ("(1,2)", "3", False), ("96", "96\\sqrt{2}", None),
+    ("2", "\\sqrt{4}", None), ("76", "\\{76\\}", None),
 ])
 def test_fast_check_decides_numbers_against_lists_and_variables(pred, gold, expected):
-    """Without a worker: a number is never a list of several numbers nor an expression in a variable (either side);
-    against a constant expression only the symbolic stage can tell (None)."""
+    """Without a worker: a number is never a list of several numbers nor an expression in a variable
+    (either side); against a constant expression only the symbolic stage can tell (None)."""
     assert verifier.fast_check(pred, gold)[0] is expected
 
 
@@ -236,15 +257,15 @@ def test_normalize_answer(answer, expected):
 
 @pytest.mark.parametrize("s, expected", [
     ("42", "42"), ("-3", "-3"), ("033", "33"), ("27.0", "27"), (".5", "1/2"), ("1.5e3", "1500"),
-    ("1.5\\times10^{3}", "1500"), ("10^{-2}", "1/100"), ("-10^{2}", "-100"), ("3/4", "3/4"), ("\\frac{3}{4}", "3/4"),
-    ("-\\frac{1}{2}", "-1/2"), ("\\frac{0.5}{2}", "1/4"),
+    ("1.5\\times10^{3}", "1500"), ("10^{-2}", "1/100"), ("-10^{2}", "-100"), ("3/4", "3/4"),
+    ("\\frac{3}{4}", "3/4"), ("-\\frac{1}{2}", "-1/2"), ("\\frac{0.5}{2}", "1/4"),
     ("1/0", None), ("x+1", None), ("1e99999", None), ("10^{10^{10}}", None), ("2^{10}", None),
 ])
 def test_parse_number(s, expected):
     assert parse_number(s) == (Fraction(expected) if expected is not None else None)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The paper verifier: the official normalised string comparison
 
 @pytest.mark.parametrize("answer, expected", [
@@ -286,7 +307,7 @@ def test_verify_bad_arguments():
         verify("1", "1", timeout=0)
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Security and bounds: untrusted model text
 
 def _adversarial(tmp_path):
@@ -314,10 +335,11 @@ def _adversarial(tmp_path):
 
 
 @pytest.mark.parametrize("s, expected", [
-    ("x^2y^2", True), ("2^{10}", True), ("e^{\\frac{1}{2}}", True), ("\\frac{\\sqrt{2}}{2}", True), ("x^{a}+y^{b}", True),
-    ("10^{10^{10}}", False), ("2^3^4", False), ("2^{99999}", False), ("2^99999", False), ("99999!", False),
-    ("a__b", False), ("9**9", False), ("}{", False), ("{" * 13 + "}" * 13, False), ("{" * 12 + "}" * 12, True),
-    ("x" * 257, False), ("x" * 256, True), ("2^{x}#", False),
+    ("x^2y^2", True), ("2^{10}", True), ("e^{\\frac{1}{2}}", True), ("\\frac{\\sqrt{2}}{2}", True),
+    ("x^{a}+y^{b}", True), ("10^{10^{10}}", False), ("2^3^4", False), ("2^{99999}", False),
+    ("2^99999", False), ("99999!", False), ("a__b", False), ("9**9", False), ("}{", False),
+    ("{" * 13 + "}" * 13, False), ("{" * 12 + "}" * 12, True), ("x" * 257, False),
+    ("x" * 256, True), ("2^{x}#", False),
 ])
 def test_symbolic_safe_screen(s, expected):
     """The screen before the symbolic stage (for speed: the deadline bounds a check without it)."""
@@ -337,7 +359,8 @@ def test_adversarial_answers_are_wrong_fast_and_harmless(warm_pool, tmp_path):
 
 def test_adversarial_batch_is_scored(warm_pool, tmp_path):
     marker, answers = _adversarial(tmp_path)
-    responses = [f"Final Answer: {a}" for a in answers] + ["\\boxed{" * 10_000, "x" * 1_000_000, "Final Answer: 5"]
+    responses = [f"Final Answer: {a}" for a in answers] + ["\\boxed{" * 10_000, "x" * 1_000_000,
+                                                           "Final Answer: 5"]
     t0 = time.perf_counter()
     scores = score_batch(responses, ["5"] * len(responses), timeout=BOUND)
     assert time.perf_counter() - t0 < BOUND + SLACK
@@ -347,7 +370,8 @@ def test_adversarial_batch_is_scored(warm_pool, tmp_path):
 
 
 def test_workers_never_evaluate_text(warm_pool, tmp_path):
-    """Straight to the workers, without the screen: math-verify's LaTeX parser does not run Python."""
+    """Straight to the workers, without the screen: math-verify's LaTeX parser does not run
+    Python."""
     marker, answers = _adversarial(tmp_path)
     pairs = [(a, "0") for a in answers[:3]]
     assert symbolic_equal_many(pairs, timeout=BOUND) == [False, False, False]
@@ -356,10 +380,11 @@ def test_workers_never_evaluate_text(warm_pool, tmp_path):
 
 def test_deadline_kills_a_hung_check_without_stalling_the_rest(warm_pool):
     """10^{10^{10^{10}}} makes sympy compute a huge power in C (no signal can stop it); sent without
-    the screen it must still come back False at the deadline, while the other worker answers the rest."""
+    the screen it must still come back False at the deadline, while the other worker answers the
+    rest."""
     killed = pool_stats()["killed"]
-    pairs = [("10^{10^{10^{10}}}", "5"), ("2\\sqrt{2}", "\\sqrt{8}"), ("\\sqrt{9}", "3"), ("x(x+1)", "x^2+x"),
-             ("\\sqrt{2}", "2")]
+    pairs = [("10^{10^{10^{10}}}", "5"), ("2\\sqrt{2}", "\\sqrt{8}"), ("\\sqrt{9}", "3"),
+             ("x(x+1)", "x^2+x"), ("\\sqrt{2}", "2")]
     t0 = time.perf_counter()
     result = symbolic_equal_many(pairs, timeout=BOUND, workers=2)
     elapsed = time.perf_counter() - t0
@@ -369,22 +394,25 @@ def test_deadline_kills_a_hung_check_without_stalling_the_rest(warm_pool):
 
 
 def test_workers_have_a_memory_limit(warm_pool):
-    """A worker may map WORKER_MEMORY_LIMIT beyond what it mapped at its start, no more: a runaway check gets
-    MemoryError (its pair: not equal) instead of taking the machine's memory. Mappings are lazy: nothing is touched."""
+    """A worker may map WORKER_MEMORY_LIMIT beyond what it mapped at its start, no more: a runaway
+    check gets MemoryError (its pair: not equal) instead of taking the machine's memory. Mappings
+    are lazy: nothing is touched."""
     import mmap
     pool = verifier.worker_pool(None)
     with pytest.raises(OSError, match="Cannot allocate memory"):
-        pool.schedule(mmap.mmap, args=(-1, verifier.WORKER_MEMORY_LIMIT + (1 << 30)), timeout=10).result()
-    with pytest.raises(TypeError, match="pickle"):          # 1 GiB is allowed (and cannot be sent back)
+        pool.schedule(mmap.mmap, args=(-1, verifier.WORKER_MEMORY_LIMIT + (1 << 30)),
+                      timeout=10).result()
+    with pytest.raises(TypeError, match="pickle"):   # 1 GiB is allowed (and cannot be sent back)
         pool.schedule(mmap.mmap, args=(-1, 1 << 30), timeout=10).result()
 
 
 def test_close_pool_stops_a_check_in_flight(warm_pool):
-    """close_pool (also at exit) stops a worker in the middle of a hung check at once; that pair is not equal and
-    the next call starts a new pool."""
+    """close_pool (also at exit) stops a worker in the middle of a hung check at once; that pair is
+    not equal and the next call starts a new pool."""
     out = []
     hung = [("10^{10^{10^{10}}}", "5")]
-    t = threading.Thread(target=lambda: out.append(symbolic_equal_many(hung, timeout=60)), daemon=True)
+    t = threading.Thread(target=lambda: out.append(symbolic_equal_many(hung, timeout=60)),
+                         daemon=True)
     t.start()
     time.sleep(0.5)
     t0 = time.perf_counter()
@@ -402,8 +430,10 @@ def test_verify_in_threads(warm_pool):
     def work(i, pred, gold):
         out[i] = verify(pred, gold)
 
-    threads = [threading.Thread(target=work, args=(i, p, g)) for i, (p, g) in
-               enumerate([("\\sqrt{18}", "3\\sqrt{2}"), ("\\sqrt{18}", "2\\sqrt{3}"), ("x^2-1", "(x-1)(x+1)")])]
+    threads = [threading.Thread(target=work, args=(i, p, g))
+               for i, (p, g) in enumerate([("\\sqrt{18}", "3\\sqrt{2}"),
+                                           ("\\sqrt{18}", "2\\sqrt{3}"),
+                                           ("x^2-1", "(x-1)(x+1)")])]
     for t in threads:
         t.start()
     for t in threads:
@@ -411,7 +441,7 @@ def test_verify_in_threads(warm_pool):
     assert out == {0: True, 1: False, 2: True}
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Format check (built on attention.parse_structure) and structure metrics
 
 def _id(tok, tag):
@@ -420,19 +450,23 @@ def _id(tok, tag):
 
 def test_check_format_cases(tok, tags):
     # one character = one token, one tag = one token; indices counted by hand
-    valid = "x<Parallel><Path>p</Path><Path>q</Path></Parallel>\n<Summary>s</Summary>Final Answer: 1"
+    valid = ("x<Parallel><Path>p</Path><Path>q</Path></Parallel>\n<Summary>s</Summary>"
+             "Final Answer: 1")
     assert check_format(valid, tok) == (True, "")
     assert check_format("no block at all. Final Answer: 1", tok) == (True, "")
     # x0 <Parallel>1 <Path>2 b3 </Path>4 </Parallel>5
     assert check_format("x<Parallel><Path>b</Path></Parallel>\n<Summary>s</Summary>", tok) == \
         (False, "block at token 1 has 1 path(s), needs >= 2")
     # x0 <Parallel>1 <Path>2 p3 </Path>4 <Path>5 q6 (end)
-    assert check_format("x<Parallel><Path>p</Path><Path>q", tok) == (False, "unclosed <Path> at token 5")
+    assert check_format("x<Parallel><Path>p</Path><Path>q", tok) == \
+        (False, "unclosed <Path> at token 5")
     # x0 <Parallel>1 <Path>2 p3 <Summary>4
-    assert check_format("x<Parallel><Path>p<Summary></Path><Path>q</Path></Parallel>\n<Summary>s</Summary>", tok) == \
+    assert check_format(("x<Parallel><Path>p<Summary></Path><Path>q</Path></Parallel>\n"
+                         "<Summary>s</Summary>"), tok) == \
         (False, f"structural tag {_id(tok, '<Summary>')} inside a path (token 4)")
     # ... </Parallel>8 \n9 F10
-    assert check_format("x<Parallel><Path>p</Path><Path>q</Path></Parallel>\nFinal Answer: 1", tok) == \
+    assert check_format(("x<Parallel><Path>p</Path><Path>q</Path></Parallel>\n"
+                         "Final Answer: 1"), tok) == \
         (False, "no <Summary> after </Parallel> (token 10)")
     # x0 </Path>1
     assert check_format("x</Path>y Final Answer: 1", tok) == \
@@ -466,29 +500,33 @@ def test_structure_metrics(tok, tags):
     assert parallel_positions(s) == [2 / 28, 16 / 28]
     s = parse_structure(tok.encode("plain text", add_special_tokens=False), tags)
     assert (has_parallel(s), num_blocks(s), parallel_positions(s)) == (False, 0, [])
-    s = parse_structure(tok.encode("x<Parallel><Path>p", add_special_tokens=False), tags)   # malformed counts
+    # malformed counts
+    s = parse_structure(tok.encode("x<Parallel><Path>p", add_special_tokens=False), tags)
     assert (has_parallel(s), num_blocks(s), parallel_positions(s)) == (True, 1, [1 / 4])
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Rewards and schedules
 
 RESPONSES = {   # gold "42"
-    "correct_parallel": "6*7<Parallel><Path>6*7=42</Path><Path>7*6=42</Path></Parallel>\n<Summary>42</Summary>"
-                        "Final Answer: 42",
+    "correct_parallel": ("6*7<Parallel><Path>6*7=42</Path><Path>7*6=42</Path></Parallel>\n"
+                         "<Summary>42</Summary>Final Answer: 42"),
     "correct_no_block": "6*7=42\nFinal Answer: 42",
-    "correct_malformed": "6*7<Parallel><Path>6*7=42</Path></Parallel>\n<Summary>42</Summary>Final Answer: 42",
-    "wrong": "6*7<Parallel><Path>6*7=41</Path><Path>7*6=41</Path></Parallel>\n<Summary>41</Summary>"
-             "Final Answer: 41",
+    "correct_malformed": ("6*7<Parallel><Path>6*7=42</Path></Parallel>\n"
+                          "<Summary>42</Summary>Final Answer: 42"),
+    "wrong": ("6*7<Parallel><Path>6*7=41</Path><Path>7*6=41</Path></Parallel>\n"
+              "<Summary>41</Summary>Final Answer: 41"),
 }
 ACC = (1.0, 1.0, 1.0, -1.0)        # accuracy steps: the structure does not matter
-TIER = (1.2, 1.0, -1.0, -1.0)      # tiered steps: +1.2 valid block, +1.0 no block, -1 malformed or wrong
+# tiered steps: +1.2 valid block, +1.0 no block, -1 malformed or wrong
+TIER = (1.2, 1.0, -1.0, -1.0)
 S2_EXPECTED = {step: (TIER if step in (9, 10, 19, 20) else ACC) for step in range(1, 21)}
 
 
 @pytest.mark.parametrize("step", range(1, 21))
 def test_s2_alternating_schedule_every_step(tok, step):
-    scores = score_batch(list(RESPONSES.values()), ["42"] * 4, tokenizer=tok, reward="alternating", step=step)
+    scores = score_batch(list(RESPONSES.values()), ["42"] * 4, tokenizer=tok, reward="alternating",
+                         step=step)
     assert tuple(s["reward"] for s in scores) == S2_EXPECTED[step]
     assert [s["correct"] for s in scores] == [True, True, True, False]
     assert [(s["has_parallel"], s["format_ok"], s["num_blocks"]) for s in scores] == \
@@ -502,27 +540,29 @@ def test_s2_alternating_schedule_every_step(tok, step):
 ])
 def test_fixed_rewards(tok, tags, schedule, expected):
     ids = [tok.encode(r, add_special_tokens=False) for r in RESPONSES.values()]
-    scores = score_batch(list(RESPONSES.values()), ["42"] * 4, response_ids=ids, tags=tags, reward=schedule, step=3)
+    scores = score_batch(list(RESPONSES.values()), ["42"] * 4, response_ids=ids, tags=tags,
+                         reward=schedule, step=3)
     assert tuple(s["reward"] for s in scores) == expected
     assert {s["kind"] for s in scores} == {schedule}
 
 
 def test_schedule_kinds():
     s2 = RewardSchedule("alternating")
-    assert [s2.kind_at(t) for t in range(1, 23)] == ["accuracy"] * 8 + ["tiered"] * 2 + ["accuracy"] * 8 + \
-        ["tiered"] * 2 + ["accuracy"] * 2
+    assert [s2.kind_at(t) for t in range(1, 23)] == \
+        ["accuracy"] * 8 + ["tiered"] * 2 + ["accuracy"] * 8 + ["tiered"] * 2 + ["accuracy"] * 2
     custom = RewardSchedule("alternating", window=5, accuracy_steps=3)
-    assert [custom.kind_at(t) for t in range(1, 11)] == ["accuracy"] * 3 + ["tiered"] * 2 + ["accuracy"] * 3 + \
-        ["tiered"] * 2
+    assert [custom.kind_at(t) for t in range(1, 11)] == \
+        ["accuracy"] * 3 + ["tiered"] * 2 + ["accuracy"] * 3 + ["tiered"] * 2
 
 
 def test_scaffold_switch():
     scaffold = RewardSchedule("scaffold", switch_step=20)
     assert [scaffold.kind_at(t) for t in (1, 8, 9, 10, 19, 20, 21, 29, 30, 1000)] == \
-        ["accuracy", "accuracy", "tiered", "tiered", "tiered", "tiered", "accuracy", "accuracy", "accuracy", "accuracy"]
+        ["accuracy", "accuracy", "tiered", "tiered", "tiered", "tiered",
+         "accuracy", "accuracy", "accuracy", "accuracy"]
     default = RewardSchedule("scaffold")
-    assert [default.kind_at(t) for t in (199, 200, 201, 209, 210)] == ["tiered", "tiered", "accuracy", "accuracy",
-                                                                       "accuracy"]
+    assert [default.kind_at(t) for t in (199, 200, 201, 209, 210)] == \
+        ["tiered", "tiered", "accuracy", "accuracy", "accuracy"]
     assert scaffold.reward(20, correct=True, has_parallel=True, format_ok=True) == 1.2
     assert scaffold.reward(21, correct=True, has_parallel=True, format_ok=False) == 1.0
 
@@ -542,7 +582,7 @@ def test_schedule_errors(tok):
         score_batch(["Final Answer: 1"], ["1", "2"])
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Batch scoring
 
 def test_score_batch_fields_and_structures(warm_pool, tok, tags):
@@ -555,7 +595,8 @@ def test_score_batch_fields_and_structures(warm_pool, tok, tags):
     assert [s["pred"] for s in scores] == ["42", "42", "42", "41", "2\\sqrt{2}", "1,000"]
     assert [s["correct"] for s in scores] == [True, True, True, False, True, True]
     assert [s["reward"] for s in scores] == [1.2, 1.0, -1.0, -1.0, 1.0, 1.0]
-    assert set(scores[0]) == {"reward", "correct", "pred", "kind", "has_parallel", "format_ok", "num_blocks"}
+    assert set(scores[0]) == {"reward", "correct", "pred", "kind", "has_parallel", "format_ok",
+                              "num_blocks"}
     # accuracy needs no structure; the structure fields are then None
     plain = score_batch(texts, golds)
     assert [s["reward"] for s in plain] == [1.0, 1.0, 1.0, -1.0, 1.0, 1.0]
@@ -567,8 +608,8 @@ def test_score_batch_fields_and_structures(warm_pool, tok, tags):
 
 def test_score_batch_from_a_thread(warm_pool):
     out = []
-    t = threading.Thread(target=lambda: out.append(score_batch(["Final Answer: \\sqrt{8}", "Final Answer: 3"],
-                                                               ["2\\sqrt{2}", "4"])))
+    t = threading.Thread(target=lambda: out.append(
+        score_batch(["Final Answer: \\sqrt{8}", "Final Answer: 3"], ["2\\sqrt{2}", "4"])))
     t.start()
     t.join(30)
     assert [s["correct"] for s in out[0]] == [True, False]

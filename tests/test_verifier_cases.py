@@ -14,9 +14,9 @@ A row's text is run through `rewards.extract_answer` and then `rewards.verify`:
 All rows together also go through `score_batch` once, which must agree with `verify` row by row.
 
 32 of the 118 rows were wrong at the branch point (c395ae3): the 27 that commit 75113b2 marks, with
-the root cause of each, and 5 of the 18 rows added later (a pmatrix with spaces after its row breaks,
-four responses without a braced marker). Issue 26 added 30 rows (148 in all): 13 were wrong at
-f8f95cd (commit 045d848 marks them, with the root cause of each), and one older row changed its
+the root cause of each, and 5 of the 18 rows added later (a pmatrix with spaces after its row
+breaks, four responses without a braced marker). Issue 26 added 30 rows (148 in all): 13 were wrong
+at f8f95cd (commit 045d848 marks them, with the root cause of each), and one older row changed its
 expected value with the rule for Python-style math (Math-Verify#69, "-1 + exp(16)": now True).
 Every row passes now.
 
@@ -25,14 +25,15 @@ Conventions this project takes (see the comments at the rows):
   otherwise; never within an absolute one, so 1e-10 and 2e-10 differ;
 * x% equals x/100 only when a percent sign is written on one side;
 * a lone-variable left-hand side is dropped ("x = 5" is 5); two equations compare as equations;
-* a response with no `Final Answer:` line, no `\\boxed{...}` and no `####` line is graded by the last
-  number in its text (the "flexible" GSM8K rule), a number never swallowing the punctuation after it
-  and never a coefficient (the 4 of 4\\sqrt{2}); a response that writes a marker but leaves it empty
-  stays unanswered;
+* a response with no `Final Answer:` line, no `\\boxed{...}` and no `####` line is graded by the
+  last number in its text (the "flexible" GSM8K rule), a number never swallowing the punctuation
+  after it and never a coefficient (the 4 of 4\\sqrt{2}); a response that writes a marker but leaves
+  it empty stays unanswered;
 * several boxes in a row at the end of a response ("\\boxed{3}, \\boxed{5}") form one list answer;
   boxes far apart are separate attempts and the last one counts;
-* a base subscript ("1011_2") may be dropped by the prediction, but two different bases never match, and
-  a numeral in another base is not the decimal gold ("10_8" does not answer "8": it restates the question);
+* a base subscript ("1011_2") may be dropped by the prediction, but two different bases never
+  match, and a numeral in another base is not the decimal gold ("10_8" does not answer "8": it
+  restates the question);
 * Python-style math is read as the LaTeX it means, by a bounded textual translation before any
   parser (rewards._python_to_latex): "**" is a power, "*" a product, "pi" is π, sqrt(x), exp(x)
   (= e^x), log(x) (natural), abs(x), sin/cos/tan(x); so "2*pi*r" equals "2\\pi r" and "exp(16)"
@@ -62,15 +63,16 @@ MV = "huggingface/Math-Verify"
 LMEVAL = "EleutherAI/lm-evaluation-harness"
 QWEN = "QwenLM/Qwen2.5-Math"
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Extracted answers (the text of a final-answer line)
 
 ANSWER_CASES = [
-    # --- tuples, intervals, sets, unordered lists ---------------------------------------------------
+    # --- tuples, intervals, sets, unordered lists -------------------------------------------------
     ("tuple", "(1,4.5)", "(1,\\frac{9}{2})", True,
      f"source: {MV}#2 — a tuple mixing a decimal and a fraction is reported as not equal"),
     ("tuple", "(3, \\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)", True,
-     f"source: {QWEN}#29 — math_equal misses \\left( ... \\right) around a tuple (MATH500 problem 1)"),
+     (f"source: {QWEN}#29 — math_equal misses \\left( ... \\right) around a tuple "
+      "(MATH500 problem 1)")),
     ("tuple", "1,-2", "1,-3", False,
      f"source: {QWEN}#50 — math_equal('1,-2', '1,-3') returns True"),
     ("tuple", "n=1, 2, 3", "n=2, 3, 4", False,
@@ -81,14 +83,15 @@ ANSWER_CASES = [
      f"source: {MV}#47 — a prediction with only one of the two required answers verifies True"),
     ("tuple", "1728, 1331", "1331 \\text{ and } 1728", True,
      f"source: {MV}#47 — 'find all' answers: the full set in another order is right"),
-    # The Minerva normaliser (lm-eval minerva_math) rewrites ",\\text{and}" to ","; a list written with
-    # "and" is the same unordered list.
+    # The Minerva normaliser (lm-eval minerva_math) rewrites ",\\text{and}" to ","; a list written
+    # with "and" is the same unordered list.
     ("tuple", "82, 46, 19", "19, 46, \\text{ and } 82", True,
      f"source: {MV}#14 — '19, 46, \\text{{ and }} 82' as a list; here: the same list reordered"),
     ("tuple", "21, 36, and 82", "19, 46, \\text{ and } 82", False,
      f"source: {MV}#14 — '21, 36, and 82' vs '19, 46, and 82' should be False"),
     ("tuple", "1", "0,1", False,
-     f"source: {LMEVAL}#4039 — the thousands-comma strip fuses the tuple '0,1' into the number '01'"),
+     (f"source: {LMEVAL}#4039 — the thousands-comma strip fuses the tuple '0,1' "
+      "into the number '01'")),
     ("tuple", "357", "3,5,7", False,
      f"source: {LMEVAL}#4039 — gold '3,5,7' becomes '357' after a naive comma strip"),
     ("tuple", "1234", "12,34", False,
@@ -96,27 +99,31 @@ ANSWER_CASES = [
     ("tuple", "7, 3, 5", "3,5,7", True,
      f"source: {LMEVAL}#3785 — is_equiv misses a permutation of a comma-separated answer list"),
     ("tuple", "(3,\\infty)\\cup(-\\infty,-2)", "(-\\infty,-2)\\cup(3,\\infty)", True,
-     "source: open-thoughts/OpenThoughts-Agent#129 — interval unions compared by type; a union in "
-     "another order is the same set"),
+     ("source: open-thoughts/OpenThoughts-Agent#129 — interval unions compared by type; a union in "
+      "another order is the same set")),
     ("tuple", "(-\\infty,-2]\\cup(3,\\infty)", "(-\\infty,-2)\\cup(3,\\infty)", False,
-     "source: open-thoughts/OpenThoughts-Agent#129 — unions must not pass when an excluded endpoint "
-     "disappears"),
+     ("source: open-thoughts/OpenThoughts-Agent#129 — unions must not pass when an excluded "
+      "endpoint disappears")),
     # Inequality vs interval: Math-Verify accepts it only when the inequality is the gold (to stop a
     # model answering a system with one relation). A one-variable inequality names the same set as
     # the interval, so we accept it when the prediction is the inequality too.
     ("tuple", "0 < x < 12.5", "(0, 12.5)", True,
      f"source: {MV}#10 — the interval (0, 12.5) vs '0 < x < 12.5' verifies False"),
     ("tuple", "m \\geq \\sqrt{2}", "[\\sqrt{2}, \\infty)", True,
-     f"source: {MV}#25 — verify is not symmetric: 'm \\geq \\sqrt{{2}}' vs '[\\sqrt{{2}}, +\\infty)'"),
+     (f"source: {MV}#25 — verify is not symmetric: 'm \\geq \\sqrt{{2}}' vs "
+      "'[\\sqrt{2}, +\\infty)'")),
     ("tuple", "x > 3", "[3, \\infty)", False,
      f"source: {MV}#25 — the same question with the endpoint wrongly included/excluded"),
     ("tuple", "x \\le -1 \\text{ or } x \\ge 2", "(-\\infty,-1]\\cup[2,\\infty)", True,
-     f"source: {MV}#10 — a solution set written as inequalities joined by 'or' vs the union of intervals"),
-    # ... but restating the question's relation is no answer (Math-Verify's reason for the asymmetry).
+     (f"source: {MV}#10 — a solution set written as inequalities joined by 'or' vs the "
+      "union of intervals")),
+    # ... but restating the question's relation is no answer (Math-Verify's reason for the
+    # asymmetry).
     ("tuple", "x^2 < 4", "(-2, 2)", False,
-     f"source: {MV}#10 — the maintainer: comparing relations with sets both ways lets a restated problem pass"),
+     (f"source: {MV}#10 — the maintainer: comparing relations with sets both ways lets a "
+      "restated problem pass")),
 
-    # --- matrices and vectors, fraction notations ---------------------------------------------------
+    # --- matrices and vectors, fraction notations -------------------------------------------------
     ("matrix", "\\begin{pmatrix}-7/4&-2\\\\4&0.25\\end{pmatrix}",
      "\\begin{pmatrix}-\\frac{7}{4}&-2\\\\4&\\frac{1}{4}\\end{pmatrix}", True,
      f"source: {MV}#2 — a 2x2 pmatrix with \\frac entries; here written with a/b and a decimal"),
@@ -126,19 +133,24 @@ ANSWER_CASES = [
     ("matrix", "\\begin{pmatrix}-7/4&-2\\\\4&-0.25\\end{pmatrix}",
      "\\begin{pmatrix}-\\frac{7}{4}&-2\\\\4&\\frac{1}{4}\\end{pmatrix}", False,
      f"source: {MV}#2 — one entry's sign differs"),
-    ("matrix", "\\begin{pmatrix} -2 \\\\ -14 \\\\ -7 \\end{pmatrix}", "\\begin{pmatrix}-2\\\\-14\\\\-7\\end{pmatrix}",
-     True, "source: modelscope/evalscope#514 — MATH500 vector answers with and without spaces"),
-    ("matrix", "\\begin{pmatrix}-2-14-7\\end{pmatrix}", "\\begin{pmatrix}-2\\\\-14\\\\-7\\end{pmatrix}", False,
+    ("matrix", "\\begin{pmatrix} -2 \\\\ -14 \\\\ -7 \\end{pmatrix}",
+     "\\begin{pmatrix}-2\\\\-14\\\\-7\\end{pmatrix}", True,
+     "source: modelscope/evalscope#514 — MATH500 vector answers with and without spaces"),
+    ("matrix", "\\begin{pmatrix}-2-14-7\\end{pmatrix}",
+     "\\begin{pmatrix}-2\\\\-14\\\\-7\\end{pmatrix}", False,
      "source: modelscope/evalscope#514 — a vector written without \\\\ is the 1x1 matrix (-23)"),
-    ("matrix", "\\begin{bmatrix}1\\\\\\frac{1}{2}\\end{bmatrix}", "\\begin{pmatrix}1\\\\0.5\\end{pmatrix}", True,
-     f"source: {QWEN} evaluation/grader.py is_matrix_format — pmatrix and bmatrix are the same matrix"),
+    ("matrix", "\\begin{bmatrix}1\\\\\\frac{1}{2}\\end{bmatrix}",
+     "\\begin{pmatrix}1\\\\0.5\\end{pmatrix}", True,
+     (f"source: {QWEN} evaluation/grader.py is_matrix_format — pmatrix and bmatrix "
+      "are the same matrix")),
     # Rounded entries: the project compares within 1e-6 relative, so a 3-digit rounding is wrong
-    # unless the gold itself is rounded the same way (a question asking for decimals gives such golds).
+    # unless the gold itself is rounded the same way (a question asking for decimals gives such
+    # golds).
     ("matrix", "\\begin{pmatrix}0.290243531202435\\\\0.196008371385084\\end{pmatrix}",
      "\\begin{pmatrix}0.29\\\\0.196\\end{pmatrix}", False,
      f"source: {MV}#2 — a vector of 15-digit decimals vs its 3-digit rounding"),
 
-    # --- magnitudes far from 1 ----------------------------------------------------------------------
+    # --- magnitudes far from 1 --------------------------------------------------------------------
     ("magnitude", "\\frac{1}{2^{98}}", "\\frac{1}{2^{99}}", False,
      f"source: {MV}#14 — 1/2^99 vs 1/2^98 verifies True (an absolute tolerance near 0)"),
     ("magnitude", "\\frac{1}{2006!}", "\\frac{1}{2004!}", False,
@@ -146,7 +158,8 @@ ANSWER_CASES = [
     ("magnitude", "\\frac{1}{3 \\cdot 2^{2006}}", "\\frac{2^{2005}+1}{3 \\cdot 2^{2006}}", False,
      f"source: {MV}#14 — (2^2005+1)/(3*2^2006) vs 1/(3*2^2006) verifies True"),
     ("magnitude", "2e-10", "1e-10", False,
-     f"source: {MV}#14 — tiny values a factor of 2 apart must differ (relative, not absolute, tolerance)"),
+     (f"source: {MV}#14 — tiny values a factor of 2 apart must differ (relative, not "
+      "absolute, tolerance)")),
     ("magnitude", "1.5 \\times 10^{-8}", "1.5e-8", True,
      f"source: {MV}#14 — tiny values: the same number in two notations"),
     ("magnitude", "6.022 \\times 10^{23}", "6.022e23", True,
@@ -159,29 +172,31 @@ ANSWER_CASES = [
      f"source: {MV}#14 — huge powers a factor of 2 apart"),
     # Integers compare exactly: a relative tolerance is for decimals that were rounded.
     ("magnitude", "1000001", "1000000", False,
-     f"source: {QWEN} evaluation/grader.py numeric_equal — isclose(rel_tol=1e-4) makes nearby large "
-     "integers equal; ours (1e-6) does the same from 10^6 up"),
+     (f"source: {QWEN} evaluation/grader.py numeric_equal — isclose(rel_tol=1e-4) makes nearby "
+      "large integers equal; ours (1e-6) does the same from 10^6 up")),
     ("magnitude", "123456789", "123456790", False,
      f"source: {QWEN} evaluation/grader.py numeric_equal — two 9-digit integers one apart"),
     ("magnitude", "0.0833333333333333", "\\frac{1}{12}", True,
      f"source: {MV}#2 — a 16-digit decimal of 1/12 (well within 1e-6 relative)"),
-    # 33.3 is 100/3 rounded to 3 significant digits: equal only for a question that asks for rounding,
-    # which the gold then shows; against the exact gold it is wrong.
+    # 33.3 is 100/3 rounded to 3 significant digits: equal only for a question that asks for
+    # rounding, which the gold then shows; against the exact gold it is wrong.
     ("magnitude", "33.3", "\\frac{100}{3}", False,
-     f"source: {MV}#2 — '\\frac{{100}}{{3}}' vs '33.3' reported as a wrong verdict; we keep it wrong"),
+     (f"source: {MV}#2 — '\\frac{{100}}{{3}}' vs '33.3' reported as a wrong "
+      "verdict; we keep it wrong")),
 
-    # --- percentages, degrees, units, thousands separators, currency --------------------------------
+    # --- percentages, degrees, units, thousands separators, currency ------------------------------
     ("units", "28 percent", "28\\%", True,
      f"source: {MV}#61 — '28 percent' / 'pct' inside \\boxed{{}} is not read as 28%"),
     ("units", "\\boxed{28 pct}", "28\\%", True,
      f"source: {MV}#61 — '\\boxed{{28 pct}}' vs '28\\%'"),
     ("units", "50%", "50\\%", True,
-     "source: hendrycks/math#21 — _strip_string removes '\\%' but not '%', so is_equiv('50\\%', '50%') is False"),
+     ("source: hendrycks/math#21 — _strip_string removes '\\%' but not '%', so "
+      "is_equiv('50\\%', '50%') is False")),
     # Without a percent sign on either side, 50 and 0.5 are different numbers (Qwen's grader also
     # accepts gold/100 and gold*100 with no sign anywhere).
     ("units", "50", "0.5", False,
-     f"source: {QWEN} evaluation/grader.py is_numerical_equal — include_percentage accepts ref*100 "
-     "even when no percent sign was written"),
+     (f"source: {QWEN} evaluation/grader.py is_numerical_equal — include_percentage accepts "
+      "ref*100 even when no percent sign was written")),
     ("units", "\\$29.00", "29", True,
      f"source: {LMEVAL}#3214 — flexible-extract keeps '$29.00' and compares it with '29'"),
     ("units", "\\$80,000", "80000", True,
@@ -189,15 +204,15 @@ ANSWER_CASES = [
     ("units", "-1,234,567.5", "-1234567.5", True,
      f"source: {LMEVAL}#4039 — true thousands grouping (with sign and decimals) is still stripped"),
     ("units", "12 \\mbox{ inches}", "12", True,
-     "source: hendrycks/math modeling/math_equivalence.py _remove_right_units — only '\\text{ ' units are "
-     "removed; \\mbox units stay"),
+     ("source: hendrycks/math modeling/math_equivalence.py _remove_right_units — only "
+      "'\\text{ ' units are removed; \\mbox units stay")),
     ("units", "30 degrees", "30", True,
-     f"source: {LMEVAL} lm_eval/tasks/minerva_math/utils.py normalize_final_answer — 'degrees' is a "
-     "removed unit word"),
+     (f"source: {LMEVAL} lm_eval/tasks/minerva_math/utils.py normalize_final_answer — 'degrees' is "
+      "a removed unit word")),
     ("units", "\\text{13}", "13", True,
      f"source: {MV}#37 — '\\text{{13}}' vs '13' verifies False (fixed upstream in 0.8.0)"),
 
-    # --- \text{} / \mathrm{} wrappers ----------------------------------------------------------------
+    # --- \text{} / \mathrm{} wrappers -------------------------------------------------------------
     ("text", "\\text{Evelyn}", "Evelyn", True,
      f"source: {QWEN}#29 — a gold that is a name (strip_string leaves 'Evelyn')"),
     ("text", "\\textbf{42}", "42", True,
@@ -216,7 +231,7 @@ ANSWER_CASES = [
     ("text", "4\\sqrt(2)", "4", False,
      f"source: {MV}#41 — '4\\sqrt(2)' (parentheses, not braces) verifies equal to 4"),
 
-    # --- equations vs values ------------------------------------------------------------------------
+    # --- equations vs values ----------------------------------------------------------------------
     ("equation", "3x-y+13=0", "3x+4y+14=0", False,
      f"source: {MV}#60 — two different lines verify True"),
     ("equation", "-34x-45y+20z-100=0", "34x+45y-20z+100=0", True,
@@ -226,8 +241,8 @@ ANSWER_CASES = [
     ("equation", "y = -\\frac{1}{2}x + \\frac{3}{4}", "2x+4y-3=0", True,
      f"source: {MV}#26 — equivalent line equations in two forms verify False"),
     ("equation", "y = 2x + 3", "2x+3", True,
-     "source: huggingface/open-r1#55 — rewards parse with NormalizationConfig(equations=True): "
-     "'y = 2x+3' is graded by its right-hand side"),
+     ("source: huggingface/open-r1#55 — rewards parse with NormalizationConfig(equations=True): "
+      "'y = 2x+3' is graded by its right-hand side")),
     ("equation", "a=1 \\text{ or } a=-2", "-2, 1", True,
      "source: modelscope/ms-swift#4541 — 'a=1 \\text{ or } a=-2' as the answer to an equation"),
     ("equation", "x=2, x=3", "3, 2", True,
@@ -239,12 +254,13 @@ ANSWER_CASES = [
     # Python-style math is read as the LaTeX it means (see the module docstring; issue 26 changed
     # this row from False): exp(16) is e^{16}.
     ("equation", "-1 + exp(16)", "e^{16} - 1", True,
-     f"source: {MV}#69 — verl's compute_score gives 0 to 'exp(16)', 'pi/2' (a reply there "
-     "finds 0 right; we do not)"),
+     (f"source: {MV}#69 — verl's compute_score gives 0 to 'exp(16)', 'pi/2' (a reply there finds "
+      "0 right; we do not)")),
 
-    # --- answers in another base --------------------------------------------------------------------
+    # --- answers in another base ------------------------------------------------------------------
     ("base", "1011", "1011_2", True,
-     f"source: {LMEVAL}#3785 — a prediction that drops the base subscript of the gold is marked wrong"),
+     (f"source: {LMEVAL}#3785 — a prediction that drops the base subscript of the "
+      "gold is marked wrong")),
     ("base", "2C", "2C_{16}", True,
      f"source: {LMEVAL}#3785 — the same with a braced subscript and a hexadecimal digit"),
     ("base", "1011_{2}", "1011_2", True,
@@ -254,28 +270,31 @@ ANSWER_CASES = [
     ("base", "8", "10_8", False,
      f"source: {LMEVAL}#3785 — the decimal value of the number is not its base-8 numeral"),
     ("base", "10_8", "8", False,
-     f"source: {LMEVAL}#3652 — base 'x_y' answers or targets: a numeral in base 8 does not answer a decimal gold"),
+     (f"source: {LMEVAL}#3652 — base 'x_y' answers or targets: a numeral in base 8 does not "
+      "answer a decimal gold")),
     ("base", "8_{10}", "8", True,
      f"source: {LMEVAL}#3652 — the same value with an explicit base-10 subscript"),
     ("tuple", "-2, 1", "1,-2", True,
-     f"source: {LMEVAL}#3652 — 'enter all such integers, separated by commas': the answers in another order"),
+     (f"source: {LMEVAL}#3652 — 'enter all such integers, separated by commas': the "
+      "answers in another order")),
 
-    # --- from RL reward functions and other graders ---------------------------------------------------
+    # --- from RL reward functions and other graders -----------------------------------------------
     ("magnitude", "\\boxed{\\frac{64}{400}}", "\\frac{63}{400}", False,
-     "source: huggingface/open-r1#566 — the accuracy reward gave 1 to '\\boxed{\\frac{64}{400}}' against "
-     "'\\frac{63}{400}' (the gold was not parsed)"),
+     ("source: huggingface/open-r1#566 — the accuracy reward gave 1 to '\\boxed{\\frac{64}{400}}' "
+      "against '\\frac{63}{400}' (the gold was not parsed)")),
     ("units", "\\boxed{6}", "6", True,
      "source: huggingface/open-r1#566 — a gold that is a plain number ('6') must be read too"),
     ("text", "7", "\\frac{1}{", False,
      "source: huggingface/open-r1#293 — an unparseable gold gave every answer the reward 1.0"),
     ("equation", "\\frac{0.5a}{b}/0.5", "2\\frac{a}{2b}", True,
-     "source: openai/prm800k#19 — the MATH grader's normalisation fails on '\\frac{0.5a}{b}/0.5' vs '2\\frac{a}{2b}'"),
+     ("source: openai/prm800k#19 — the MATH grader's normalisation fails on '\\frac{0.5a}{b}/0.5' "
+      "vs '2\\frac{a}{2b}'")),
     ("units", "\\boxed{$9{,}500}", "9500", True,
      "source: open-compass/opencompass#2647 — gsm8k_postprocess reads '\\boxed{$9{,}500}' as 500"),
     ("units", "\\boxed{10,000}", "10000", True,
      "source: open-compass/opencompass#2647 — '\\boxed{10,000}' is read as 000"),
 
-    # --- mixed numbers ---------------------------------------------------------------------------------
+    # --- mixed numbers ----------------------------------------------------------------------------
     # In answers to word problems a digit written right before a fraction is a mixed number.
     ("mixed", "2\\frac{1}{2}", "2.5", True,
      f"source: {MV}#34 — verify('2.5', '$2\\frac{{1}}{{2}}$') is False"),
@@ -291,11 +310,11 @@ ANSWER_CASES = [
     ("shorthand", "\\frac12", "\\frac{1}{2}", True,
      f"source: {MV}#35 — '\\frac12' and '\\frac{{1}}{{2}}' are reported as not equal"),
     ("shorthand", "\\frac1{2}", "0.5", True,
-     "source: EvolvingLMMs-Lab/lmms-eval#1507 — '\\frac1{2}' is never normalised (_fix_fracs "
-     "gated on 'sqrt'), latex2sympy raises, scored 0"),
+     ("source: EvolvingLMMs-Lab/lmms-eval#1507 — '\\frac1{2}' is never normalised (_fix_fracs "
+      "gated on 'sqrt'), latex2sympy raises, scored 0")),
     ("shorthand", "\\frac34", "\\frac{3}{5}", False,
-     "source: EvolvingLMMs-Lab/lmms-eval#1507 — the '\\frac34' shorthand; here against another "
-     "fraction"),
+     ("source: EvolvingLMMs-Lab/lmms-eval#1507 — the '\\frac34' shorthand; here "
+      "against another fraction")),
     ("shorthand", "\\sqrt[3]2", "\\sqrt[3]{2}", True,
      f"source: {LMEVAL}#4036 — gold '\\sqrt[3]{{2}}' vs output '\\sqrt[3]2' is scored wrong"),
     ("shorthand", "\\sqrt[3]8", "2", True,
@@ -303,42 +322,42 @@ ANSWER_CASES = [
     ("shorthand", "\\sqrt[3]{8}", "2", True,
      "source: mathllm/MATH-V#11 — _fix_sqrt corrupts '\\sqrt[3]{8}' before it is compared"),
     ("shorthand", "\\sqrt[3]2", "\\sqrt{2}", False,
-     "source: EvolvingLMMs-Lab/lmms-eval#1505 — the root index must survive normalisation: a "
-     "cube root is not a square root"),
+     ("source: EvolvingLMMs-Lab/lmms-eval#1505 — the root index must survive normalisation: a cube "
+      "root is not a square root")),
     ("shorthand", "\\frac a b", "\\frac{a}{b}", True,
-     "source: augustt198/latex2sympy#46 — '\\frac a b' is valid LaTeX but the parser raises "
-     "\"missing '{'\""),
+     ("source: augustt198/latex2sympy#46 — '\\frac a b' is valid LaTeX but the parser "
+      "raises \"missing '{'\"")),
     ("shorthand", "\\frac{a+b}2", "\\frac{a+b}{2}", True,
-     "source: OrangeX4/Latex-Sympy-Calculator#26 — '\\frac12' and '\\frac{a+b}2' raise in "
-     "latex2sympy2"),
+     ("source: OrangeX4/Latex-Sympy-Calculator#26 — '\\frac12' and '\\frac{a+b}2' "
+      "raise in latex2sympy2")),
     ("shorthand", "\\left(-\\infty,-\\frac 12\\right)\\cup\\left(-\\frac 12,\\infty\\right)",
      "(-\\infty,-\\frac{1}{2})\\cup(-\\frac{1}{2},\\infty)", True,
-     "source: huggingface/lighteval#140 — the MATH normaliser fails on '-\\frac 12' inside an "
-     "interval union"),
+     ("source: huggingface/lighteval#140 — the MATH normaliser fails on '-\\frac 12' "
+      "inside an interval union")),
 
     # --- issue 26: numbers in \text, \mathrm, \textbf inside an expression ------------------------
     # A text macro around a number only sets its font; a comma in it groups thousands.
     ("wrapped", "\\frac{\\mathrm{1,000}}{2}", "500", True,
-     "source: bojieli/ai-agent-book#713 — '\\frac{\\mathrm{1,000}}{2}' fell through and normalised "
-     "incorrectly"),
+     ("source: bojieli/ai-agent-book#713 — '\\frac{\\mathrm{1,000}}{2}' fell through and "
+      "normalised incorrectly")),
     ("wrapped", "\\frac{\\text{1,000}}{4}", "250", True,
-     "source: bojieli/ai-agent-book#713 — fractions holding formatting macros and commas failed "
-     "to parse"),
+     ("source: bojieli/ai-agent-book#713 — fractions holding formatting macros and "
+      "commas failed to parse")),
     ("wrapped", "\\frac{\\mathrm{1,000}}{2}", "\\frac{1}{2}", False,
      "source: bojieli/ai-agent-book#713 — stripping \\mathrm{...} removed the numeric contents"),
     ("wrapped", "\\frac{1,000}{2}", "500", True,
      "source: bojieli/ai-agent-book#713 — a thousands comma inside a fraction (no macro)"),
     ("wrapped", "2\\times\\text{1,000}", "2000", True,
-     "source: iDiagoValeta/localOllamaRAG#209 — a number in a LaTeX style command is not seen; "
-     "here in a product"),
+     ("source: iDiagoValeta/localOllamaRAG#209 — a number in a LaTeX style command is not "
+      "seen; here in a product")),
     ("wrapped", "N = \\textbf{6}", "6", True,
      "source: iDiagoValeta/localOllamaRAG#209 — '$N = \\textbf{6}$' was scored as a miss"),
     ("wrapped", "\\textbf{1,500} - \\textbf{500}", "1000", True,
-     "source: iDiagoValeta/localOllamaRAG#209 — typographic wrappers stay in; here two in a "
-     "difference"),
+     ("source: iDiagoValeta/localOllamaRAG#209 — typographic wrappers stay in; here "
+      "two in a difference")),
     ("wrapped", "\\text{12}\\times\\text{3}", "36", True,
-     "source: EvolvingLMMs-Lab/lmms-eval#1509 — '\\text' is deleted but its braces kept; here "
-     "numbers in \\text inside a product"),
+     ("source: EvolvingLMMs-Lab/lmms-eval#1509 — '\\text' is deleted but its braces kept; here "
+      "numbers in \\text inside a product")),
 
     # --- issue 26: Python-style math --------------------------------------------------------------
     # Python-style math is read by a bounded textual translation to LaTeX (see the module
@@ -362,30 +381,31 @@ ANSWER_CASES = [
     ("python", "sqrt(3)/3", "\\frac{\\sqrt{3}}{3}", True,
      f"source: {MV}#39 — 'sqrt(3)/3' vs '\\frac{{\\sqrt{{3}}}}{{3}}' verifies False"),
     ("python", "sqrt(17)", "4.123105625617661", True,
-     f"source: {MV}#48 — '\\sqrt{{17}}' vs math.sqrt(17)'s float verifies False; here written "
-     "'sqrt(17)'"),
+     (f"source: {MV}#48 — '\\sqrt{{17}}' vs math.sqrt(17)'s float verifies False; here "
+      "written 'sqrt(17)'")),
     # The maintainers there keep a*a apart from a^2 ("differences in notation"); it is the same
     # polynomial, and the project reads Python-style products.
     ("python", "a*a+b*b+2*a*b", "a^2+2ab+b^2", True,
-     "source: open-compass/VLMEvalKit#651 — 'a*a+b*b+2ab' vs 'a^2+b^2+2ab' is judged not "
-     "equivalent"),
+     ("source: open-compass/VLMEvalKit#651 — 'a*a+b*b+2ab' vs 'a^2+b^2+2ab' is "
+      "judged not equivalent")),
     ("python", "sqrt(__import__('os').getpid())", "5", False,
-     "source: THUDM/slime#1586 — the math grader's parse_expr runs model text (code execution): "
-     "the translation must never evaluate"),
+     ("source: THUDM/slime#1586 — the math grader's parse_expr runs model text (code execution): "
+      "the translation must never evaluate")),
 ]
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Whole responses (extraction matters)
 
 RESPONSE_CASES = [
-    # --- no Final Answer / \boxed / #### line: the last number in the text --------------------------
+    # --- no Final Answer / \boxed / #### line: the last number in the text ------------------------
     ("fallback", "So the total is 72 clips, altogether.", "72", True,
      "source: jundot/omlx#3484 — the last-number regex '[\\d,]+' returns the comma after '72'"),
     ("fallback", "Rory's delivery order costs a total of $29.00.", "29", True,
      f"source: {LMEVAL}#3214 — flexible-extract returns '$29.00' (with the sentence's period)"),
     ("fallback", "So he made a profit of $200,000-$130,000 = $70,000.", "70000", True,
-     "source: open-compass/opencompass#2426 — the GSM8K postprocess regex reads '$70,000' as '000'"),
+     ("source: open-compass/opencompass#2426 — the GSM8K postprocess regex reads "
+      "'$70,000' as '000'")),
     ("fallback", "so, the answer is 18.", "18", True,
      f"source: {LMEVAL}#1159 — 'so, the answer is {{number}}' should count (the loose filter)"),
     ("fallback", "The difference is 8-4 = 4.\n\n**Answer:** 4.", "4", True,
@@ -395,32 +415,37 @@ RESPONSE_CASES = [
     ("fallback", "We get 1,234, which is the count.", "1234", True,
      "source: jundot/omlx#3484 — thousands separators still match, a trailing comma does not"),
     ("fallback", "The temperature falls to -3.", "-3", True,
-     "source: open-compass/opencompass#1818 — the GSM8K postprocess takes the last '-?\\d+' number"),
+     ("source: open-compass/opencompass#1818 — the GSM8K postprocess takes the "
+      "last '-?\\d+' number")),
     ("fallback", "So the probability is $\\frac{3}{4}$.", "\\frac{3}{4}", True,
-     "source: jundot/omlx#3484 — the last-number fallback; a LaTeX fraction in the last sentence is one "
-     "number, not its denominator"),
+     ("source: jundot/omlx#3484 — the last-number fallback; a LaTeX fraction in the last sentence "
+      "is one number, not its denominator")),
     # The last number is the rule; a hedge ending in another number is simply that number.
     ("fallback", "It is either 5 or 6.", "5", False,
-     "source: asuzukosi/post-training-experiments#49 — two numbers that disagree must not be read as the "
-     "right one"),
+     ("source: asuzukosi/post-training-experiments#49 — two numbers that disagree must not be "
+      "read as the right one")),
     ("fallback", "I am not sure about 7", "8", False,
      "source: jundot/omlx#3484 — fallback on a wrong last number"),
     # A marker that is present but empty is an unanswered question, not a cue to guess.
     ("fallback", "2+2=4 and \\boxed{}", "4", False,
-     "source: marin-community/marin#9163 — an empty final \\boxed{} must not recover an earlier answer"),
+     ("source: marin-community/marin#9163 — an empty final \\boxed{} must not "
+      "recover an earlier answer")),
     ("fallback", "2+2=4\nFinal Answer:", "4", False,
-     "source: PrimeIntellect-ai/verifiers#1028 — without the answer format the whole text must not be "
-     "searched for the number"),
+     ("source: PrimeIntellect-ai/verifiers#1028 — without the answer format the whole text must "
+      "not be searched for the number")),
 
-    # --- several boxed answers ------------------------------------------------------------------------
+    # --- several boxed answers --------------------------------------------------------------------
     ("boxes", "The solutions are \\boxed{3}, \\boxed{5}, \\boxed{7}", "3, 5, 7", True,
-     f"source: {LMEVAL}#3644 — separate boxed answers '\\boxed{{3}}, \\boxed{{5}}, \\boxed{{7}}' form '3, 5, 7'"),
+     (f"source: {LMEVAL}#3644 — separate boxed answers "
+      "'\\boxed{3}, \\boxed{5}, \\boxed{7}' form '3, 5, 7'")),
     ("boxes", "x = \\boxed{2} or x = \\boxed{-1}.", "-1, 2", True,
      f"source: {LMEVAL}#3644 — multi-boxed answers joined (here with 'or')"),
     ("boxes", "Final Answer: \\boxed{2} and \\boxed{3}", "2, 3", True,
      f"source: {LMEVAL}#3644 — several boxes on the final-answer line itself"),
-    ("boxes", "I think the answer is \\boxed{1}. Yeah so the reason why the answer is \\boxed{1} is because "
-     "of the symmetry.", "1", True,
+    ("boxes",
+     ("I think the answer is \\boxed{1}. Yeah so the reason why the answer is \\boxed{1} is "
+      "because of the symmetry."),
+     "1", True,
      f"source: {MV}#57 — the same answer boxed twice must not become the list {{1,1}}"),
     ("boxes", "\\boxed{35 cm} ++++++ \\boxed{4}", "4", True,
      f"source: {MV}#57 — two boxes: the last one is the answer"),
@@ -433,38 +458,48 @@ RESPONSE_CASES = [
     ("boxes", "The domain is \\boxed{[2,5)}.", "[2,5)", True,
      f"source: {LMEVAL}#3643 — the boxed interval is never extracted from the response"),
 
-    # --- equations on the final-answer line ---------------------------------------------------------
+    # --- equations on the final-answer line -------------------------------------------------------
     ("equation", "Therefore $x = 5$.\nFinal Answer: $x = 5$.", "5", True,
-     f"source: {QWEN} evaluation/grader.py is_simple_equation — 'x = 10' vs '10' compares the right-hand side"),
+     (f"source: {QWEN} evaluation/grader.py is_simple_equation — 'x = 10' vs '10' compares "
+      "the right-hand side")),
 
-    # --- markdown around the answer ------------------------------------------------------------------
+    # --- markdown around the answer ---------------------------------------------------------------
     ("markdown", "Consistent!\n\n---\n\n✅ Final Answer: **73**", "73", True,
      f"source: {MV}#76 — the parsed answer is '73**' (bold markers kept)"),
     ("markdown", "#### 1,234 apples", "1234", True,
      "source: bojieli/ai-agent-book#699 — the answer after the last #### marker"),
 
-    # --- from RL reward functions and other graders ---------------------------------------------------
-    ("window", "2+40=42\n#### 42\n" + " and the reasoning above confirms this result is consistent." * 8, "42", True,
-     "source: verl-project/verl#7274 — a '#### 42' followed by 300+ characters falls out of the 300-character "
-     "window and scores 0"),
-    ("window", "The matrix is\n\\[\\boxed{\\begin{pmatrix} 1 & 2 & 3 \\\\ 4 & 5 & 6 \\\\ 7 & 8 & 9 \\\\ 10 & 11 & 12 "
-     "\\end{pmatrix}}\\]" + " We check each entry once more." * 6,
+    # --- from RL reward functions and other graders -----------------------------------------------
+    ("window",
+     "2+40=42\n#### 42\n" + " and the reasoning above confirms this result is consistent." * 8,
+     "42", True,
+     ("source: verl-project/verl#7274 — a '#### 42' followed by 300+ characters falls out of the "
+      "300-character window and scores 0")),
+    ("window",
+     ("The matrix is\n\\[\\boxed{\\begin{pmatrix} 1 & 2 & 3 \\\\ 4 & 5 & 6 \\\\ 7 & 8 & 9 "
+      "\\\\ 10 & 11 & 12 \\end{pmatrix}}\\]") + " We check each entry once more." * 6,
      "\\begin{pmatrix}1&2&3\\\\4&5&6\\\\7&8&9\\\\10&11&12\\end{pmatrix}", True,
-     "source: verl-project/verl#7440 — a second 100-character slice cuts '\\boxed{' off a long answer"),
+     ("source: verl-project/verl#7440 — a second 100-character slice cuts "
+      "'\\boxed{' off a long answer")),
     ("fallback", "I don't know.", "0", False,
-     "source: NVIDIA-NeMo/RL#3635 — math-verify parses nothing in 'I don't know.'; the sample got two scores"),
+     ("source: NVIDIA-NeMo/RL#3635 — math-verify parses nothing in 'I don't know.'; the "
+      "sample got two scores")),
     ("fallback", "Final Answer: 137", "1", False,
-     "source: NVIDIA-NeMo/RL#3635 — the extracted answer '137' was recorded as its first character '1'"),
+     ("source: NVIDIA-NeMo/RL#3635 — the extracted answer '137' was recorded as its "
+      "first character '1'")),
     ("fallback", "Either way our answer is $\\boxed 2$.", "2", True,
-     "source: hendrycks/math#23 — MATH solutions with '\\boxed 2' (no braces); no braced box: the last number"),
+     ("source: hendrycks/math#23 — MATH solutions with '\\boxed 2' (no braces); no braced "
+      "box: the last number")),
     ("fallback", "So the answer is $9{,}500.", "9500", True,
      "source: open-compass/opencompass#2647 — 'The answer is $9{,}500.' is read as 500"),
     ("fallback", "Altogether they raised 100,000.", "100000", True,
      "source: zjunlp/TRICE#2 — the answer regex '-?[1-9]\\d*' reads 100,000 as 100"),
     ("fallback", "Each one weighs 0.5 kg.", "0.5", True,
-     "source: zjunlp/TRICE#2 — the prediction is cast to int, so a decimal answer can never be right"),
+     ("source: zjunlp/TRICE#2 — the prediction is cast to int, so a decimal answer "
+      "can never be right")),
     ("boxes", "Thus the answer is \\[ \\boxed{42} \\]", "42", True,
-     f"source: {LMEVAL}#3741 — an answer in display math \\[...\\] is not extracted (hendrycks_math)"),
+     (f"source: {LMEVAL}#3741 — an answer in display math \\[...\\] is not "
+      "extracted (hendrycks_math)")),
 ]
 
 def _params(cases, prefix):
@@ -488,13 +523,15 @@ def test_response_case(warm_pool, response, gold, expected, source):
 def test_case_table():
     cases = ANSWER_CASES + RESPONSE_CASES
     assert len(cases) >= 60
-    assert all(len(c) == 5 and isinstance(c[3], bool) and c[4].startswith("source: ") for c in cases)
+    assert all(len(c) == 5 and isinstance(c[3], bool) and c[4].startswith("source: ")
+               for c in cases)
     assert {c[3] for c in cases} == {True, False}
     assert len({(c[1], c[2]) for c in cases}) == len(cases), "duplicate rows"
 
 
 def test_score_batch_agrees_with_verify(warm_pool):
-    """One batch of every row: score_batch decides each like extract_answer + verify, and as expected."""
+    """One batch of every row: score_batch decides each like extract_answer + verify, and as
+    expected."""
     cases = ANSWER_CASES + RESPONSE_CASES
     texts = ["Final Answer: " + c[1] for c in ANSWER_CASES] + [c[1] for c in RESPONSE_CASES]
     golds = [c[2] for c in cases]
@@ -506,20 +543,25 @@ def test_score_batch_agrees_with_verify(warm_pool):
 
 
 @pytest.mark.parametrize("text", [
-    "1,000" * 250_000 + "1",                  # 1.25 MB of thousands groups, no marker: the fallback path
+    # 1.25 MB of thousands groups, no marker: the fallback path
+    "1,000" * 250_000 + "1",
     "1" * 1_000_000,                          # a 1 MB number
     "so it is " + "x " * 500_000 + "5",       # the last number after 1 MB of words
     "\\boxed{1}, " * 100_000,                 # a run of 100,000 boxes
     "\\boxed{1} and " * 50_000 + "\\boxed{" * 10_000,
     "Final Answer: 1 or 2 and " * 40_000,     # list words on a 1 MB final-answer line
-    "Final Answer: 1" + " " * 990 + "and 2",   # a 1,000-character answer: list words after a long space
+    # a 1,000-character answer: list words after a long space
+    "Final Answer: 1" + " " * 990 + "and 2",
     ("\\boxed{1}" + " " * 30) * 30_000,        # a run of boxes 30 spaces apart
-    "word " * 200_000 + "1,000" * 60,          # the last number inside 300 characters of digits and commas
+    # the last number inside 300 characters of digits and commas
+    "word " * 200_000 + "1,000" * 60,
 ])
 def test_new_paths_stay_bounded(warm_pool, text):
-    """Extraction paths a fix may add (fallback number, box runs, list words) stay fast on huge input."""
+    """Extraction paths a fix may add (fallback number, box runs, list words) stay fast on huge
+    input."""
     import time
-    extract_answer("")                        # its first call imports the tag list (model.py, torch): not timed
+    # its first call imports the tag list (model.py, torch): not timed
+    extract_answer("")
     t0 = time.perf_counter()
     verify(extract_answer(text), "5", timeout=1.0)
     assert time.perf_counter() - t0 < 2.0
