@@ -1,0 +1,362 @@
+"""scripts/memory_plan.py: each formula against what the code really allocates at small shapes on
+CPU (within 5%), and the command line."""
+import os
+import subprocess
+import sys
+import types
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+import attention
+import grpo
+import sample
+import sft
+from attention import TagIds
+from model import load_model
+from scripts import memory_plan as mp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOLERANCE = 0.05              # a formula within 5% of the measured bytes
+SMALL = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, intermediate_size=160,
+             max_position_embeddings=512, tie_word_embeddings=True)
+TAGS = TagIds(990, 991, 992, 993, 994, 995, (10,), 1)   # ids inside SMALL's vocabulary
+PROMPT = 10                   # prompt tokens of each training row
+
+
+def close(formula: float, measured: float) -> bool:
+    return abs(formula - measured) <= TOLERANCE * measured
+
+
+def small_model(dtype=torch.float32, **changes) -> Qwen3ForCausalLM:
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(**{**SMALL, **changes}))
+    model.set_attn_implementation("sdpa")
+    return model.to(dtype).train()
+
+
+def training_batch(rows: int, length: int, vocab: int) -> types.SimpleNamespace:
+    """What sft.scores reads of a batch: random ids, no padding, a PROMPT-token prompt."""
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(20, vocab - 20, (rows, length), generator=generator)
+    return types.SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 prompt_lengths=[PROMPT] * rows)
+
+
+def loss_positions(batch) -> torch.Tensor:
+    """The response's targets, as GRPO's loss mask: every position from the prompt's last."""
+    selected = torch.zeros(batch.input_ids.shape[0], batch.input_ids.shape[1] - 1,
+                           dtype=torch.bool)
+    selected[:, PROMPT - 1:] = True
+    return selected
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the live storages that ops produced and `keep` accepts, and their peak: each
+    storage is counted once, from the op that made it until it is freed."""
+
+    def __init__(self, keep):
+        super().__init__()
+        self.keep = keep
+        self.live = {}
+        self.now = 0
+        self.peak = 0
+        self.largest = 0
+
+    def _free(self, pointer: int):
+        self.now -= self.live.pop(pointer, 0)
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if not (isinstance(t, torch.Tensor) and self.keep(t)):
+                continue
+            storage = t.untyped_storage()
+            pointer = storage.data_ptr()
+            if pointer and pointer not in self.live:
+                self.live[pointer] = storage.nbytes()
+                self.now += storage.nbytes()
+                self.largest = max(self.largest, storage.nbytes())
+                weakref.finalize(storage, self._free, pointer)
+        self.peak = max(self.peak, self.now)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes and the training state
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_parameter_count_is_the_models(tied):
+    model = small_model(tie_word_embeddings=tied)
+    shape = mp.shape_from_config("small", model.config)
+    params = list(model.parameters())                       # tied: one tensor
+    assert mp.parameter_count(shape) == sum(p.numel() for p in params)
+    assert mp.parameter_tensors(shape) == len(params)
+    assert mp.weights_bytes(shape) == sum(p.numel() * p.element_size() for p in params)
+
+
+def test_builtin_shapes_are_the_real_models():
+    """Qwen3-4B: 4.02B parameters (tied), 144 KiB of bf16 keys and values per cache slot (the
+    issue's figure); Qwen3-0.6B: 0.60B."""
+    for name, billions in [("qwen3-4b", 4.02), ("qwen3-0.6b", 0.60)]:
+        shape = mp.load_shape(name)
+        with torch.device("meta"):
+            model = Qwen3ForCausalLM(Qwen3Config(**mp.BUILTIN[name]))
+        assert mp.parameter_count(shape) == sum(p.numel() for p in model.parameters())
+        assert round(mp.parameter_count(shape) / 1e9, 2) == billions
+    four_b = mp.load_shape("qwen3-4b")
+    assert mp.kv_cache_bytes(four_b, 1, 1) - mp.INT64 == 144 * 1024
+
+
+def test_a_config_folder_is_read(tmp_path):
+    Qwen3Config(**SMALL).save_pretrained(tmp_path)
+    assert mp.load_shape(str(tmp_path)).hidden == SMALL["hidden_size"]
+    with pytest.raises(OSError, match="config.json"):
+        mp.load_shape(str(tmp_path / "missing"))
+
+
+def test_adamw_state_after_one_step():
+    model = small_model()
+    shape = mp.shape_from_config("small", model.config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(input_ids=torch.randint(0, 900, (2, 8))).logits.sum().backward()
+    optimizer.step()
+    state = sum(t.numel() * t.element_size() for s in optimizer.state.values()
+                for t in s.values() if torch.is_tensor(t))
+    assert close(mp.adam_state_bytes(shape), state)
+    assert mp.adam_state_bytes(shape, world_size=4, fsdp=True) < state / 3
+
+
+# ---------------------------------------------------------------------------------------------
+# The sampler
+
+
+@pytest.fixture
+def slot_caches(monkeypatch) -> list:
+    """Every sample.SlotCache made while the test runs."""
+    made = []
+
+    class Recorded(sample.SlotCache):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(sample, "SlotCache", Recorded)
+    return made
+
+
+def cache_bytes(cache) -> int:
+    buffers = [*cache.keys, *cache.values, cache.owner_buffer]
+    return sum(b.numel() * b.element_size() for b in buffers)
+
+
+@pytest.mark.parametrize("regime", ["fp32", "autocast", "bf16"])
+def test_kv_cache_is_the_slot_cache(slot_caches, regime):
+    """rows = prompts x group, capacity = longest prompt + budget + 1; the dtypes of each regime
+    (CPU autocast stands in for CUDA's: an fp32 model caches fp32 keys and bf16 values)."""
+    model, tok = load_model("tiny", device="cpu")
+    if regime == "bf16":
+        model.to(torch.bfloat16)
+    shape = mp.shape_from_config("tiny", model.config)
+    prompts = ["Which two of 1 2 3 make 5?\n", "ab\n"]
+    budget = 12
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=regime != "fp32"):
+        sample.generate(model, tok, prompts, group_size=3, max_new_tokens=budget, seed=0)
+    cache = slot_caches[-1]
+    longest = max(len(tok.encode(p, add_special_tokens=False)) for p in prompts)
+    capacity = mp.cache_capacity(longest, budget)
+    key_bytes, value_bytes = mp.cache_element_bytes(regime)
+    assert cache.capacity == capacity
+    assert cache.keys[0].element_size() == key_bytes
+    assert cache.values[0].element_size() == value_bytes
+    assert close(mp.kv_cache_bytes(shape, 6, capacity, key_bytes, value_bytes), cache_bytes(cache))
+
+
+def test_grpo_cache_rows_follow_generate_batch_size(slot_caches):
+    """A rank's prompts go to generate in calls of generate_batch_size: the largest cache has
+    generate_batch_size x group_size rows."""
+    model, tok = load_model("tiny", device="cpu")
+    cfg = grpo.resolve_defaults(grpo.GRPOConfig(batch_size=4, group_size=3, generate_batch_size=3,
+                                                max_new_tokens=8), tiny=True)
+    prompts = [tok.encode(f"{i} + {i}\n", add_special_tokens=False) for i in range(4)]
+    grpo.sample_rollouts(model, tok, prompts, cfg, seed=0)
+    rows = [c.owner_buffer.shape[0] for c in slot_caches]
+    assert rows == [9, 3]
+    assert max(rows) == mp.sampling_prompts(cfg, world_size=1) * cfg.group_size
+
+
+def test_decode_step_logits(slot_caches):
+    """The (queries, vocab) tensors of a decode step at their peak, with the first step's and the
+    prefill's logits (sequential mode: one query a row; no row leaves early)."""
+    model, tok = load_model("tiny", device="cpu")
+    shape = mp.shape_from_config("tiny", model.config)
+    group = 6
+    budget = 20
+    live = LiveBytes(lambda t: t.dim() >= 2 and t.shape[-1] == shape.vocab)
+    with live:
+        sample.generate(model, tok, ["Which two of 1 2 3 make 5?\n", "ab\n"], group_size=group,
+                        mode="sequential", max_new_tokens=budget, min_new_tokens=budget, seed=0)
+    assert close(mp.decode_logit_bytes(shape, 2, 2 * group, 1, "fp32"), live.peak)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training: activations, the loss's logits, the LM head's gradient
+
+
+def saved_for_backward(model, batch, regime: str, checkpointing: bool) -> tuple[int, int]:
+    """(activation bytes, bf16 weight-copy bytes) alive when the backward starts: the tensors
+    autograd saved during one training forward, and what gradient checkpointing keeps (the layers'
+    inputs and keyword arguments), each storage once, parameters left out."""
+    if checkpointing:
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False})
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    param_shapes = {tuple(p.shape) for p in model.parameters()}
+    param_shapes |= {tuple(reversed(shape)) for shape in param_shapes}
+    held = []
+
+    def pack(t):
+        held.append(weakref.ref(t))
+        return t
+
+    def layer_inputs(module, args, kwargs):
+        for t in tree_flatten((args, kwargs))[0]:
+            if torch.is_tensor(t):
+                held.append(weakref.ref(t))
+
+    hooks = [layer.register_forward_pre_hook(layer_inputs, with_kwargs=True)
+             for layer in model.model.layers]
+    selected = loss_positions(batch)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        if regime == "fp32":
+            logprobs, _ = sft.scores(model, batch, TAGS, "unseen", selected)
+        else:                       # what sft.scores does on CUDA, with CPU autocast
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logprobs, _ = attention.token_scores(
+                    model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, TAGS,
+                    "unseen", selected, dtype=torch.bfloat16)
+    for hook in hooks:
+        hook.remove()
+    storages = {}
+    for ref in held:
+        t = ref()
+        if t is None or t.untyped_storage().data_ptr() in params:
+            continue
+        copy_of_weight = t.dtype == torch.bfloat16 and tuple(t.shape) in param_shapes
+        storages[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(), copy_of_weight)
+    activations = sum(n for n, weight in storages.values() if not weight)
+    weights = sum(n for n, weight in storages.values() if weight)
+    logprobs.sum().backward()          # the graph is whole: the backward runs
+    return activations, weights
+
+
+@pytest.mark.parametrize("regime", ["fp32", "autocast", "bf16"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_activations_are_what_autograd_saves(regime, checkpointing):
+    """Without checkpointing: every layer's saved tensors and those outside the layers. With it:
+    what stays until the backward (the layers' inputs, the mask, the rotary tables); the recompute
+    window (one layer's activations again, during its backward) is in activation_bytes but alive
+    only later, so it is taken out here. autocast: fp32 weights under bf16 autocast (no FSDP);
+    bf16: bf16 parameters (FSDP2's compute dtype)."""
+    rows = 2
+    length = 40
+    dtype = torch.bfloat16 if regime == "bf16" else torch.float32
+    model = small_model(dtype)
+    shape = mp.shape_from_config("small", model.config)
+    batch = training_batch(rows, length, shape.vocab)
+    loss_tokens = int(loss_positions(batch).sum())
+    activations, weight_copies = saved_for_backward(model, batch, regime, checkpointing)
+    formula = mp.activation_bytes(shape, rows, length, loss_tokens, regime, checkpointing)
+    if checkpointing:
+        formula -= mp.layer_activation_bytes(shape, rows * length, regime)
+    assert close(formula, activations), (formula, activations)
+    if regime == "autocast" and not checkpointing:     # the head's copy lives in its chunks
+        copies = mp.autocast_weight_copy_bytes(shape, regime)
+        assert close(copies - shape.vocab * shape.hidden * mp.BF16, weight_copies)
+
+
+def test_checkpointing_keeps_far_less_at_paper_scale():
+    shape = mp.load_shape("qwen3-4b")
+    full = mp.activation_bytes(shape, 2, 3512, 6000, "bf16", checkpointing=False)
+    kept = mp.activation_bytes(shape, 2, 3512, 6000, "bf16", checkpointing=True)
+    assert 10 * kept < full
+
+
+@pytest.mark.parametrize("regime", ["fp32", "autocast", "bf16"])
+def test_loss_logits_are_one_chunk(regime):
+    """The (chunk, vocab) tensors of the loss during one forward and backward: never more than
+    LOGIT_BUFFERS of one chunk at a time, none larger than one chunk. The LM head's (vocab,
+    hidden) gradients at their peak: .grad (fp32 parameters) and head_gradient_bytes."""
+    vocab = 5000
+    chunk = 48                        # != hidden, so the head's (hidden, vocab) views are not
+    dtype = torch.bfloat16 if regime == "bf16" else torch.float32
+    model = small_model(dtype, vocab_size=vocab)
+    shape = mp.shape_from_config("small", model.config)
+    batch = training_batch(2, 120, vocab)
+    selected = loss_positions(batch)                          # 222 tokens: 5 chunks
+    head = model.get_output_embeddings().weight
+    head_shapes = {tuple(head.shape), tuple(reversed(head.shape))}
+
+    def is_chunk_logits(t):
+        return t.dim() == 2 and t.shape[1] == vocab and t.shape[0] <= chunk
+
+    def is_head_gradient(t):
+        return tuple(t.shape) in head_shapes and t is not head
+
+    logits = LiveBytes(is_chunk_logits)
+    gradients = LiveBytes(is_head_gradient)
+    with logits, gradients:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=regime != "fp32"):
+            logprobs, _ = attention.token_scores(
+                model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, TAGS,
+                "seen", selected, chunk_tokens=chunk, dtype=dtype)
+        logprobs.sum().backward()
+    assert logits.largest == chunk * vocab * mp.FP32
+    assert close(mp.logit_chunk_bytes(chunk, vocab), logits.peak)
+    grad = 0
+    if regime != "bf16":
+        grad = shape.vocab * shape.hidden * mp.FP32
+    assert close(grad + mp.head_gradient_bytes(shape, regime), gradients.peak)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+
+def run_plan(*args) -> str:
+    script = os.path.join(ROOT, "scripts", "memory_plan.py")
+    out = subprocess.run([sys.executable, script, *args], check=False, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_help_and_a_qwen3_4b_paper_plan():
+    assert run_plan("--help").startswith("usage:")
+    out = run_plan("--model=qwen3-4b", "--world_size=8", "--gpu_gb=80", "--fsdp=True")
+    cache = "| KV cache (sampling) | sampling | 32 prompts x 8 = 256 rows x 3,513 slots x 144 KiB"
+    assert cache in out
+    assert "| weights (fp32) | always | 4.022B x 4 B, 1/8 | 2.01 |" in out
+    assert "does NOT fit" in out                      # the paper's 32 prompts a call: 133 GB
+
+
+def test_a_search_and_an_sft_plan():
+    """--largest finds a value that fits and prints the plan at it; SFT has no sampler lines."""
+    st, _ = mp.make_setting(["--model=qwen3-4b", "--world_size=8", "--fsdp=True",
+                             "--eval_data="])
+    best = mp.largest_fitting(st, "generate_batch_size")
+    assert best is not None
+    bigger = mp.dataclasses.replace(st, cfg=mp.dataclasses.replace(st.cfg,
+                                                                   generate_batch_size=best + 1))
+    assert not mp.fits(bigger)
+    st, _ = mp.make_setting(["--model=qwen3-0.6b", "--trainer=sft", "--gpu_gb=24"])
+    out = mp.table(st)
+    assert "KV cache" not in out and "activations, without grad checkpointing" in out
+    with pytest.raises(ValueError):
+        mp.make_setting(["--world_size=0"])
