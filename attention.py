@@ -227,7 +227,7 @@ def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths,
 # ---------------------------------------------------------------------------------------------
 # The training forward
 
-LOGIT_CHUNK_TOKENS = 1024      # loss tokens per chunk through the LM head (memory: chunk x vocab)
+LOGIT_CHUNK_TOKENS = 256       # loss tokens per chunk through the LM head (memory: chunk x vocab)
 HEAD_CHECK_TOLERANCE = 1e-2    # our LM head against the model's own logits at the last position
 
 

@@ -30,7 +30,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads slee
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from tqdm import tqdm
 
 import config
@@ -99,7 +98,7 @@ class GRPOConfig:
     max_time: config.NonNegativeFloat | None = None   # seconds of training (evals in); 0 = none
     seed: config.Seed = 0
     fsdp: bool = False                   # FSDP2 (each decoder layer, then the root); torchrun
-    grad_checkpointing: bool = False
+    grad_checkpointing: bool | None = None   # recompute activations in the backward (memory)
     logit_chunk_tokens: config.PositiveInt = LOGIT_CHUNK_TOKENS   # loss tokens per LM-head chunk
     resume: str = ""                     # a checkpoint folder, or True = the latest in out_dir
     eval_data: str | None = None         # held-out problems, a benchmark per source; "" = none
@@ -128,12 +127,14 @@ TINY = dict(data="synthetic:easy:rl,synthetic:medium:rl,synthetic:hard:rl",
             easy_data="synthetic:easy", batch_size=32, group_size=4, max_new_tokens=128,
             lr=1.5e-4, warmup_steps=10, lr_schedule="cosine", kl_coef=0.3, micro_batch_size=16,
             generate_batch_size=0, max_steps=100, max_time=0.0, eval_every=50, eval_samples=64,
-            eval_k=8, easy_steps=10, scaffold_steps=20)
+            eval_k=8, easy_steps=10, scaffold_steps=20, grad_checkpointing=False)
+# The paper's (NOTES.md §5); its memory settings (generate_batch_size, grad_checkpointing) are
+# what scripts/memory_plan.py finds fits Qwen3-4B on 8 x 80 GB (README, "The paper's run").
 PAPER = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_size=256,
              group_size=8, max_new_tokens=3000, lr=1e-6, warmup_steps=0, lr_schedule="constant",
-             kl_coef=0.0, micro_batch_size=2, generate_batch_size=64, max_steps=300, max_time=0.0,
-             eval_every=10, eval_samples=0, eval_k=16, easy_steps=35, scaffold_steps=200)
-EVAL_ROWS_PER_CALL = 128       # evaluation: problems per generate call = this // eval_k
+             kl_coef=0.0, micro_batch_size=2, generate_batch_size=8, max_steps=300, max_time=0.0,
+             eval_every=10, eval_samples=0, eval_k=16, easy_steps=35, scaffold_steps=200,
+             grad_checkpointing=True)
 RUN_SEED_STRIDE = 1_000_003    # rollout seeds: a prime above any step count ...
 MAX_RANKS = 4096               # ... and room for this many ranks: no two (seed, step, rank) meet
 
@@ -506,10 +507,23 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
 # Sampling and the step's statistics
 
 
+@torch.no_grad()
 def sync_rollout_model(rollout_model, train_model):
-    """FSDP: the full (all-gathered) weights into the sampler's plain copy; every rank calls it."""
-    options = StateDictOptions(full_state_dict=True)
-    rollout_model.load_state_dict(get_model_state_dict(train_model, options=options))
+    """FSDP: the full (all-gathered) weights into the sampler's plain copy, one parameter at a
+    time (a whole fp32 state dict beside the shards and the copy would hold the model three
+    times); every rank calls it."""
+    rollout_parameters = dict(rollout_model.named_parameters())
+    for name, parameter in train_model.named_parameters():
+        full = parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter
+        rollout_parameters[name].copy_(full)
+
+
+def prompts_per_call(cfg: GRPOConfig, world_size: int) -> int:
+    """Prompts in one of a rank's generate calls: generate_batch_size (0 = all of the rank's)."""
+    per_rank = cfg.batch_size // world_size
+    if cfg.generate_batch_size:
+        return min(cfg.generate_batch_size, per_rank)
+    return per_rank
 
 
 def rollout_seed(seed: int, step: int, rank: int) -> int:
@@ -521,7 +535,7 @@ def sample_rollouts(model, tokenizer, prompts: list[list[int]], cfg: GRPOConfig,
                     seed: int) -> list[Rollout]:
     """group_size rollouts per prompt, prompt-major, in chunks of generate_batch_size prompts
     (chunk c sampled with seed + c)."""
-    chunk = cfg.generate_batch_size or len(prompts)
+    chunk = cfg.generate_batch_size or len(prompts)          # prompts per call: the memory
     was_training = model.training
     model.eval()
     rollouts = []
@@ -653,7 +667,8 @@ def evaluate_now(run: GRPORun, tag: str) -> dict:
     d = run.dist
     t0 = time.time()
     mine = run.eval_records[d.rank::d.world_size]
-    batch_size = max(1, EVAL_ROWS_PER_CALL // cfg.eval_k)
+    rows = prompts_per_call(cfg, d.world_size) * cfg.group_size   # as many rows as the rollouts'
+    batch_size = max(1, rows // cfg.eval_k)
     if cfg.fsdp:
         sync_rollout_model(run.rollout_model, run.train_model)
     samples = []

@@ -64,7 +64,7 @@ class SFTConfig:
     max_length: config.PositiveInt | None = None     # prompt + response tokens (longer: dropped)
     seed: config.Seed = 0
     fsdp: bool = False                   # FSDP2 (each decoder layer, then the root); torchrun
-    grad_checkpointing: bool = False     # recompute activations in the backward pass
+    grad_checkpointing: bool | None = None   # recompute activations in the backward (memory)
     logit_chunk_tokens: config.PositiveInt = LOGIT_CHUNK_TOKENS   # loss tokens per LM-head chunk
     resume: str = ""                     # a checkpoint folder, or True = the latest in out_dir
     log_every: config.NonNegativeInt = 50     # print a line every N steps (0 = never)
@@ -78,9 +78,9 @@ class SFTConfig:
 # The tiny model: 400 steps on the easy split (the curriculum: RL meets the longer lists); the
 # paper's: NOTES.md §5.
 TINY = dict(lr=1e-3, batch_size=32, micro_batch_size=8, warmup_ratio=0.05, max_time=0.0,
-            max_steps=400)
+            max_steps=400, grad_checkpointing=False)
 PAPER = dict(lr=1e-5, batch_size=128, micro_batch_size=1, warmup_ratio=0.1, max_time=0.0,
-             epochs=5.0)
+             epochs=5.0, grad_checkpointing=True)
 DEFAULT_MAX_LENGTH = 4096       # when the model states no context
 
 

@@ -58,7 +58,7 @@ ATTENTION_CASTS = 3            # autocast: q, k and v projections each cast the 
 MLP_CASTS = 2                  # ... and gate, up
 MLP_SAVED = 4                  # SiLU's input, its output, up's output, the product (down's input)
 SDPA_SAVED = 4                 # query, repeated key, repeated value, output
-FULL_STATE_DICT_BYTES = FP32   # FSDP refresh: get_model_state_dict(full_state_dict=True), fp32
+GATHERED_BYTES = FP32          # FSDP refresh: each parameter gathered whole, in fp32
 
 BUILTIN = {
     "qwen3-4b": dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
@@ -230,12 +230,12 @@ def kl_reference_bytes(s: ModelShape, kl_coef: float) -> int:
     return 0
 
 
-def full_state_dict_bytes(s: ModelShape, fsdp: bool) -> int:
-    """FSDP's refresh of the rollout copy (grpo.sync_rollout_model): every rank gathers the whole
-    fp32 state dict on its GPU before copying it in, in bytes."""
+def gathered_parameter_bytes(s: ModelShape, fsdp: bool) -> int:
+    """FSDP's refresh of the rollout copy (grpo.sync_rollout_model): every rank gathers one fp32
+    parameter at a time and copies it in; the largest is the embedding. In bytes."""
     if not fsdp:
         return 0
-    return parameter_count(s) * FULL_STATE_DICT_BYTES
+    return s.vocab * s.hidden * GATHERED_BYTES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,10 +287,11 @@ def sampling_prompts(cfg, world_size: int) -> int:
     return per_rank
 
 
-def eval_prompts(cfg) -> int:
-    """Problems in one of the in-run evaluation's generate calls
-    (grpo.EVAL_ROWS_PER_CALL // eval_k, at least 1; each gets eval_k rows)."""
-    return max(1, grpo.EVAL_ROWS_PER_CALL // cfg.eval_k)
+def eval_prompts(cfg, world_size: int) -> int:
+    """Problems in one of the in-run evaluation's generate calls: as many rows as a rollout call
+    (grpo.prompts_per_call x group_size) // eval_k, at least 1; each gets eval_k rows."""
+    rows = grpo.prompts_per_call(cfg, world_size) * cfg.group_size
+    return max(1, rows // cfg.eval_k)
 
 
 def decode_queries(mode: str, num_paths: int) -> int:
@@ -580,12 +581,12 @@ def plan(st: Setting) -> list[Line]:
                           kl_reference_bytes(s, cfg.kl_coef)))
         lines += sampler_lines(st, regime, "sampling", sampling_prompts(cfg, ws), cfg.group_size)
         if cfg.eval_data:
-            lines += sampler_lines(st, regime, "evaluation", eval_prompts(cfg), cfg.eval_k)
+            lines += sampler_lines(st, regime, "evaluation", eval_prompts(cfg, ws), cfg.eval_k)
         lines.append(Line("autocast's bf16 weights (sampling)", "sampling",
                           "fp32 model under autocast", autocast_weight_cache_bytes(s, regime)))
-        lines.append(Line("full state dict (FSDP refresh)", "refresh",
-                          "every rank gathers the fp32 weights",
-                          full_state_dict_bytes(s, fsdp)))
+        lines.append(Line("one gathered parameter (FSDP refresh)", "refresh",
+                          "the largest, the embedding, in fp32",
+                          gathered_parameter_bytes(s, fsdp)))
     rows, length, loss_tokens = training_shape(st)
     ckpt = cfg.grad_checkpointing
     chunk = min(cfg.logit_chunk_tokens, loss_tokens)

@@ -338,12 +338,17 @@ def run_plan(*args) -> str:
 
 
 def test_help_and_a_qwen3_4b_paper_plan():
+    """The paper preset fits 8 x 80 GB; all of a rank's 32 prompts in one call would not."""
     assert run_plan("--help").startswith("usage:")
     out = run_plan("--model=qwen3-4b", "--world_size=8", "--gpu_gb=80", "--fsdp=True")
-    cache = "| KV cache (sampling) | sampling | 32 prompts x 8 = 256 rows x 3,513 slots x 144 KiB"
+    cache = "| KV cache (sampling) | sampling | 8 prompts x 8 = 64 rows x 3,513 slots x 144 KiB"
     assert cache in out
     assert "| weights (fp32) | always | 4.022B x 4 B, 1/8 | 2.01 |" in out
-    assert "does NOT fit" in out                      # the paper's 32 prompts a call: 133 GB
+    assert "fits in 72.00 GB" in out
+    out = run_plan("--model=qwen3-4b", "--world_size=8", "--gpu_gb=80", "--fsdp=True",
+                   "--generate_batch_size=32")
+    assert "32 prompts x 8 = 256 rows x 3,513 slots x 144 KiB" in out
+    assert "does NOT fit" in out                      # 133 GB of cache
 
 
 def test_a_search_and_an_sft_plan():
