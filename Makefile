@@ -1,4 +1,5 @@
-# make demo   -- create .venv if missing, install, run the main job on the embedded default (SEED=1: another seed)
+# make demo   -- create .venv if missing, install (with matplotlib, for the curves), run the main job on the
+#                embedded default (SEED=1: another seed)
 # make test   -- create .venv if missing, install (with requirements-extra.txt: matplotlib, wandb, ruff), lint, run the tests
 # make student DIR=...  -- the course kit's student copy (ASSIGNMENTS.md): exercise bodies replaced by a raise
 PY      ?= python3
@@ -37,7 +38,7 @@ student:
 	@test -n "$(DIR)" || { echo "usage: make student DIR=<empty or new folder>"; exit 2; }
 	$(PY) scripts/make_student.py "$(DIR)"
 
-demo: $(STAMP)
+demo: $(STAMP) $(EXTRA)
 	bash scripts/demo.sh
 
 reproduce: $(STAMP)

@@ -483,13 +483,13 @@ def run(cfg: EvalConfig) -> dict:
         with open(partial, "w", encoding="utf-8") as fh:
             for bench, recs in records.items():
                 k = ks[bench]
-                t0 = time.time()
+                t0 = time.monotonic()
                 with tqdm(total=len(recs) * k, desc=bench, unit="resp") as bar:
                     m, samples = evaluate(model, tokenizer, recs, mode, k=k, sampling=sampling,
                                           batch_size=cfg.batch_size, prompt_style=style,
                                           prompt_file=prompt_file, verifier=cfg.verifier,
                                           progress=bar)
-                timings[bench] = time.time() - t0
+                timings[bench] = time.monotonic() - t0
                 results[bench] = m
                 lines = [json.dumps(dict(s, benchmark=bench), ensure_ascii=False) for s in samples]
                 fh.writelines(line + "\n" for line in lines)

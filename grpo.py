@@ -593,10 +593,10 @@ class Stopwatch:
 
     def __init__(self):
         self.laps = {}
-        self.last = time.time()
+        self.last = time.monotonic()
 
     def lap(self, name: str):
-        now = time.time()
+        now = time.monotonic()
         self.laps[name] = now - self.last
         self.last = now
 
@@ -665,7 +665,7 @@ def evaluate_now(run: GRPORun, tag: str) -> dict:
     source's) metrics and their Avg, logged."""
     cfg = run.cfg
     d = run.dist
-    t0 = time.time()
+    t0 = time.monotonic()
     mine = run.eval_records[d.rank::d.world_size]
     rows = prompts_per_call(cfg, d.world_size) * cfg.group_size   # as many rows as the rollouts'
     batch_size = max(1, rows // cfg.eval_k)
@@ -694,7 +694,7 @@ def evaluate_now(run: GRPORun, tag: str) -> dict:
     for bench, m in metrics.items():
         values = " ".join(f"{k} {v:.3f}" for k, v in m.items() if v is not None)
         run.log(f"[eval {tag}] {bench}, k={cfg.eval_k}: {values}")
-    run.log(f"[eval {tag}] Avg Mean@{cfg.eval_k} {100 * avg:.1f}% ({time.time() - t0:.0f}s)")
+    run.log(f"[eval {tag}] Avg Mean@{cfg.eval_k} {100 * avg:.1f}% ({time.monotonic() - t0:.0f}s)")
     row = {"step": run.step, "eval/avg_mean_at_k": avg}
     for bench, m in metrics.items():
         for k, v in m.items():
@@ -723,6 +723,7 @@ def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
     if init_mode and init_mode != cfg.mode:
         run.log(f"warning: {init} was trained in mode {init_mode!r}, this run samples and trains "
                 f"in {cfg.mode!r}")
+    data_name = "the given records" if records is not None else cfg.data
     if records is None:
         records = load_data(cfg.data, style=style, seed=cfg.seed)
     sources = {"train": records}
@@ -760,7 +761,6 @@ def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
     for i, (name, source) in enumerate(run.sources.items()):
         run.streams[name] = plumbing.ShuffledStream(len(source), cfg.seed + i,
                                                     **positions.get(name, {}))
-    data_name = cfg.data if records is None else "the given records"
     run.log(f"GRPO recipe {cfg.recipe} (mode {cfg.mode}) from {init}: "
             f"{len(run.sources['train'])} problems of {data_name}, {cfg.batch_size} prompts x "
             f"{cfg.group_size} per step on {d.world_size} rank(s) ({d.device.type}), lr {cfg.lr}, "
@@ -798,7 +798,7 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None,
     with plumbing.distributed() as d:
         run = setup(cfg, d, records, eval_records)
         cfg = run.cfg
-        t_start = time.time()
+        t_start = time.monotonic()
         row = {}
         checkpoint = run.resume or None
         first_step = run.step                     # a finished run resumed: no new evaluation
@@ -809,7 +809,7 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None,
         while run.step < cfg.max_steps:
             run.step += 1
             row = grpo_step(run, run.step)
-            row["elapsed"] = time.time() - t_start
+            row["elapsed"] = time.monotonic() - t_start
             line = f"step {run.step}: " + " ".join(f"{k} {row[k]:.3f}" for k in LOG_KEYS)
             run.log_step(row, bar, line, reward=f"{row['reward_mean']:+.2f}",
                          acc=f"{row['accuracy']:.2f}", var=f"{row['groups_with_variance']:.2f}")
@@ -829,7 +829,7 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None,
         summary = {"checkpoint": checkpoint, "steps": run.step, "eval_before": eval_before,
                    "last_step": row, "eval_after": eval_after,
                    "log": os.path.join(cfg.out_dir, "log.jsonl"),
-                   "seconds": time.time() - t_start}
+                   "seconds": time.monotonic() - t_start}
         run.close()
         stopped = ""
         if run.step < cfg.max_steps:

@@ -433,7 +433,7 @@ class Run:
         collective would hang."""
         if not self.cfg.max_time:
             return False
-        over = time.time() - t_start > self.cfg.max_time
+        over = time.monotonic() - t_start > self.cfg.max_time
         return all_reduce([over], self.dist.device, "max")[0] > 0
 
     def save(self, **trainer_state) -> str | None:

@@ -171,7 +171,7 @@ def sft_step(run: plumbing.Run, examples: list[Example], stream: plumbing.Shuffl
     """One optimizer step on the next global batch; the step's row of log.jsonl."""
     cfg = run.cfg
     d = run.dist
-    t0 = time.time()
+    t0 = time.monotonic()
     micro_batches = shard_micro_batches(examples, stream.take(cfg.batch_size), d.rank,
                                         d.world_size, cfg.micro_batch_size,
                                         run.tokenizer.pad_token_id)
@@ -183,7 +183,7 @@ def sft_step(run: plumbing.Run, examples: list[Example], stream: plumbing.Shuffl
     run.step += 1
     local_tokens = sum(mb.attention_mask.sum().item() for mb in micro_batches)
     tokens = plumbing.all_reduce([local_tokens], d.device)[0]
-    seconds = time.time() - t0
+    seconds = time.monotonic() - t0
     return dict(step=run.step, loss=nll / loss_tokens, lr=lr, grad_norm=grad_norm,
                 tokens=int(tokens), epoch=stream.epoch, loss_tokens=int(loss_tokens),
                 tokens_per_s=tokens / seconds)
@@ -291,13 +291,13 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
                 f"{d.device.type}, batch {cfg.batch_size}, lr {cfg.lr}, {total_steps} steps")
         bar = tqdm(total=total_steps, initial=run.step, disable=not d.is_main, dynamic_ncols=True,
                    desc="sft")
-        t_start = time.time()
+        t_start = time.monotonic()
         losses = []
         tokens_seen = 0
         checkpoint = run.resume or None
         while run.step < total_steps:
             row = sft_step(run, examples, stream)
-            row["elapsed"] = time.time() - t_start
+            row["elapsed"] = time.monotonic() - t_start
             losses.append(row["loss"])
             tokens_seen += row["tokens"]
             line = (f"step {run.step}: loss {row['loss']:.4f}, lr {row['lr']:.2e}, grad_norm "
@@ -310,7 +310,7 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
             if last:
                 break
         bar.close()
-        seconds = time.time() - t_start
+        seconds = time.monotonic() - t_start
         summary = {"checkpoint": checkpoint, "steps": run.step, "total_steps": total_steps,
                    "stopped_early": run.step < total_steps,        # by max_time
                    "final_loss": float(np.mean(losses[-10:])) if losses else None,

@@ -24,7 +24,7 @@ GRPO_CKPT=$(latest "$OUT/grpo")
 echo "== 3/3 eval: the SFT and the GRPO checkpoints, same problems, same sampling seeds"
 $PY eval.py --model="$SFT_CKPT" --name="Parallel-SFT-Unseen (tiny)" --out_dir="$OUT/eval_sft"
 $PY eval.py --model="$GRPO_CKPT" --name="Parallel-R1-Unseen S1 (tiny)" --out_dir="$OUT/eval_grpo"
-$PY scripts/plot.py "$OUT/grpo" || echo "(no plot: pip install -r requirements-extra.txt)"
+$PY scripts/plot.py "$OUT/grpo"
 
 echo
 echo "== Before / after RL (held-out problems, T = 1, Mean@k and unbiased Pass@k)"
@@ -41,5 +41,5 @@ EOF
 echo
 echo "checkpoints: $SFT_CKPT  $GRPO_CKPT"
 echo "logs:        $OUT/sft/log.jsonl  $OUT/grpo/log.jsonl   samples: $OUT/eval_*/samples.jsonl"
-echo "table:       $OUT/results.md      plot: $OUT/grpo/curves.png (if matplotlib is installed)"
+echo "table:       $OUT/results.md      curves: $OUT/grpo/curves.png (reward, accuracy, parallel ratio, ...)"
 echo "demo took $(( $(date +%s) - start )) s"
