@@ -216,8 +216,9 @@ def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths,
             unseen = unseen_positions(structure, n_prompt)
             positions[b, r0:hi] = torch.tensor(unseen, dtype=torch.long)
             for block in structure.blocks:
-                for s, e in block.paths:         # a path hides its block's earlier paths
-                    allowed[b, r0 + s:r0 + e, r0 + block.start + 1:r0 + s] = False
+                for s, e in block.paths:         # a path hides its block's earlier paths: the
+                    hidden = slice(r0 + block.start + 1, r0 + s)   # columns after <Parallel>
+                    allowed[b, r0 + s:r0 + e, hidden] = False       # up to its own <Path>
     mask = torch.zeros(B, 1, L, L, dtype=dtype, device=device)
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
     return mask, positions.to(device)

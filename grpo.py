@@ -363,7 +363,7 @@ def micro_batch_loss(logprobs, entropy, mb: RolloutBatch, cfg: GRPOConfig,
     """This micro-batch's part of the mini-batch loss, sum(w * l) * world_size / D (D over every
     micro-batch of every rank; the ranks' gradients are averaged), and the sums to all-reduce for
     the step's statistics. logprobs, entropy (N,) float32: of the loss tokens (mb.loss_mask), in
-    row-major order, from the training forward (sft.scores)."""
+    row-major order, from the training forward (sft.batch_token_scores)."""
     selected = mb.loss_mask.bool()                                          # (B, L-1)
     weights = loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[0][selected]
     old = mb.old_logprobs[selected]                                         # (N,)
@@ -425,7 +425,7 @@ def response_logprobs(model, mb: RolloutBatch, cfg: GRPOConfig, tags: TagIds,
     the prompt and the padding."""
     response = mb.response_mask.bool()
     table = torch.zeros_like(mb.old_logprobs)
-    table[response] = sft.scores(model, mb, tags, mode, response, cfg.temperature,
+    table[response] = sft.batch_token_scores(model, mb, tags, mode, response, cfg.temperature,
                                  cfg.logit_chunk_tokens)[0]
     return table
 
@@ -480,8 +480,9 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
             continue
         for j, mb in enumerate(mini):
             with plumbing.grad_sync(model, enabled=j == len(mini) - 1):
-                logprobs, entropy = sft.scores(model, mb, tags, mode, mb.loss_mask.bool(),
-                                               cfg.temperature, cfg.logit_chunk_tokens)
+                logprobs, entropy = sft.batch_token_scores(model, mb, tags, mode,
+                                                           mb.loss_mask.bool(), cfg.temperature,
+                                                           cfg.logit_chunk_tokens)
                 loss, stats = micro_batch_loss(logprobs, entropy, mb, cfg, high, denominator,
                                                world_size)
                 loss.backward()

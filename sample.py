@@ -209,7 +209,7 @@ class Stream:
     """What feeds one query per decode step: a sample's main chain (and, in Seen, its paths and
     summaries), or one path of an open Unseen block."""
     segment: str                    # MAIN, PATH or SUMMARY: what it is writing
-    position: int                   # the position id of `feed`
+    position: int                   # the position id of `feed` (+1 once it is fed)
     owner: int = SHARED             # owner of the slots it writes
     feed: int | None = None         # the token to feed at the next step (None: nothing)
     forced: list = field(default_factory=list)   # tokens the runtime injects after `feed`
@@ -433,8 +433,8 @@ class Engine:
     def _advance(self, s: Sample, st: Stream, token: int, logprob: float):
         """The stream's `feed` is in the cache: make its pending transition, or give it its next
         token: a forced one, or `token` (sampled, with `logprob`)."""
-        if st.pending == OPEN_BLOCK:
-            st.pending = None
+        if st.pending == OPEN_BLOCK:              # the token drawn after <Parallel> is not used:
+            st.pending = None                     # the paths begin with an injected <Path>
             return self._open_block(s)
         if st.pending == PATH_DONE:
             st.feed = None                         # the path waits for the others

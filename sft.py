@@ -102,8 +102,8 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1, tiny: bool | None = No
     return cfg
 
 
-def scores(model, batch, tags: TagIds, mode: str, selected: torch.Tensor,
-           temperature: float = 1.0, chunk_tokens: int = LOGIT_CHUNK_TOKENS):
+def batch_token_scores(model, batch, tags: TagIds, mode: str, selected: torch.Tensor,
+                       temperature: float = 1.0, chunk_tokens: int = LOGIT_CHUNK_TOKENS):
     """attention.token_scores of a Batch or grpo.RolloutBatch, each row under its own mask and
     positions, bf16 autocast on GPUs: the log-prob and entropy of every selected next token."""
     cuda = batch.input_ids.device.type == "cuda"
@@ -137,7 +137,8 @@ def response_nll(model, batch: Batch, tags: TagIds, mode: str,
     """(the summed NLL of the response tokens, their count): position t predicts input_ids[:, t+1]
     (in sequence order), and the targets are the response tokens."""
     targets = batch.loss_mask[:, 1:].bool()                            # (B, L-1)
-    logprobs, _ = scores(model, batch, tags, mode, targets, chunk_tokens=chunk_tokens)
+    logprobs, _ = batch_token_scores(model, batch, tags, mode, targets,
+                                     chunk_tokens=chunk_tokens)
     return -logprobs.sum(), targets.sum()
 
 

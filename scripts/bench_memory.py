@@ -117,8 +117,9 @@ def child(path: str, length: int, chunk_tokens: int, repeats: int) -> dict:
         if path == "full":
             logprobs, entropy = full_scores(model, mb, tags, cfg.mode, cfg.temperature)
         else:
-            logprobs, entropy = sft.scores(model, mb, tags, cfg.mode, mb.loss_mask.bool(),
-                                           cfg.temperature, chunk_tokens)
+            logprobs, entropy = sft.batch_token_scores(model, mb, tags, cfg.mode,
+                                                       mb.loss_mask.bool(), cfg.temperature,
+                                                       chunk_tokens)
         loss, _ = grpo.micro_batch_loss(logprobs, entropy, mb, cfg, high, denominator)
         loss.backward()
         times.append(time.perf_counter() - t0)

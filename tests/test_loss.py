@@ -86,7 +86,7 @@ def test_grpo_loss_gradient_equals_the_full_logits_path(mode, loss_agg_mode, kl_
     reference = full_logits_scores(model, mb, tags, mode, cfg.temperature)
     loss_ref, stats_ref = micro_batch_loss(*reference, mb, cfg, 0.28, denominator)
     grad_ref = gradient(model, loss_ref)
-    chunked = sft.scores(model, mb, tags, mode, mb.loss_mask.bool(), cfg.temperature,
+    chunked = sft.batch_token_scores(model, mb, tags, mode, mb.loss_mask.bool(), cfg.temperature,
                          cfg.logit_chunk_tokens)
     loss, stats = micro_batch_loss(*chunked, mb, cfg, 0.28, denominator)
     grad = gradient(model, loss)
@@ -126,7 +126,7 @@ def test_no_loss_token_still_reaches_every_parameter():
     model, tok = tiny()
     tags = TagIds.from_tokenizer(tok)
     mb = grpo.empty_micro_batch(tok.pad_token_id)
-    logprobs, entropy = sft.scores(model, mb, tags, "unseen", mb.loss_mask.bool())
+    logprobs, entropy = sft.batch_token_scores(model, mb, tags, "unseen", mb.loss_mask.bool())
     loss, stats = micro_batch_loss(logprobs, entropy, mb, GRPOConfig(max_new_tokens=8), 0.2, 0.0)
     loss.backward()
     grads = [p.grad for p in model.parameters()]

@@ -41,7 +41,8 @@ def small_model(dtype=torch.float32, **changes) -> Qwen3ForCausalLM:
 
 
 def training_batch(rows: int, length: int, vocab: int) -> types.SimpleNamespace:
-    """What sft.scores reads of a batch: random ids, no padding, a PROMPT-token prompt."""
+    """What sft.batch_token_scores reads of a batch: random ids, no padding, a PROMPT-token
+    prompt."""
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(20, vocab - 20, (rows, length), generator=generator)
     return types.SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids),
@@ -235,8 +236,8 @@ def saved_for_backward(model, batch, regime: str, checkpointing: bool) -> tuple[
     selected = loss_positions(batch)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         if regime == "fp32":
-            logprobs, _ = sft.scores(model, batch, TAGS, "unseen", selected)
-        else:                       # what sft.scores does on CUDA, with CPU autocast
+            logprobs, _ = sft.batch_token_scores(model, batch, TAGS, "unseen", selected)
+        else:                       # what sft.batch_token_scores does on CUDA, with CPU autocast
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 logprobs, _ = attention.token_scores(
                     model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, TAGS,

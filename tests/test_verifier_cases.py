@@ -35,7 +35,7 @@ Conventions this project takes (see the comments at the rows):
   match, and a numeral in another base is not the decimal gold ("10_8" does not answer "8": it
   restates the question);
 * Python-style math is read as the LaTeX it means, by a bounded textual translation before any
-  parser (rewards._python_to_latex): "**" is a power, "*" a product, "pi" is π, sqrt(x), exp(x)
+  parser (verifier.python_to_latex): "**" is a power, "*" a product, "pi" is π, sqrt(x), exp(x)
   (= e^x), log(x) (natural), abs(x), sin/cos/tan(x); so "2*pi*r" equals "2\\pi r" and "exp(16)"
   equals "e^{16}". Nothing evaluates model text (no eval, sympify or parse_expr). The value still
   decides: "2(3.14)" is not "2\\pi". (Until issue 26 such answers were wrong, though "sqrt(x)" and
