@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# `bash scripts/budget.sh`: where parallel thinking pays (README, "Accuracy against the budget").
+# Three methods, three seeds, each trained under one budget and evaluated once; the curve is read
+# from the evaluation's samples at several caps (scripts/budget_curve.py):
+#   sequential   sft.py --style=sequential --mode=seen  ->  grpo.py --recipe=baseline
+#   parallel-2   sft.py (blocks of 2 paths)             ->  grpo.py --recipe=unseen-s1 --num_paths=2
+#   parallel-4   sft.py --max_paths=4 (2 to 4 paths)    ->  grpo.py --recipe=unseen-s1 --num_paths=4
+# GRPO runs under the decode-step budget (--budget=steps --max_new_tokens=$BUDGET; for the
+# sequential chain a step is a token). Each GRPO checkpoint is evaluated once, under a step budget
+# of $EVAL_BUDGET, on all 500 test problems per difficulty, 4 samples each; budget_curve.py then
+# counts a response as right at cap c only if it is right and spent at most c tokens (or decode
+# steps): a post-hoc cut, the same for every method.
+# Jobs run on $LANES one-thread lanes, longest first (about 55 minutes on 2 cores); a rerun skips
+# every step whose output exists. Everything lands in $OUT; the table in $OUT/budget.md, the plot
+# in results/budget.png.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+OUT=${OUT:-runs/budget}
+SEEDS=${SEEDS:-"0 1 2"}
+LANES=${LANES:-2}
+BUDGET=${BUDGET:-48}
+GRPO_STEPS=${GRPO_STEPS:-100}
+EVAL_BUDGET=${EVAL_BUDGET:-128}
+CAPS=${CAPS:-32,40,48,56,64,80,96,128}
+SFT_STEPS=400          # the tiny preset's SFT steps: its last checkpoint
+export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
+mkdir -p "$OUT"
+start=$(date +%s)
+
+# One chain: $1 = method, $2 = seed. Writes $OUT/<method>-seed<seed>/{sft,grpo,eval}.
+chain() {
+  local method=$1
+  local seed=$2
+  local dir=$OUT/$method-seed$seed
+  local sft_args
+  local grpo_args
+  local eval_args
+  case $method in
+    sequential)
+      sft_args="--style=sequential --mode=seen"
+      grpo_args="--recipe=baseline"
+      eval_args="" ;;
+    parallel-2)
+      sft_args=""
+      grpo_args="--recipe=unseen-s1 --num_paths=2"
+      eval_args="--num_paths=2" ;;
+    parallel-4)
+      sft_args="--max_paths=4"
+      grpo_args="--recipe=unseen-s1 --num_paths=4"
+      eval_args="--num_paths=4" ;;
+    *) echo "unknown method $method"; return 2 ;;
+  esac
+  step() {
+    echo "[$(date +%H:%M:%S)] $*"
+    local t0
+    t0=$(date +%s)
+    "$@"
+    echo "[$(date +%H:%M:%S)] done in $(( $(date +%s) - t0 )) s"
+  }
+  if [ ! -d "$dir/sft/checkpoint-$SFT_STEPS" ]; then
+    step $PY sft.py --seed="$seed" $sft_args --out_dir="$dir/sft"
+  fi
+  if [ ! -d "$dir/grpo/checkpoint-$GRPO_STEPS" ]; then
+    step $PY grpo.py $grpo_args --seed="$seed" --model="$dir/sft/checkpoint-$SFT_STEPS" \
+      --budget=steps --max_new_tokens="$BUDGET" --max_steps="$GRPO_STEPS" --eval_data= \
+      --out_dir="$dir/grpo"
+  fi
+  if [ ! -f "$dir/eval/summary.json" ]; then
+    step $PY eval.py --model="$dir/grpo/checkpoint-$GRPO_STEPS" $eval_args --budget=steps \
+      --max_new_tokens="$EVAL_BUDGET" --limit=0 --k=4 --name="$method" --out_dir="$dir/eval"
+  fi
+}
+export -f chain
+export PY OUT BUDGET GRPO_STEPS EVAL_BUDGET SFT_STEPS
+
+jobs=""
+for method in parallel-4 parallel-2 sequential; do
+  for seed in $SEEDS; do
+    jobs+="$method $seed"$'\n'
+  done
+done
+printf "%s" "$jobs" | xargs -P "$LANES" -L 1 bash -c \
+  'chain "$0" "$1" > "$OUT/$0-seed$1.log" 2>&1 || { echo "failed: $OUT/$0-seed$1.log"; exit 255; }'
+
+$PY scripts/budget_curve.py "$OUT" --seeds="${SEEDS// /,}" --caps="$CAPS" \
+  --plot=results/budget.png | tee "$OUT/budget.md"
+echo "budget.sh took $(( $(date +%s) - start )) s; table: $OUT/budget.md, plot: results/budget.png"
