@@ -1,0 +1,214 @@
+"""Accuracy against the budget, in tokens (T) and in decode steps (D), from eval.py samples.
+
+    python scripts/budget_curve.py runs/budget [--seeds=0,1,2] [--caps=32,48,64,96,128]
+                                   [--plot=results/budget.png]
+
+The folder holds what scripts/budget.sh writes: <method>-seed<s>/eval/samples.jsonl for each
+method (sequential, parallel-2, parallel-4) and seed. Printed: per difficulty and rule, each
+method's accuracy at each cap (mean over seeds, then ± half the spread (max - min) / 2); per seed,
+the best parallel method's lead over the sequential baseline on hard at each decode-step cap; the
+failure classes of hard responses at the cap where the lead is largest. The plot has two panels
+(tokens, decode steps): hard accuracy per method, error bars = the seeds' min and max.
+
+A response counts as right at cap c when it is right and fits in c: its T (or D) without the final
+EOS is at most c. (A sampler with budget c writes those c tokens and has no room for the EOS; the
+answer is read from the text.) The budget is not in the prompt, so the model cannot tell its cap:
+cutting one evaluation at several caps gives what sampling at each cap would, up to the sampler's
+random draws, the same rule for every method. The evaluation's own budget must cut nothing below
+the largest cap in either rule: eval.py --budget=steps --max_new_tokens=<largest cap> does, since
+D <= T (a response with T <= c also has D <= c, so it was never cut).
+"""
+import argparse
+import collections
+import json
+import os
+
+import failures
+
+METHODS = ("sequential", "parallel-2", "parallel-4")
+DIFFICULTIES = ("easy", "medium", "hard")
+RULES = {"T": "tokens", "D": "decode steps"}
+TARGET_LEAD = 5.0        # issue 27's target: points on hard at an equal decode-step budget
+
+
+def load_samples(folder: str) -> list[dict]:
+    path = os.path.join(folder, "samples.jsonl")
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def difficulty(sample: dict) -> str:
+    for name in DIFFICULTIES:
+        if f":{name}:" in sample["benchmark"]:
+            return name
+    raise ValueError(f"not a synthetic benchmark: {sample['benchmark']!r}")
+
+
+def cost(sample: dict, rule: str) -> int:
+    """T or D without the final EOS (what the response needs before it can stop)."""
+    ends_with_eos = sample["finish_reason"] == "eos"
+    return sample[rule] - int(ends_with_eos)
+
+
+def accuracy(samples: list[dict], level: str, cap: int, rule: str) -> float:
+    """Mean@k in % over one difficulty's samples (every problem has k of them), right and within
+    the cap."""
+    mine = [s for s in samples if difficulty(s) == level]
+    hits = sum(1 for s in mine if s["correct"] and cost(s, rule) <= cap)
+    return 100.0 * hits / len(mine)
+
+
+def spread_cell(values: list[float]) -> str:
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.1f}"
+    half_spread = (max(values) - min(values)) / 2
+    return f"{mean:.1f} ±{half_spread:.1f}"
+
+
+def accuracy_table(runs: dict, caps: list[int]) -> list[str]:
+    """runs[method] = one samples list per seed."""
+    header = "| difficulty | budget | method | " + " | ".join(str(c) for c in caps) + " |"
+    lines = [header, "|---|---|---|" + "---|" * len(caps)]
+    for level in DIFFICULTIES:
+        for rule, rule_name in RULES.items():
+            for method, seeds in runs.items():
+                cells = []
+                for cap in caps:
+                    values = [accuracy(samples, level, cap, rule) for samples in seeds]
+                    cells.append(spread_cell(values))
+                lines.append(f"| {level} | {rule_name} | {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def shape_lines(runs: dict) -> list[str]:
+    """How each method spends its budget (on the evaluation's own budget)."""
+    lines = []
+    for method, seeds in runs.items():
+        parallel = [100.0 * sum(s["has_parallel"] for s in r) / len(r) for r in seeds]
+        mean_t = [sum(s["T"] for s in r) / len(r) for r in seeds]
+        mean_d = [sum(s["D"] for s in r) / len(r) for r in seeds]
+        lines.append(f"- {method}: parallel {spread_cell(parallel)}% of responses, "
+                     f"mean T {spread_cell(mean_t)}, mean D {spread_cell(mean_d)}")
+    return lines
+
+
+def lead_table(runs: dict, caps: list[int]) -> tuple[list[str], int | None]:
+    """Per seed, each parallel method's hard accuracy minus the sequential baseline's at each
+    decode-step cap, then the smallest over the seeds (the target's test) and the mean. Returns
+    the lines and the cap where a parallel method's mean lead is largest (None without a
+    baseline)."""
+    if "sequential" not in runs:
+        return [], None
+    header = "| method | seed | " + " | ".join(str(c) for c in caps) + " |"
+    lines = [header, "|---|---|" + "---|" * len(caps)]
+    target_lead = None          # the largest lead that every seed holds, and where
+    target_cap = None
+    best_mean_lead = None       # the largest mean lead, and where
+    best_cap = None
+    for method, seeds in runs.items():
+        if method == "sequential":
+            continue
+        per_seed = []
+        for seed, (mine, base) in enumerate(zip(seeds, runs["sequential"])):
+            leads = [accuracy(mine, "hard", c, "D") - accuracy(base, "hard", c, "D")
+                     for c in caps]
+            per_seed.append(leads)
+            lines.append(f"| {method} | {seed} | " + " | ".join(f"{x:+.1f}" for x in leads) + " |")
+        smallest = [min(column) for column in zip(*per_seed)]
+        means = [sum(column) / len(column) for column in zip(*per_seed)]
+        lines.append(f"| {method} | min | " + " | ".join(f"{x:+.1f}" for x in smallest) + " |")
+        lines.append(f"| {method} | mean | " + " | ".join(f"{x:+.1f}" for x in means) + " |")
+        for cap, lead, mean in zip(caps, smallest, means):
+            if target_lead is None or lead > target_lead:
+                target_lead = lead
+                target_cap = cap
+            if best_mean_lead is None or mean > best_mean_lead:
+                best_mean_lead = mean
+                best_cap = cap
+    met = target_lead is not None and target_lead >= TARGET_LEAD
+    verdict = "met" if met else "not met"
+    lines.append(f"\nTarget (every seed >= {TARGET_LEAD:+.0f} on hard at one decode-step cap): "
+                 f"{verdict}; the largest lead every seed holds is {target_lead:+.1f} "
+                 f"(at {target_cap} decode steps); the largest mean lead {best_mean_lead:+.1f} "
+                 f"(at {best_cap}).")
+    return lines, best_cap
+
+
+def failure_lines(runs: dict, cap: int) -> list[str]:
+    """Hard responses by failure class at a decode-step cap, pooled over seeds ("over the cap":
+    right or not, the response needs more than the cap)."""
+    lines = []
+    for method, seeds in runs.items():
+        counts = collections.Counter()
+        for samples in seeds:
+            for s in samples:
+                if difficulty(s) != "hard":
+                    continue
+                if cost(s, "D") > cap:
+                    counts["over the cap"] += 1
+                else:
+                    counts[failures.classify(s["prompt"], s["response"], s["correct"])] += 1
+        total = sum(counts.values())
+        shares = ", ".join(f"{name} {100.0 * n / total:.1f}%" for name, n in counts.most_common())
+        lines.append(f"- {method}: {shares}")
+    return lines
+
+
+def plot(runs: dict, caps: list[int], path: str):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, (rule, rule_name) in zip(axes, RULES.items()):
+        for method, seeds in runs.items():
+            per_cap = [[accuracy(s, "hard", c, rule) for s in seeds] for c in caps]
+            means = [sum(v) / len(v) for v in per_cap]
+            below = [max(0.0, m - min(v)) for m, v in zip(means, per_cap)]   # >= 0 despite
+            above = [max(0.0, max(v) - m) for m, v in zip(means, per_cap)]   # rounding
+            ax.errorbar(caps, means, yerr=[below, above], marker="o", capsize=3, label=method)
+        ax.set_xlabel(f"budget ({rule_name})")
+        ax.set_title(f"hard, budget in {rule_name}")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy within the budget (%)")
+    axes[0].legend()
+    seeds = len(next(iter(runs.values())))
+    fig.suptitle(f"Mean@4 on 500 hard problems, {seeds} seeds (error bars: min and max)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("folder", help="what scripts/budget.sh wrote (runs/budget)")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--caps", default="32,40,48,56,64,80,96,128")
+    parser.add_argument("--plot", default="", help="where to draw the plot (.png); '' = none")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    caps = [int(c) for c in args.caps.split(",")]
+    runs = {}
+    for method in METHODS:
+        folders = [os.path.join(args.folder, f"{method}-seed{s}", "eval") for s in seeds]
+        if all(os.path.exists(os.path.join(f, "samples.jsonl")) for f in folders):
+            runs[method] = [load_samples(f) for f in folders]
+    if not runs:
+        raise SystemExit(f"no <method>-seed<s>/eval/samples.jsonl under {args.folder} for seeds "
+                         f"{args.seeds}: run scripts/budget.sh first")
+    print(f"## Accuracy within the budget (%), {len(seeds)} seeds: mean ±half the spread\n")
+    print("\n".join(accuracy_table(runs, caps)))
+    print("\nOn the evaluation's own budget (128 decode steps):")
+    print("\n".join(shape_lines(runs)))
+    lines, best_cap = lead_table(runs, caps)
+    if lines:
+        print("\n## Lead over the sequential baseline, hard, at equal decode steps (points)\n")
+        print("\n".join(lines))
+        print(f"\n## Hard responses at {best_cap} decode steps, by failure class (seeds pooled)\n")
+        print("\n".join(failure_lines(runs, best_cap)))
+    if args.plot:
+        plot(runs, caps, args.plot)
+        print(f"\nplot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
