@@ -22,7 +22,9 @@ import argparse
 import collections
 import json
 import os
+import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # scripts/failures.py
 import failures
 
 METHODS = ("sequential", "parallel-2", "parallel-4")
@@ -67,10 +69,12 @@ def spread_cell(values: list[float]) -> str:
 
 
 def accuracy_table(runs: dict, caps: list[int]) -> list[str]:
-    """runs[method] = one samples list per seed."""
+    """runs[method] = one samples list per seed; the difficulties the first run has."""
+    first_run = next(iter(runs.values()))[0]
+    levels = [level for level in DIFFICULTIES if any(difficulty(s) == level for s in first_run)]
     header = "| difficulty | budget | method | " + " | ".join(str(c) for c in caps) + " |"
     lines = [header, "|---|---|---|" + "---|" * len(caps)]
-    for level in DIFFICULTIES:
+    for level in levels:
         for rule, rule_name in RULES.items():
             for method, seeds in runs.items():
                 cells = []
