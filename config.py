@@ -140,7 +140,10 @@ def check(cfg) -> None:
             continue
         values = value if isinstance(value, tuple) else (value,)
         if not all(allowed.holds(v) for v in values):
-            bad.append(f"--{f.name}={value}: must be {allowed.rule()}")
+            rule = allowed.rule()
+            if not all(math.isfinite(v) for v in values):     # inf is "at least 0", yet refused
+                rule = f"a finite number, {rule}"
+            bad.append(f"--{f.name}={value}: must be {rule}")
     if bad:
         raise ValueError("; ".join(bad))
 

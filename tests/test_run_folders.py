@@ -107,9 +107,11 @@ def test_an_out_dir_that_is_a_file_is_named(small_model, tmp_path):
     ("--seed=-1", "--seed=-1: must be at least 0 and at most 4294967295"),
     (f"--seed={2**32}", f"--seed={2**32}: must be at least 0 and at most 4294967295"),
     ("--betas=0.9,1.5", r"--betas=\(0.9, 1.5\): must be at least 0 and below 1"),
-    ("--weight_decay=inf", "--weight_decay=inf: must be at least 0"),   # read as a divergence
+    ("--weight_decay=inf", "--weight_decay=inf: must be a finite number, at least 0"),
 ])
 def test_settings_out_of_range_are_named_at_parse_time(script, flag, message):
+    """A library traceback named no flag; an infinite weight decay was reported as a diverged
+    loss."""
     with pytest.raises(ValueError, match=message):
         plumbing.parse_args(script, [flag])
 

@@ -671,14 +671,14 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(model_dir, tmp_pa
             sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: -1}),
                       records=records)
     for flag in ("warmup_ratio", "grad_clip", "weight_decay"):     # NaN passed every "< 0" check
-        with pytest.raises(ValueError, match=f"--{flag}=nan: must be at least 0"):
+        with pytest.raises(ValueError, match=f"--{flag}=nan: must be a finite number, at least 0"):
             sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, flag: float("nan")}),
                       records=records)
     for kw, msg in [(dict(warmup_ratio=1.5),
                      "--warmup_ratio=1.5: must be at least 0 and at most 1$"),
                     # moved the run, saved nothing
                     (dict(max_steps=None, epochs=0.0), "^--epochs=0.0: must be above 0"),
-                    (dict(lr=float("inf")), "^--lr=inf: must be above 0")]:
+                    (dict(lr=float("inf")), "^--lr=inf: must be a finite number, above 0")]:
         with pytest.raises(ValueError, match=msg):
             sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, **kw}),
                       records=records)
