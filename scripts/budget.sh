@@ -5,14 +5,15 @@
 #   sequential   sft.py --style=sequential --mode=seen  ->  grpo.py --recipe=baseline
 #   parallel-2   sft.py (blocks of 2 paths)             ->  grpo.py --recipe=unseen-s1 --num_paths=2
 #   parallel-4   sft.py --max_paths=4 (2 to 4 paths)    ->  grpo.py --recipe=unseen-s1 --num_paths=4
+#   parallel-4-all  the same, every round of the SFT traces a block (--parallel_fraction=1.0)
 # GRPO runs under the decode-step budget (--budget=steps --max_new_tokens=$BUDGET; for the
 # sequential chain a step is a token). Each GRPO checkpoint is evaluated once, under a step budget
 # of $EVAL_BUDGET, on all 500 test problems per difficulty, 4 samples each; budget_curve.py then
 # counts a response as right at cap c only if it is right and spent at most c tokens (or decode
 # steps): a post-hoc cut, the same for every method.
-# Jobs run on $LANES one-thread lanes, longest first (about 55 minutes on 2 cores); a rerun skips
-# every step whose output exists. Everything lands in $OUT; the table in $OUT/budget.md, the plot
-# in results/budget.png.
+# Jobs run on $LANES one-thread lanes, longest first (49 minutes on 2 cores); a rerun skips every
+# step whose output exists. The runs land in $OUT; the table in results/budget.md, the plot in
+# results/budget.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -22,7 +23,8 @@ LANES=${LANES:-2}
 BUDGET=${BUDGET:-48}
 GRPO_STEPS=${GRPO_STEPS:-100}
 EVAL_BUDGET=${EVAL_BUDGET:-128}
-CAPS=${CAPS:-32,40,48,56,64,80,96,128}
+METHODS=${METHODS:-"parallel-4-all parallel-4 parallel-2 sequential"}   # longest chains first
+CAPS=${CAPS:-32,40,44,48,56,64,80,96,128}
 SFT_STEPS=400          # the tiny preset's SFT steps: its last checkpoint
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 mkdir -p "$OUT"
@@ -47,6 +49,10 @@ chain() {
       eval_args="--num_paths=2" ;;
     parallel-4)
       sft_args="--max_paths=4"
+      grpo_args="--recipe=unseen-s1 --num_paths=4"
+      eval_args="--num_paths=4" ;;
+    parallel-4-all)
+      sft_args="--max_paths=4 --parallel_fraction=1.0"
       grpo_args="--recipe=unseen-s1 --num_paths=4"
       eval_args="--num_paths=4" ;;
     *) echo "unknown method $method"; return 2 ;;
@@ -75,7 +81,7 @@ export -f chain
 export PY OUT BUDGET GRPO_STEPS EVAL_BUDGET SFT_STEPS
 
 jobs=""
-for method in parallel-4 parallel-2 sequential; do
+for method in $METHODS; do
   for seed in $SEEDS; do
     jobs+="$method $seed"$'\n'
   done
@@ -84,5 +90,5 @@ printf "%s" "$jobs" | xargs -P "$LANES" -L 1 bash -c \
   'chain "$0" "$1" > "$OUT/$0-seed$1.log" 2>&1 || { echo "failed: $OUT/$0-seed$1.log"; exit 255; }'
 
 $PY scripts/budget_curve.py "$OUT" --seeds="${SEEDS// /,}" --caps="$CAPS" \
-  --plot=results/budget.png | tee "$OUT/budget.md"
-echo "budget.sh took $(( $(date +%s) - start )) s; table: $OUT/budget.md, plot: results/budget.png"
+  --failures_at="$BUDGET" --plot=results/budget.png | tee results/budget.md
+echo "budget.sh took $(( $(date +%s) - start )) s; table: results/budget.md, plot: results/budget.png"

@@ -1,13 +1,14 @@
 """Accuracy against the budget, in tokens (T) and in decode steps (D), from eval.py samples.
 
     python scripts/budget_curve.py runs/budget [--seeds=0,1,2] [--caps=32,48,64,96,128]
-                                   [--plot=results/budget.png]
+                                   [--failures_at=48] [--plot=results/budget.png]
 
 The folder holds what scripts/budget.sh writes: <method>-seed<s>/eval/samples.jsonl for each
-method (sequential, parallel-2, parallel-4) and seed. Printed: per difficulty and rule, each
-method's accuracy at each cap (mean over seeds, then ± half the spread (max - min) / 2); per seed,
-the best parallel method's lead over the sequential baseline on hard at each decode-step cap; the
-failure classes of hard responses at the cap where the lead is largest. The plot has two panels
+method of METHODS it finds for every seed. Printed: per difficulty and rule, each method's accuracy
+at each cap (mean over seeds, then ± half the spread (max - min) / 2); per seed, each parallel
+method's lead over the sequential baseline on hard at each decode-step cap, and whether one cap
+has every seed ahead by TARGET_LEAD; the failure classes of hard responses at --failures_at decode
+steps ("over the cap" when the response needs more). The plot has two panels
 (tokens, decode steps): hard accuracy per method, error bars = the seeds' min and max.
 
 A response counts as right at cap c when it is right and fits in c: its T (or D) without the final
@@ -27,7 +28,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # scripts/failures.py
 import failures
 
-METHODS = ("sequential", "parallel-2", "parallel-4")
+METHODS = ("sequential", "parallel-2", "parallel-4", "parallel-4-all")
 DIFFICULTIES = ("easy", "medium", "hard")
 RULES = {"T": "tokens", "D": "decode steps"}
 TARGET_LEAD = 5.0        # issue 27's target: points on hard at an equal decode-step budget
@@ -97,13 +98,12 @@ def shape_lines(runs: dict) -> list[str]:
     return lines
 
 
-def lead_table(runs: dict, caps: list[int]) -> tuple[list[str], int | None]:
+def lead_table(runs: dict, caps: list[int]) -> list[str]:
     """Per seed, each parallel method's hard accuracy minus the sequential baseline's at each
-    decode-step cap, then the smallest over the seeds (the target's test) and the mean. Returns
-    the lines and the cap where a parallel method's mean lead is largest (None without a
-    baseline)."""
+    decode-step cap, then the smallest over the seeds (the target's test) and the mean; none
+    without a baseline."""
     if "sequential" not in runs:
-        return [], None
+        return []
     header = "| method | seed | " + " | ".join(str(c) for c in caps) + " |"
     lines = [header, "|---|---|" + "---|" * len(caps)]
     target_lead = None          # the largest lead that every seed holds, and where
@@ -136,7 +136,7 @@ def lead_table(runs: dict, caps: list[int]) -> tuple[list[str], int | None]:
                  f"{verdict}; the largest lead every seed holds is {target_lead:+.1f} "
                  f"(at {target_cap} decode steps); the largest mean lead {best_mean_lead:+.1f} "
                  f"(at {best_cap}).")
-    return lines, best_cap
+    return lines
 
 
 def failure_lines(runs: dict, cap: int) -> list[str]:
@@ -186,8 +186,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("folder", help="what scripts/budget.sh wrote (runs/budget)")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--caps", default="32,40,48,56,64,80,96,128")
+    parser.add_argument("--caps", default="32,40,44,48,56,64,80,96,128")
     parser.add_argument("--plot", default="", help="where to draw the plot (.png); '' = none")
+    parser.add_argument("--failures_at", type=int, default=48,
+                        help="the decode-step cap of the failure classes (budget.sh's GRPO budget)")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     caps = [int(c) for c in args.caps.split(",")]
@@ -203,12 +205,13 @@ def main():
     print("\n".join(accuracy_table(runs, caps)))
     print("\nOn the evaluation's own budget (128 decode steps):")
     print("\n".join(shape_lines(runs)))
-    lines, best_cap = lead_table(runs, caps)
+    lines = lead_table(runs, caps)
     if lines:
         print("\n## Lead over the sequential baseline, hard, at equal decode steps (points)\n")
         print("\n".join(lines))
-        print(f"\n## Hard responses at {best_cap} decode steps, by failure class (seeds pooled)\n")
-        print("\n".join(failure_lines(runs, best_cap)))
+    print(f"\n## Hard responses at {args.failures_at} decode steps, by failure class "
+          "(seeds pooled)\n")
+    print("\n".join(failure_lines(runs, args.failures_at)))
     if args.plot:
         plot(runs, caps, args.plot)
         print(f"\nplot: {args.plot}")
