@@ -11,23 +11,51 @@
 # of $EVAL_BUDGET, on all 500 test problems per difficulty, 4 samples each; budget_curve.py then
 # counts a response as right at cap c only if it is right and spent at most c tokens (or decode
 # steps): a post-hoc cut, the same for every method.
-# Jobs run on $LANES one-thread lanes, longest first (49 minutes on 2 cores); a rerun skips every
-# step whose output exists. The runs land in $OUT; the table in results/budget.md, the plot in
-# results/budget.png.
+# Jobs run on $LANES one-thread lanes, longest first (49 minutes on 2 cores); a failed chain does not
+# stop the others, and a rerun skips every step whose output exists. The runs land in $OUT. The
+# table (budget.md) and the plot (budget.png) go to results/ for the default SEEDS and METHODS,
+# else to $OUT (set RESULTS= to choose).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-runs/budget}
-SEEDS=${SEEDS:-"0 1 2"}
+DEFAULT_SEEDS="0 1 2"
+SEEDS=$(echo ${SEEDS-$DEFAULT_SEEDS})      # one space between words
 LANES=${LANES:-2}
 BUDGET=${BUDGET:-48}
 GRPO_STEPS=${GRPO_STEPS:-100}
 EVAL_BUDGET=${EVAL_BUDGET:-128}
-METHODS=${METHODS:-"parallel-4-all parallel-4 parallel-2 sequential"}   # longest chains first
+KNOWN_METHODS="parallel-4-all parallel-4 parallel-2 sequential"
+DEFAULT_METHODS="parallel-4-all parallel-2 sequential"     # longest chains first
+METHODS=$(echo ${METHODS-$DEFAULT_METHODS})
 CAPS=${CAPS:-32,40,44,48,56,64,80,96,128}
 SFT_STEPS=400          # the tiny preset's SFT steps: its last checkpoint
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
-mkdir -p "$OUT"
+
+# Check the settings before anything starts.
+if [ -z "${SEEDS// /}" ] || [ -z "${METHODS// /}" ]; then
+  echo "budget.sh: SEEDS and METHODS must not be empty (defaults: SEEDS=\"$DEFAULT_SEEDS\"," \
+    "METHODS=\"$DEFAULT_METHODS\")" >&2
+  exit 2
+fi
+for seed in $SEEDS; do
+  if ! [[ $seed =~ ^[0-9]+$ ]]; then
+    echo "budget.sh: SEEDS holds '$seed': give whole numbers, e.g. SEEDS=\"0 1 2\"" >&2
+    exit 2
+  fi
+done
+for method in $METHODS; do
+  if ! [[ " $KNOWN_METHODS " == *" $method "* ]]; then
+    echo "budget.sh: unknown method '$method' in METHODS; known: $KNOWN_METHODS" >&2
+    exit 2
+  fi
+done
+if [ "$SEEDS" = "$DEFAULT_SEEDS" ] && [ "$METHODS" = "$DEFAULT_METHODS" ]; then
+  RESULTS=${RESULTS:-results}
+else
+  RESULTS=${RESULTS:-$OUT}
+fi
+mkdir -p "$OUT" "$RESULTS"
 start=$(date +%s)
 
 # One chain: $1 = method, $2 = seed. Writes $OUT/<method>-seed<seed>/{sft,grpo,eval}.
@@ -61,20 +89,20 @@ chain() {
     echo "[$(date +%H:%M:%S)] $*"
     local t0
     t0=$(date +%s)
-    "$@"
+    "$@" || return 1
     echo "[$(date +%H:%M:%S)] done in $(( $(date +%s) - t0 )) s"
   }
   if [ ! -d "$dir/sft/checkpoint-$SFT_STEPS" ]; then
-    step $PY sft.py --seed="$seed" $sft_args --out_dir="$dir/sft"
+    step $PY sft.py --seed="$seed" $sft_args --out_dir="$dir/sft" || return 1
   fi
   if [ ! -d "$dir/grpo/checkpoint-$GRPO_STEPS" ]; then
     step $PY grpo.py $grpo_args --seed="$seed" --model="$dir/sft/checkpoint-$SFT_STEPS" \
       --budget=steps --max_new_tokens="$BUDGET" --max_steps="$GRPO_STEPS" --eval_data= \
-      --out_dir="$dir/grpo"
+      --out_dir="$dir/grpo" || return 1
   fi
   if [ ! -f "$dir/eval/summary.json" ]; then
     step $PY eval.py --model="$dir/grpo/checkpoint-$GRPO_STEPS" $eval_args --budget=steps \
-      --max_new_tokens="$EVAL_BUDGET" --limit=0 --k=4 --name="$method" --out_dir="$dir/eval"
+      --max_new_tokens="$EVAL_BUDGET" --limit=0 --k=4 --name="$method" --out_dir="$dir/eval" || return 1
   fi
 }
 export -f chain
@@ -86,9 +114,22 @@ for method in $METHODS; do
     jobs+="$method $seed"$'\n'
   done
 done
-printf "%s" "$jobs" | xargs -P "$LANES" -L 1 bash -c \
-  'chain "$0" "$1" > "$OUT/$0-seed$1.log" 2>&1 || { echo "failed: $OUT/$0-seed$1.log"; exit 255; }'
+echo "budget.sh: methods $METHODS, seeds $SEEDS, $LANES lanes; logs: $OUT/<method>-seed<s>.log"
+# Each lane: one chain; a failure is reported, the other chains go on (their outputs are kept).
+lane='echo "[$(date +%H:%M:%S)] start $0 seed $1"
+if chain "$0" "$1" > "$OUT/$0-seed$1.log" 2>&1; then
+  echo "[$(date +%H:%M:%S)] done $0 seed $1"
+else
+  echo "[$(date +%H:%M:%S)] FAILED $0 seed $1: see $OUT/$0-seed$1.log"
+  exit 1
+fi'
+if ! printf "%s" "$jobs" | xargs -P "$LANES" -L 1 bash -c "$lane"; then
+  echo "budget.sh: a chain failed (above); fix it and run again: finished steps are skipped" >&2
+  exit 1
+fi
 
 $PY scripts/budget_curve.py "$OUT" --seeds="${SEEDS// /,}" --caps="$CAPS" \
-  --failures_at="$BUDGET" --plot=results/budget.png | tee results/budget.md
-echo "budget.sh took $(( $(date +%s) - start )) s; table: results/budget.md, plot: results/budget.png"
+  --failures_at="$BUDGET" --eval_budget="$EVAL_BUDGET" --plot="$RESULTS/budget.png" \
+  | tee "$RESULTS/budget.md"
+echo "budget.sh took $(( $(date +%s) - start )) s; table: $RESULTS/budget.md," \
+  "plot: $RESULTS/budget.png"

@@ -182,30 +182,51 @@ def plot(runs: dict, caps: list[int], path: str):
     fig.savefig(path, dpi=120)
 
 
+def number_list(text: str) -> list[int]:
+    """'32,48,64' -> [32, 48, 64]; argparse turns the ValueError into a usage error."""
+    return [int(part) for part in text.split(",")]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("folder", help="what scripts/budget.sh wrote (runs/budget)")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--caps", default="32,40,44,48,56,64,80,96,128")
+    parser.add_argument("--seeds", type=number_list, default="0,1,2",
+                        help="the seeds to pool, comma-separated")
+    parser.add_argument("--caps", type=number_list, default="32,40,44,48,56,64,80,96,128",
+                        help="the budgets to cut at, comma-separated (at most --eval_budget)")
+    parser.add_argument("--eval_budget", type=int, default=128,
+                        help="the decode-step budget the evaluations ran with")
     parser.add_argument("--plot", default="", help="where to draw the plot (.png); '' = none")
     parser.add_argument("--failures_at", type=int, default=48,
                         help="the decode-step cap of the failure classes (budget.sh's GRPO budget)")
     args = parser.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
-    caps = [int(c) for c in args.caps.split(",")]
+    if not os.path.isdir(args.folder):
+        raise SystemExit(f"{args.folder} is not a folder: give the OUT folder of scripts/budget.sh")
+    if max(args.caps) > args.eval_budget:
+        raise SystemExit(f"--caps={max(args.caps)} is above --eval_budget={args.eval_budget}: the "
+                         "evaluation cut those responses itself")
     runs = {}
     for method in METHODS:
-        folders = [os.path.join(args.folder, f"{method}-seed{s}", "eval") for s in seeds]
-        if all(os.path.exists(os.path.join(f, "samples.jsonl")) for f in folders):
+        folders = [os.path.join(args.folder, f"{method}-seed{s}", "eval") for s in args.seeds]
+        found = [f for f in folders if os.path.exists(os.path.join(f, "samples.jsonl"))]
+        if len(found) == len(folders):
             runs[method] = [load_samples(f) for f in folders]
+        elif found:
+            print(f"(left out: {method}, whose runs lack seeds of {args.seeds}: "
+                  f"{len(found)} of {len(folders)} found)")
     if not runs:
-        raise SystemExit(f"no <method>-seed<s>/eval/samples.jsonl under {args.folder} for seeds "
-                         f"{args.seeds}: run scripts/budget.sh first")
-    print(f"## Accuracy within the budget (%), {len(seeds)} seeds: mean ±half the spread\n")
-    print("\n".join(accuracy_table(runs, caps)))
-    print("\nOn the evaluation's own budget (128 decode steps):")
+        raise SystemExit(f"no <method>-seed<s>/eval/samples.jsonl under {args.folder} for all "
+                         f"seeds {args.seeds}: run scripts/budget.sh first, or pass --seeds")
+    for method, seeds in runs.items():
+        for samples in seeds:
+            if not any(difficulty(s) == "hard" for s in samples):
+                raise SystemExit(f"{method}: an evaluation without synthetic:hard:test samples; "
+                                 "budget.sh evaluates all three difficulties")
+    print(f"## Accuracy within the budget (%), {len(args.seeds)} seeds: mean ±half the spread\n")
+    print("\n".join(accuracy_table(runs, args.caps)))
+    print(f"\nOn the evaluation's own budget ({args.eval_budget} decode steps):")
     print("\n".join(shape_lines(runs)))
-    lines = lead_table(runs, caps)
+    lines = lead_table(runs, args.caps)
     if lines:
         print("\n## Lead over the sequential baseline, hard, at equal decode steps (points)\n")
         print("\n".join(lines))
@@ -213,7 +234,7 @@ def main():
           "(seeds pooled)\n")
     print("\n".join(failure_lines(runs, args.failures_at)))
     if args.plot:
-        plot(runs, caps, args.plot)
+        plot(runs, args.caps, args.plot)
         print(f"\nplot: {args.plot}")
 
 
