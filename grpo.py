@@ -712,6 +712,8 @@ def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
     """The run: the resolved config, the prompt streams and held-out problems, the model copies,
     the optimizer and the schedule. The config's checks come before the weights load."""
     init = default_init(cfg.mode or RECIPE_MODE[cfg.recipe], cfg.model)
+    if os.path.isdir(init):            # saved with the run: a resume from elsewhere finds it
+        init = os.path.abspath(init)
     tokenizer = own_tokenizer(plumbing.resume_path(cfg) or init)
     tiny = tokenizer is None or len(tokenizer) < TINY_VOCAB_LIMIT
     cfg = resolve_defaults(dataclasses.replace(cfg, model=init), tiny, d.world_size)

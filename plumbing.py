@@ -200,6 +200,22 @@ def resume_path(cfg) -> str:
     return path
 
 
+def same_model(a: str | None, b: str | None) -> bool:
+    """Two --model values name the same model (local folders compared as absolute paths)."""
+    if a and b and os.path.isdir(a) and os.path.isdir(b):
+        return os.path.realpath(a) == os.path.realpath(b)
+    return a == b
+
+
+def moved_away(model: str | None) -> bool:
+    """A saved start model that was a local folder and is not there now (moved, or a relative path
+    read from another working folder). A hub name or "tiny" never is."""
+    if not model or model == "tiny":
+        return False
+    looks_local = os.path.isabs(model) or model.startswith(".") or "checkpoint-" in model
+    return looks_local and not os.path.isdir(model)
+
+
 def parse_args(config_class, argv: list[str]):
     """The command line; with --resume, over the config saved in that checkpoint. A resumed run
     writes into the folder of the checkpoint it continues (unless --out_dir says otherwise), and
@@ -216,12 +232,14 @@ def parse_args(config_class, argv: list[str]):
         raise ValueError(f"--resume: {path!r} was written by {writer}, and --resume continues a "
                          f"run of the same script; to start from it, pass --model={path}")
     given = config.flags_given(argv)
-    if "model" in given and cfg.model != saved.get("model"):
-        raise ValueError(f"--model={cfg.model} with --resume={cfg.resume}: a resumed run goes on "
-                         f"from the model it started from ({saved.get('model')}); drop --model, "
-                         f"or start a new run from the checkpoint with --model={path} and no "
-                         "--resume")
     base = dict(saved, resume=path)
+    if "model" in given and not same_model(cfg.model, saved.get("model")):
+        if not moved_away(saved.get("model")):
+            raise ValueError(f"--model={cfg.model} with --resume={cfg.resume}: a resumed run goes "
+                             f"on from the model it started from ({saved.get('model')}); drop "
+                             f"--model, or start a new run from the checkpoint with "
+                             f"--model={path} and no --resume")
+        base["model"] = cfg.model      # the start model was moved: --model says where it is now
     if "out_dir" not in given:                     # where the checkpoint is, not where it was made
         base["out_dir"] = os.path.dirname(os.path.abspath(path))
     return config.parse(config_class, argv, base=base)

@@ -68,6 +68,27 @@ def test_a_resume_refuses_another_model(finished_run, small_model):
     assert same.model == small_model
 
 
+def test_a_resume_whose_start_model_moved_takes_its_new_place(small_model, tmp_path):
+    """A checkpoint whose start model is no longer where it was saved (moved, or a relative path
+    read from another folder) could not resume: the start model was not found, and --model was
+    refused ("drop --model"). Now --model names its new place; while it is still there, another
+    --model is refused as before, and the same folder by another path is accepted."""
+    start = tmp_path / "start"
+    subprocess.run(["cp", "-r", small_model, str(start)], check=True)
+    run = tmp_path / "run"
+    sft.train(sft_config(str(start), run))
+    checkpoint = f"{run}/checkpoint-1"
+    with pytest.raises(ValueError, match="drop --model"):
+        plumbing.parse_args(sft.SFTConfig, [f"--resume={checkpoint}", f"--model={small_model}"])
+    relative = os.path.relpath(start)
+    same = plumbing.parse_args(sft.SFTConfig, [f"--resume={checkpoint}", f"--model={relative}"])
+    assert os.path.realpath(same.model) == os.path.realpath(start)
+    moved = tmp_path / "moved"
+    os.rename(start, moved)
+    cfg = plumbing.parse_args(sft.SFTConfig, [f"--resume={checkpoint}", f"--model={moved}"])
+    assert cfg.model == str(moved)
+
+
 def test_eval_refuses_a_folder_a_live_run_writes(small_model, tmp_path):
     """eval.py wrote its samples into a folder whose training run was still writing it."""
     out = tmp_path / "busy"
