@@ -200,6 +200,9 @@ def resume_path(cfg) -> str:
     return path
 
 
+FIXED_ON_RESUME = ("recipe", "mode", "style")   # what a run is: a resume cannot change it
+
+
 def same_model(a: str | None, b: str | None) -> bool:
     """Two --model values name the same model (local folders compared as absolute paths)."""
     if a and b and os.path.isdir(a) and os.path.isdir(b):
@@ -232,6 +235,12 @@ def parse_args(config_class, argv: list[str]):
         raise ValueError(f"--resume: {path!r} was written by {writer}, and --resume continues a "
                          f"run of the same script; to start from it, pass --model={path}")
     given = config.flags_given(argv)
+    for name in FIXED_ON_RESUME:
+        value = getattr(cfg, name, None)
+        if name in given and name in saved and value != saved[name]:
+            raise ValueError(f"--{name}={value} with --resume={cfg.resume}: that run trains with "
+                             f"--{name}={saved[name]}; drop --{name}, or start a new run from the "
+                             f"checkpoint with --model={path} and no --resume")
     base = dict(saved, resume=path)
     if "model" in given and not same_model(cfg.model, saved.get("model")):
         if not moved_away(saved.get("model")):

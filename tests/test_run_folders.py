@@ -66,6 +66,12 @@ def test_a_resume_refuses_another_model(finished_run, small_model):
         plumbing.parse_args(sft.SFTConfig, [f"--resume={checkpoint}", "--model=tiny"])
     same = plumbing.parse_args(sft.SFTConfig, [f"--resume={checkpoint}", f"--model={small_model}"])
     assert same.model == small_model
+    saved_mode = same.mode                      # nor another mode (grpo: recipe), said nothing
+    other_mode = "seen" if saved_mode == "unseen" else "unseen"
+    with pytest.raises(ValueError, match=f"--mode={other_mode} with --resume=.*drop --mode"):
+        plumbing.parse_args(sft.SFTConfig, [f"--resume={checkpoint}", f"--mode={other_mode}"])
+    again = plumbing.parse_args(sft.SFTConfig, [f"--resume={checkpoint}", f"--mode={saved_mode}"])
+    assert again.mode == saved_mode
 
 
 def test_a_resume_whose_start_model_moved_takes_its_new_place(small_model, tmp_path):
