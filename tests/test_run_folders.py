@@ -224,3 +224,11 @@ def test_a_resume_into_a_locked_folder_refuses_before_it_says_resumed(finished_r
         other.kill()
         other.wait()
     assert "resumed from" not in capsys.readouterr().out
+
+
+def test_a_model_that_is_a_file_is_named(tmp_path):
+    """--model=README.md gave transformers' "config file ... is not a valid JSON file"."""
+    not_a_model = tmp_path / "README.md"
+    not_a_model.write_text("# notes")
+    with pytest.raises(OSError, match=f"--model={not_a_model} is a file: give a checkpoint"):
+        ev.own_tokenizer(str(not_a_model))
