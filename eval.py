@@ -346,10 +346,10 @@ class EvalConfig:
     prompt_file: str = ""              # a template with {problem}; "" = the checkpoint's, else ours
     max_new_tokens: config.PositiveInt | None = None   # response budget, paths and summaries in
     budget: Literal["tokens", "steps"] = "tokens"   # max_new_tokens bounds T, or D (decode steps)
-    temperature: config.NonNegativeFloat = 1.0
-    top_p: Annotated[float, config.Range(low=0, high=1, low_open=True)] = 1.0
-    num_paths: Annotated[int, config.Range(low=2)] = 2
-    max_blocks: config.NonNegativeInt = 4
+    temperature: config.NonNegativeFloat = 1.0     # 0 = greedy
+    top_p: Annotated[float, config.Range(low=0, high=1, low_open=True)] = 1.0   # nucleus sampling
+    num_paths: Annotated[int, config.Range(low=2)] = 2   # paths per block the runtime samples
+    max_blocks: config.NonNegativeInt = 4          # then <Parallel> is masked
     batch_size: config.PositiveInt | None = None   # problems per generate call (x k rows)
     limit: config.NonNegativeInt | None = None     # problems per benchmark (0 = all)
     verifier: Literal["default", "paper"] = "default"   # math-aware, or the official string match
