@@ -11,7 +11,7 @@
 # of $EVAL_BUDGET, on all 500 test problems per difficulty, 4 samples each; budget_curve.py then
 # counts a response as right at cap c only if it is right and spent at most c tokens (or decode
 # steps): a post-hoc cut, the same for every method.
-# Jobs run on $LANES one-thread lanes, longest first (49 minutes on 2 cores); a failed chain does not
+# Jobs run on $LANES one-thread lanes, longest first (~50 min on 2 cores); a failed chain does not
 # stop the others, and a rerun skips every step whose output exists. The runs land in $OUT. The
 # table (budget.md) and the plot (budget.png) go to results/ for the default SEEDS and METHODS,
 # else to $OUT (set RESULTS= to choose).
