@@ -44,6 +44,10 @@ for seed in $SEEDS; do
     exit 2
   fi
 done
+if ! [[ $LANES =~ ^[1-9][0-9]*$ ]]; then
+  echo "budget.sh: LANES=$LANES: give the number of jobs at once, 1 or more (2 on 2 cores)" >&2
+  exit 2
+fi
 for method in $METHODS; do
   if ! [[ " $KNOWN_METHODS " == *" $method "* ]]; then
     echo "budget.sh: unknown method '$method' in METHODS; known: $KNOWN_METHODS" >&2
