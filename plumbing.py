@@ -242,6 +242,10 @@ def parse_args(config_class, argv: list[str]):
                              f"--{name}={saved[name]}; drop --{name}, or start a new run from the "
                              f"checkpoint with --model={path} and no --resume")
     base = dict(saved, resume=path)
+    if saved_by_grpo and "model" not in given and moved_away(saved.get("model")):
+        raise ValueError(f"--resume={cfg.resume}: the run started from {saved.get('model')}, "
+                         "which is not there now (moved, or a path relative to another folder): "
+                         "pass --model=<where it is now> with --resume")
     if "model" in given and not same_model(cfg.model, saved.get("model")):
         if not moved_away(saved.get("model")):
             raise ValueError(f"--model={cfg.model} with --resume={cfg.resume}: a resumed run goes "

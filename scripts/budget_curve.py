@@ -183,8 +183,15 @@ def plot(runs: dict, caps: list[int], path: str):
 
 
 def number_list(text: str) -> list[int]:
-    """'32,48,64' -> [32, 48, 64]; argparse turns the ValueError into a usage error."""
-    return [int(part) for part in text.split(",")]
+    """'32,48,64' -> [32, 48, 64], distinct whole numbers >= 0 (caps: >= 1 is checked in main)."""
+    try:
+        numbers = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers separated by commas, "
+                                         "e.g. 0,1,2") from None
+    if min(numbers) < 0 or len(set(numbers)) != len(numbers):
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct numbers, 0 or more")
+    return numbers
 
 
 def main():
@@ -202,9 +209,11 @@ def main():
     args = parser.parse_args()
     if not os.path.isdir(args.folder):
         raise SystemExit(f"{args.folder} is not a folder: give the OUT folder of scripts/budget.sh")
-    if max(args.caps) > args.eval_budget:
-        raise SystemExit(f"--caps={max(args.caps)} is above --eval_budget={args.eval_budget}: the "
-                         "evaluation cut those responses itself")
+    if max(args.caps) > args.eval_budget or min(args.caps) < 1:
+        caps = ",".join(str(c) for c in args.caps)
+        raise SystemExit(f"--caps={caps}: give caps from 1 to --eval_budget={args.eval_budget}"
+                         " (the evaluation cut longer responses itself; pass --eval_budget if it "
+                         "ran with another)")
     runs = {}
     for method in METHODS:
         folders = [os.path.join(args.folder, f"{method}-seed{s}", "eval") for s in args.seeds]
@@ -215,8 +224,10 @@ def main():
             print(f"(left out: {method}, whose runs lack seeds of {args.seeds}: "
                   f"{len(found)} of {len(folders)} found)")
     if not runs:
-        raise SystemExit(f"no <method>-seed<s>/eval/samples.jsonl under {args.folder} for all "
-                         f"seeds {args.seeds}: run scripts/budget.sh first, or pass --seeds")
+        seeds = ",".join(str(seed) for seed in args.seeds)
+        raise SystemExit(f"no method under {args.folder} has <method>-seed<s>/eval/samples.jsonl "
+                         f"for every seed of --seeds={seeds}: run scripts/budget.sh first, or "
+                         "pass the seeds it ran")
     for method, seeds in runs.items():
         for samples in seeds:
             if not any(difficulty(s) == "hard" for s in samples):

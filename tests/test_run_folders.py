@@ -1,6 +1,7 @@
 """Run folders and bad input: each case either changed something the user did not point at or
 explained itself badly (a library traceback naming no flag or file). Each test failed before its
 fix."""
+import dataclasses
 import gzip
 import json
 import os
@@ -9,6 +10,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 import eval as ev
 import grpo
@@ -232,3 +234,16 @@ def test_a_model_that_is_a_file_is_named(tmp_path):
     not_a_model.write_text("# notes")
     with pytest.raises(OSError, match=f"--model={not_a_model} is a file: give a checkpoint"):
         ev.own_tokenizer(str(not_a_model))
+
+
+def test_a_grpo_resume_whose_start_model_is_gone_says_to_name_it(tmp_path):
+    """The start model of a GRPO run (its KL reference) was moved: the resume failed on a path the
+    user never typed ("no folder .../checkpoint-2: pass an existing checkpoint folder")."""
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    checkpoint.mkdir(parents=True)
+    gone = str(tmp_path / "sft" / "checkpoint-2")
+    config = dataclasses.asdict(grpo.GRPOConfig(model=gone, recipe="baseline"))
+    torch.save({"config": config}, checkpoint / "trainer_state.pt")
+    with pytest.raises(ValueError, match=f"started from {gone}, which is not there now.*"
+                                         r"pass --model=<where it is now> with --resume"):
+        plumbing.parse_args(grpo.GRPOConfig, [f"--resume={checkpoint}"])
