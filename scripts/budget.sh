@@ -93,7 +93,10 @@ chain() {
     echo "[$(date +%H:%M:%S)] $*"
     local t0
     t0=$(date +%s)
-    "$@" || return 1
+    if ! "$@"; then
+      echo "[$(date +%H:%M:%S)] failed (exit $?): $*"
+      return 1
+    fi
     echo "[$(date +%H:%M:%S)] done in $(( $(date +%s) - t0 )) s"
   }
   if [ ! -d "$dir/sft/checkpoint-$SFT_STEPS" ]; then
