@@ -93,8 +93,10 @@ chain() {
     echo "[$(date +%H:%M:%S)] $*"
     local t0
     t0=$(date +%s)
-    if ! "$@"; then
-      echo "[$(date +%H:%M:%S)] failed (exit $?): $*"
+    local status=0
+    "$@" || status=$?
+    if [ "$status" -ne 0 ]; then
+      echo "[$(date +%H:%M:%S)] failed (exit $status): $*"
       return 1
     fi
     echo "[$(date +%H:%M:%S)] done in $(( $(date +%s) - t0 )) s"
