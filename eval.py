@@ -231,9 +231,6 @@ def own_tokenizer(name_or_path: str):
     for "tiny"); OSError naming the model when it cannot be loaded."""
     if name_or_path == "tiny":
         return None
-    if os.path.isfile(name_or_path):
-        raise OSError(f"--model={name_or_path} is a file: give a checkpoint folder (e.g. "
-                      "runs/demo/grpo/checkpoint-100), a hub name, or tiny")
     check_model_name(name_or_path, weights=False)
     try:
         return AutoTokenizer.from_pretrained(name_or_path)

@@ -103,9 +103,12 @@ def looks_like_a_path(name: str) -> bool:
     return os.sep != "/" and os.sep in name
 
 
-def check_model_name(name: str, weights: bool = True) -> None:
-    """FileNotFoundError, saying what to pass, for a path-like name that is no folder, a run folder
-    (naming a checkpoint in it), or (with `weights`) a folder without config.json."""
+def check_model_name(name: str, weights: bool = True, flag: str = "--model") -> None:
+    """FileNotFoundError, saying what to pass, for a file, a path-like name that is no folder, a
+    run folder (naming a checkpoint in it), or (with `weights`) a folder without config.json."""
+    if os.path.isfile(name):
+        raise FileNotFoundError(f"{flag}={name} is a file: give a checkpoint folder (e.g. "
+                                "runs/demo/grpo/checkpoint-100), a hub name, or tiny")
     if not os.path.isdir(name) and looks_like_a_path(name):
         raise FileNotFoundError(f"no folder {name!r}: pass an existing checkpoint folder (e.g. "
                                 "runs/sft/checkpoint-400), a hub name like Qwen/Qwen3-4B-Base, "
@@ -148,7 +151,7 @@ def hub_reachable() -> bool:
 def load_tokenizer_only(name: str):
     """The tokenizer of --tokenizer (a folder or a cached hub name), for the tiny model. OSError
     naming the flag when there is none."""
-    check_model_name(name, weights=False)
+    check_model_name(name, weights=False, flag="--tokenizer")
     try:
         return AutoTokenizer.from_pretrained(name, local_files_only=not os.path.isdir(name)
                                              and not hub_reachable())

@@ -27,6 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # scripts/failures.py
 import failures
+import seeds_table
 
 METHODS = ("sequential", "parallel-2", "parallel-4", "parallel-4-all")
 DIFFICULTIES = ("easy", "medium", "hard")
@@ -62,11 +63,8 @@ def accuracy(samples: list[dict], level: str, cap: int, rule: str) -> float:
 
 
 def spread_cell(values: list[float]) -> str:
-    mean = sum(values) / len(values)
-    if len(values) == 1:
-        return f"{mean:.1f}"
-    half_spread = (max(values) - min(values)) / 2
-    return f"{mean:.1f} ±{half_spread:.1f}"
+    """Percentages as "mean ±half the spread", as seeds_table writes its cells."""
+    return seeds_table.cell(values, scale=1.0)
 
 
 def accuracy_table(runs: dict, caps: list[int]) -> list[str]:
