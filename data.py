@@ -213,6 +213,148 @@ def synthetic_records(split: str, part: str, style: str, limit: int | None, seed
 
 
 # ---------------------------------------------------------------------------------------------
+# The carry task (README, "Where parallel thinking pays"): the pair question with two-digit
+# numbers, "Which two of 94 41 40 69 45 make 85?", and long attempts. An attempt adds in columns
+# with the carry and checks, ~47 tokens against a block's ~13 of tags and summary, so paths
+# decoded side by side save decode steps here, where the pair task's (~15 tokens) do not:
+#     40+45: 0+5=5 carry 0, 4+4+0=8 -> 85 vs 85: ok 40, 45
+# A checked attempt ends with its pair, so a summary (and the answer) copies the last tokens of
+# the path that says ok. The candidates are the pairs whose units digits make the target's
+# units digit; exactly one of them is right (the others fail at the tens). The teacher tries
+# candidates only, a rule the model can read off the numbers, so one attempt succeeds with
+# probability 1 / candidates. A sequential trace tries them in a random order, never twice,
+# until one checks: any round can fail. A parallel trace opens, with probability
+# parallel_fraction, one block of max_paths attempts, each an independent draw from the
+# candidates (Unseen paths cannot see each other, so repeats are what a model's block does); its
+# summary copies the checked pair, or says "none", after which single attempts try the untried
+# candidates.
+
+CARRY_SPLITS = {"easy": (4, 2), "medium": (5, 3), "hard": (6, 3)}   # -> (numbers, candidates)
+CARRY_NAMES = [f"carry:{s}{p}" for s in CARRY_SPLITS for p in ("", ":rl", ":test")]
+CARRY_NUMBERS = range(10, 100)  # two-digit numbers
+BASE = 10                       # a column's digit; a column sum of BASE or more carries one
+SWAP_CHANCE = 0.5               # an attempt writes its pair in either order, equally often
+
+
+@dataclasses.dataclass(frozen=True)
+class CarryProblem(PairProblem):
+    """A pair problem of the carry task: distinct two-digit numbers, a target (20-197) that
+    exactly one pair makes."""
+
+    @property
+    def candidates(self) -> list[tuple[int, int]]:
+        """The pairs (list order) whose units digits add up to the target's units digit."""
+        numbers = self.numbers
+        return [(a, b) for i, a in enumerate(numbers) for b in numbers[i + 1:]
+                if (a + b - self.target) % BASE == 0]
+
+
+def make_carry_problem(rng: random.Random, size: int, candidates: int) -> CarryProblem:
+    """`size` distinct two-digit numbers and a target that exactly one pair makes, with exactly
+    `candidates` pairs (the right one included) whose units digits make the target's."""
+    while True:
+        numbers = tuple(rng.sample(CARRY_NUMBERS, size))
+        pairs = [(a, b) for i, a in enumerate(numbers) for b in numbers[i + 1:]]   # list order
+        sums = collections.Counter(a + b for a, b in pairs)
+        target = rng.choice(sorted(sums))
+        if sums[target] != 1:
+            continue
+        problem = CarryProblem(numbers, target, next(p for p in pairs if sum(p) == target))
+        if len(problem.candidates) == candidates:
+            return problem
+
+
+def carry_part(problem: CarryProblem) -> str:
+    """The part of a carry problem's number pattern (the list as a set, the target), hashed as
+    `problem_part` hashes the pair task's: "train" (3 in 5), "rl" or "test" (1 in 5 each)."""
+    key = repr(("carry", sorted(problem.numbers), problem.target)).encode()
+    digest = hashlib.blake2b(key, digest_size=8).digest()
+    return SYNTHETIC_PARTS[int.from_bytes(digest, "big") % len(SYNTHETIC_PARTS)]
+
+
+def carry_problems(split: str, part: str = "train", n: int | None = None,
+                   seed: int = 0) -> list[CarryProblem]:
+    """`n` carry problems of difficulty `split` and `part` (at most SYNTHETIC_SIZES[part]), the
+    same on every machine; a shorter list is a prefix (as `synthetic_problems`)."""
+    rng = random.Random(f"carry:{split}:{part}:{seed}")
+    size, candidates = CARRY_SPLITS[split]
+    limit = SYNTHETIC_SIZES[part]
+    count = limit if n is None else min(n, limit)
+    out = []
+    while len(out) < count:
+        p = make_carry_problem(rng, size, candidates)
+        if carry_part(p) == part:
+            out.append(p)
+    return out
+
+
+def carry_attempt(a: int, b: int, target: int) -> str:
+    """One attempt: a + b in columns, the carry, the sum against the target, the verdict (and,
+    if it checks, the pair: what the summary and the answer copy)."""
+    units = a % BASE + b % BASE
+    carry = units // BASE
+    tens = a // BASE + b // BASE + carry
+    verdict = "no"
+    if a + b == target:
+        verdict = f"ok {a}, {b}"
+    return (f"{a}+{b}: {a % BASE}+{b % BASE}={units} carry {carry}, "
+            f"{a // BASE}+{b // BASE}+{carry}={tens} -> {a + b} vs {target}: {verdict}")
+
+
+def render_carry_trace(problem: CarryProblem, rng: random.Random, parallel_fraction: float = 0.5,
+                       num_paths: int = 4) -> str:
+    """The teacher's solution (text with tags, no EOS): an optional first block of `num_paths`
+    independent attempts, then single attempts at the untried candidates until one checks."""
+    candidates = problem.candidates
+    target = problem.target
+
+    def in_some_order(pair):
+        a, b = pair
+        if rng.random() < SWAP_CHANCE:
+            return b, a
+        return a, b
+
+    lines = []
+    found = None
+    tried = set()
+    if rng.random() < parallel_fraction:
+        draws = [in_some_order(rng.choice(candidates)) for _ in range(num_paths)]
+        tried = {frozenset(pair) for pair in draws}
+        found = next((f"{a}, {b}" for a, b in draws if a + b == target), None)
+        paths = "".join(f"<Path>{carry_attempt(a, b, target)}</Path>" for a, b in draws)
+        lines.append(f"<Parallel>{paths}</Parallel>\n<Summary>{found or 'none'}</Summary>")
+    untried = [pair for pair in candidates if frozenset(pair) not in tried]
+    rng.shuffle(untried)
+    for pair in untried:
+        if found:
+            break
+        a, b = in_some_order(pair)
+        lines.append(carry_attempt(a, b, target))
+        if a + b == target:
+            found = f"{a}, {b}"
+    return "\n".join(lines) + f"\nFinal Answer: {found}"
+
+
+def carry_records(split: str, part: str, style: str, limit: int | None, seed: int,
+                  parallel_fraction: float, max_paths: int = 2) -> list[dict]:
+    """Records of the carry task with teacher traces (style "sequential": no block; else a first
+    block of max_paths paths with probability parallel_fraction), each drawn with its own
+    seed."""
+    if not 0 <= parallel_fraction <= 1:
+        raise ValueError(f"parallel_fraction must be in [0, 1], got {parallel_fraction}")
+    fraction = 0.0 if style == "sequential" else parallel_fraction
+    source = f"carry:{split}"
+    if part != "train":
+        source += f":{part}"
+    records = []
+    for i, p in enumerate(carry_problems(split, part, limit, seed)):
+        trace = render_carry_trace(p, random.Random(f"{source}:{seed}:{i}"), fraction, max_paths)
+        records.append({"id": f"{source}-{i}", "problem": p.text, "answer": p.answer,
+                        "source": source, "solution": trace})
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
 # Answers, problems and traces of the real sets
 
 THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+")            # 1,450,000
@@ -508,6 +650,10 @@ def load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
         part = synthetic.group(2) or "train"
         return synthetic_records(synthetic.group(1), part, style, limit, seed, parallel_fraction,
                                  max_paths)
+    carry = re.fullmatch(r"carry:(\w+)(?::(rl|test))?", name)
+    if carry and carry.group(1) in CARRY_SPLITS:
+        return carry_records(carry.group(1), carry.group(2) or "train", style, limit, seed,
+                             parallel_fraction, max_paths)
     if name in KNOWN_DATASETS:
         folder = data_dir or default_data_dir()
         if folder and not os.path.isdir(folder):           # only a folder the user named
@@ -525,7 +671,7 @@ def load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
         rows = read_rows(name)
         where = name
     else:
-        known = ", ".join(SYNTHETIC_NAMES + list(KNOWN_DATASETS))
+        known = ", ".join(SYNTHETIC_NAMES + CARRY_NAMES + list(KNOWN_DATASETS))
         raise ValueError(f"unknown dataset {name!r}; known: {known}, or a path to a "
                          ".jsonl/.json/.parquet file")
     records = records_from_rows(rows, name, style, strict, where, tokenizer)

@@ -2,11 +2,13 @@
 
     python scripts/show_data.py --show=synthetic:hard --n=2
     python scripts/show_data.py --show=synthetic:easy --style=sequential
+    python scripts/show_data.py --show=carry:hard --max_paths=4 --parallel_fraction=1.0
     python scripts/show_data.py --show=parallel_gsm8k --n=1
 """
 import os
 import sys
 from dataclasses import dataclass
+from typing import Annotated
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
 
@@ -22,6 +24,8 @@ class ShowConfig:
     """show_data.py --show=synthetic:hard --n=2: problems, prompts, traces, lengths."""
     show: str = "synthetic:easy"       # a load_data spec
     style: Style = "parallel"
+    parallel_fraction: config.UnitInterval = 0.5   # synthetic traces: the chance of a block
+    max_paths: Annotated[int, config.Range(low=2)] = 2   # synthetic: the widest block
     n: config.NonNegativeInt = 3       # records printed
     seed: config.Seed = 0
     limit: config.NonNegativeInt = 0   # records for the length statistics (0: all; synthetic: 2000)
@@ -36,10 +40,11 @@ def tiny_tokens(text: str) -> int:
 def main(argv: list[str]) -> None:
     cfg = config.parse(ShowConfig, argv)                    # refuses --n=-1 (NonNegativeInt)
     tok = build_char_tokenizer()
-    synthetic = all(n.strip().startswith("synthetic:") for n in cfg.show.split(","))
+    synthetic = all(n.strip().startswith(("synthetic:", "carry:")) for n in cfg.show.split(","))
     default_limit = SYNTHETIC_STATS_LIMIT if synthetic else None
     records = load_data(cfg.show, style=cfg.style, limit=cfg.limit or default_limit, seed=cfg.seed,
-                        data_dir=cfg.data_dir or None)
+                        data_dir=cfg.data_dir or None, parallel_fraction=cfg.parallel_fraction,
+                        max_paths=cfg.max_paths)
     for r in records[:cfg.n]:
         print(f"--- {r['id']}  (answer {r['answer']})\n{build_prompt(tok, r['problem'], cfg.style)}"
               + (r["solution"] or "(no solution)"))
