@@ -12,6 +12,7 @@ patterns), the real sets of `KNOWN_DATASETS` (read from `data_dir`, else $PARALL
 import collections
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -219,17 +220,17 @@ def synthetic_records(split: str, part: str, style: str, limit: int | None, seed
 # decoded side by side save decode steps here, where the pair task's (~15 tokens) do not:
 #     40+45: 0+5=5 carry 0, 4+4+0=8 -> 85 vs 85: ok 40, 45
 # A checked attempt ends with its pair, so a summary (and the answer) copies the last tokens of
-# the path that says ok. The candidates are the pairs whose units digits make the target's
-# units digit; exactly one of them is right (the others fail at the tens). The teacher tries
-# candidates only, a rule the model can read off the numbers, so one attempt succeeds with
-# probability 1 / candidates. A sequential trace tries them in a random order, never twice,
-# until one checks: any round can fail. A parallel trace opens, with probability
-# parallel_fraction, one block of max_paths attempts, each an independent draw from the
-# candidates (Unseen paths cannot see each other, so repeats are what a model's block does); its
-# summary copies the checked pair, or says "none", after which single attempts try the untried
-# candidates.
+# the path that says ok. The right pair stands side by side in the list, and the teacher tries
+# neighbours only (the candidates): a rule the model can read off the layout, which says nothing
+# about the sums (a rule on the digits, e.g. units that make the target's, taught the model to
+# write sums that end like the target). One attempt succeeds with probability 1 / (numbers - 1).
+# A sequential trace tries the candidates in a random order, never twice, until one checks: any
+# round can fail. A parallel trace opens, with probability parallel_fraction, one block of
+# max_paths attempts, each an independent draw from the candidates (Unseen paths cannot see each
+# other, so repeats are what a model's block does); its summary copies the checked pair, or says
+# "none", after which single attempts try the untried candidates.
 
-CARRY_SPLITS = {"easy": (4, 2), "medium": (5, 3), "hard": (6, 3)}   # -> (numbers, candidates)
+CARRY_SPLITS = {"easy": 4, "medium": 5, "hard": 6}   # difficulty -> numbers in the list
 CARRY_NAMES = [f"carry:{s}{p}" for s in CARRY_SPLITS for p in ("", ":rl", ":test")]
 CARRY_NUMBERS = range(10, 100)  # two-digit numbers
 BASE = 10                       # a column's digit; a column sum of BASE or more carries one
@@ -238,30 +239,25 @@ SWAP_CHANCE = 0.5               # an attempt writes its pair in either order, eq
 
 @dataclasses.dataclass(frozen=True)
 class CarryProblem(PairProblem):
-    """A pair problem of the carry task: distinct two-digit numbers, a target (20-197) that
-    exactly one pair makes."""
+    """A pair problem of the carry task: distinct two-digit numbers, a target (21-197) that
+    exactly one pair makes, and that pair side by side in the list."""
 
     @property
     def candidates(self) -> list[tuple[int, int]]:
-        """The pairs (list order) whose units digits add up to the target's units digit."""
-        numbers = self.numbers
-        return [(a, b) for i, a in enumerate(numbers) for b in numbers[i + 1:]
-                if (a + b - self.target) % BASE == 0]
+        """The neighbouring pairs of the list, in list order: what the teacher tries."""
+        return list(itertools.pairwise(self.numbers))
 
 
-def make_carry_problem(rng: random.Random, size: int, candidates: int) -> CarryProblem:
-    """`size` distinct two-digit numbers and a target that exactly one pair makes, with exactly
-    `candidates` pairs (the right one included) whose units digits make the target's."""
+def make_carry_problem(rng: random.Random, size: int) -> CarryProblem:
+    """`size` distinct two-digit numbers and a target that exactly one pair makes, a pair of
+    neighbours (each neighbouring pair equally likely)."""
     while True:
         numbers = tuple(rng.sample(CARRY_NUMBERS, size))
-        pairs = [(a, b) for i, a in enumerate(numbers) for b in numbers[i + 1:]]   # list order
-        sums = collections.Counter(a + b for a, b in pairs)
-        target = rng.choice(sorted(sums))
-        if sums[target] != 1:
-            continue
-        problem = CarryProblem(numbers, target, next(p for p in pairs if sum(p) == target))
-        if len(problem.candidates) == candidates:
-            return problem
+        sums = collections.Counter(a + b for i, a in enumerate(numbers) for b in numbers[i + 1:])
+        at = rng.randrange(size - 1)
+        pair = (numbers[at], numbers[at + 1])
+        if sums[sum(pair)] == 1:
+            return CarryProblem(numbers, sum(pair), pair)
 
 
 def carry_part(problem: CarryProblem) -> str:
@@ -277,12 +273,11 @@ def carry_problems(split: str, part: str = "train", n: int | None = None,
     """`n` carry problems of difficulty `split` and `part` (at most SYNTHETIC_SIZES[part]), the
     same on every machine; a shorter list is a prefix (as `synthetic_problems`)."""
     rng = random.Random(f"carry:{split}:{part}:{seed}")
-    size, candidates = CARRY_SPLITS[split]
     limit = SYNTHETIC_SIZES[part]
     count = limit if n is None else min(n, limit)
     out = []
     while len(out) < count:
-        p = make_carry_problem(rng, size, candidates)
+        p = make_carry_problem(rng, CARRY_SPLITS[split])
         if carry_part(p) == part:
             out.append(p)
     return out

@@ -1,15 +1,20 @@
 """Accuracy against the budget, in tokens (T) and in decode steps (D), from eval.py samples.
 
     python scripts/budget_curve.py runs/budget [--seeds=0,1,2] [--caps=32,48,64,96,128]
-                                   [--failures_at=48] [--plot=results/budget.png]
+        [--failures_at=48] [--target_lead=5] [--json=results/budget-pair.json]
+    python scripts/budget_curve.py --plot=results/budget.png \
+        --rows=results/budget-pair.json,results/budget-carry.json
 
-The folder holds what scripts/budget.sh writes: <method>-seed<s>/eval/samples.jsonl for each
-method of METHODS it finds for every seed. Printed: per difficulty and rule, each method's accuracy
-at each cap (mean over seeds, then ± half the spread (max - min) / 2); per seed, each parallel
-method's lead over the sequential baseline on hard at each decode-step cap, and whether one cap
-has every seed ahead by TARGET_LEAD; the failure classes of hard responses at --failures_at decode
-steps ("over the cap" when the response needs more). The plot has two panels
-(tokens, decode steps): hard accuracy per method, error bars = the seeds' min and max.
+The folder holds what scripts/budget.sh writes for one task (the pair task, data.py's synthetic:*,
+or the carry task, carry:*): <method>-seed<s>/eval/samples.jsonl for each method of METHODS it
+finds for every seed. Printed: per difficulty and rule, each method's accuracy at each cap (mean
+over seeds, then ± half the spread (max - min) / 2); per seed, each parallel method's lead over the
+sequential baseline on hard at each decode-step cap, and whether one cap has every seed ahead by
+--target_lead; the failure classes of hard responses at --failures_at decode steps ("over the cap"
+when the response needs more); the rule's numbers (`rule_figures`). --json keeps the hard curves
+and the rule's numbers; --plot draws hard accuracy per method against the budget, a row per task
+(--rows: the JSON files of earlier calls; else this folder's), two panels (tokens, decode steps),
+error bars = the seeds' min and max.
 
 A response counts as right at cap c when it is right and fits in c: its T (or D) without the final
 EOS is at most c. (A sampler with budget c writes those c tokens and has no room for the EOS; the
@@ -23,6 +28,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # scripts/failures.py
@@ -33,6 +39,11 @@ METHODS = ("sequential", "parallel-2", "parallel-4", "parallel-4-all")
 DIFFICULTIES = ("easy", "medium", "hard")
 RULES = {"T": "tokens", "D": "decode steps"}
 TARGET_LEAD = 5.0        # issue 27's target: points on hard at an equal decode-step budget
+TASKS = {"synthetic": "pair task", "carry": "carry task"}   # a benchmark's first word -> its task
+TAG = re.compile(r"</?(?:Parallel|Path|Summary)>")           # one token each
+BLOCK = re.compile(r"<Parallel>(.*?)</Parallel>\s*<Summary>(.*?)</Summary>", re.DOTALL)
+PATH = re.compile(r"<Path>(.*?)</Path>", re.DOTALL)
+PATH_TAGS = 2            # <Path> and </Path>: a path's tokens beyond its text
 
 
 def load_samples(folder: str) -> list[dict]:
@@ -96,10 +107,10 @@ def shape_lines(runs: dict) -> list[str]:
     return lines
 
 
-def lead_table(runs: dict, caps: list[int]) -> list[str]:
+def lead_table(runs: dict, caps: list[int], target: float = TARGET_LEAD) -> list[str]:
     """Per seed, each parallel method's hard accuracy minus the sequential baseline's at each
-    decode-step cap, then the smallest over the seeds (the target's test) and the mean; none
-    without a baseline."""
+    decode-step cap, then the smallest over the seeds (the target's test: every seed at least
+    `target` ahead at one cap) and the mean; none without a baseline."""
     if "sequential" not in runs:
         return []
     header = "| method | seed | " + " | ".join(str(c) for c in caps) + " |"
@@ -128,9 +139,9 @@ def lead_table(runs: dict, caps: list[int]) -> list[str]:
             if best_mean_lead is None or mean > best_mean_lead:
                 best_mean_lead = mean
                 best_cap = cap
-    met = target_lead is not None and target_lead >= TARGET_LEAD
+    met = target_lead is not None and target_lead >= target
     verdict = "met" if met else "not met"
-    lines.append(f"\nTarget (every seed >= {TARGET_LEAD:+.0f} on hard at one decode-step cap): "
+    lines.append(f"\nTarget (every seed >= {target:+.0f} on hard at one decode-step cap): "
                  f"{verdict}; the largest lead every seed holds is {target_lead:+.1f} "
                  f"(at {target_cap} decode steps); the largest mean lead {best_mean_lead:+.1f} "
                  f"(at {best_cap}).")
@@ -157,25 +168,100 @@ def failure_lines(runs: dict, cap: int) -> list[str]:
     return lines
 
 
-def plot(runs: dict, caps: list[int], path: str):
+def task_of(samples: list[dict]) -> str:
+    """The task of an evaluation, from its benchmarks' names (TASKS); ValueError for another."""
+    first_word = samples[0]["benchmark"].split(":")[0]
+    if first_word not in TASKS:
+        raise ValueError(f"not a pair or carry task evaluation: {samples[0]['benchmark']!r}")
+    return TASKS[first_word]
+
+
+def tokens(text: str) -> int:
+    """The tiny model's tokens of a response text: one per character, one per tag."""
+    return len(TAG.sub("#", text))
+
+
+def rule_figures(samples: list[dict]) -> dict:
+    """The rule's numbers on hard responses: the mean attempt length in tokens (a block's path
+    texts and the main chain's lines other than the answer), a block's overhead in tokens (its
+    tags and summary: its tokens less its path texts) and in decode steps (its steps, the longest
+    path counted once, less that path's text), the attempts (paths) per block, and the decode-step
+    saving mean T / mean D. None where there is nothing to average."""
+    attempts = []
+    overhead_tokens = []
+    overhead_steps = []
+    widths = []
+    hard = [s for s in samples if difficulty(s) == "hard"]
+    for s in hard:
+        for block in BLOCK.finditer(s["response"]):
+            paths = [tokens(path) for path in PATH.findall(block.group(1))]
+            if not paths:
+                continue
+            size = tokens(block.group(0))
+            overhead_tokens.append(size - sum(paths))
+            steps = size - sum(paths) - PATH_TAGS * (len(paths) - 1)
+            overhead_steps.append(steps)
+            widths.append(len(paths))
+            attempts += paths
+        main_chain = BLOCK.sub("", s["response"]).split("\n")
+        attempts += [tokens(line) for line in main_chain
+                     if line.strip() and not line.startswith("Final Answer")]
+
+    def average(values: list) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    return {"attempt tokens": average(attempts),
+            "block overhead tokens": average(overhead_tokens),
+            "block overhead decode steps": average(overhead_steps),
+            "attempts per block": average(widths),
+            "T / D": sum(s["T"] for s in hard) / sum(s["D"] for s in hard)}
+
+
+def rule_lines(runs: dict) -> list[str]:
+    """rule_figures of each method, seeds pooled."""
+    lines = []
+    for method, seeds in runs.items():
+        figures = rule_figures([s for samples in seeds for s in samples])
+        parts = [f"{name} {value:.2f}" for name, value in figures.items() if value is not None]
+        lines.append(f"- {method}: " + ", ".join(parts))
+    return lines
+
+
+def curves(runs: dict, caps: list[int], task: str, figures: dict) -> dict:
+    """What --json keeps: the task, the caps, per method and rule the hard accuracy of each seed
+    at each cap, and each method's rule_figures."""
+    out = {"task": task, "caps": caps, "methods": {}, "rule": figures}
+    for method, seeds in runs.items():
+        out["methods"][method] = {rule: [[accuracy(samples, "hard", c, rule) for c in caps]
+                                         for samples in seeds] for rule in RULES}
+    return out
+
+
+def plot(rows: list[dict], path: str):
+    """A row per task (a `curves` dict): hard accuracy per method against the budget in tokens
+    and in decode steps, the mean over seeds with the seeds' min and max as error bars."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for ax, (rule, rule_name) in zip(axes, RULES.items()):
-        for method, seeds in runs.items():
-            per_cap = [[accuracy(s, "hard", c, rule) for s in seeds] for c in caps]
-            means = [sum(v) / len(v) for v in per_cap]
-            below = [max(0.0, m - min(v)) for m, v in zip(means, per_cap)]   # >= 0 despite
-            above = [max(0.0, max(v) - m) for m, v in zip(means, per_cap)]   # rounding
-            ax.errorbar(caps, means, yerr=[below, above], marker="o", capsize=3, label=method)
-        ax.set_xlabel(f"budget ({rule_name})")
-        ax.set_title(f"hard, budget in {rule_name}")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("accuracy within the budget (%)")
-    axes[0].legend()
-    seeds = len(next(iter(runs.values())))
-    fig.suptitle(f"Mean@4 on 500 hard problems, {seeds} seeds (error bars: min and max)")
+    fig, axes = plt.subplots(len(rows), 2, figsize=(10, 4 * len(rows)), squeeze=False)
+    for row, task_axes in zip(rows, axes):
+        caps = row["caps"]
+        for ax, (rule, rule_name) in zip(task_axes, RULES.items()):
+            for method, per_rule in row["methods"].items():
+                per_cap = list(zip(*per_rule[rule]))              # cap -> the seeds' values
+                means = [sum(v) / len(v) for v in per_cap]
+                below = [max(0.0, m - min(v)) for m, v in zip(means, per_cap)]   # >= 0 despite
+                above = [max(0.0, max(v) - m) for m, v in zip(means, per_cap)]   # rounding
+                ax.errorbar(caps, means, yerr=[below, above], marker="o", capsize=3,
+                            label=method)
+            ax.set_xlabel(f"budget ({rule_name})")
+            ax.set_title(f"{row['task']}: hard, budget in {rule_name}")
+            ax.set_ylim(0, 100)
+            ax.grid(alpha=0.3)
+        task_axes[0].set_ylabel("accuracy within the budget (%)")
+        task_axes[0].legend()
+    fig.suptitle("Mean@4 on hard test problems within the budget, 3 seeds (error bars: min and "
+                 "max)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -192,58 +278,102 @@ def number_list(text: str) -> list[int]:
     return numbers
 
 
-def main():
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("folder", help="what scripts/budget.sh wrote (runs/budget)")
+    parser.add_argument("folder", nargs="?", default="",
+                        help="what scripts/budget.sh wrote for one task (runs/budget)")
     parser.add_argument("--seeds", type=number_list, default="0,1,2",
                         help="the seeds to pool, comma-separated")
     parser.add_argument("--caps", type=number_list, default="32,40,44,48,56,64,80,96,128",
                         help="the budgets to cut at, comma-separated (at most --eval_budget)")
     parser.add_argument("--eval_budget", type=int, default=128,
                         help="the decode-step budget the evaluations ran with")
-    parser.add_argument("--plot", default="", help="where to draw the plot (.png); '' = none")
     parser.add_argument("--failures_at", type=int, default=48,
                         help="the decode-step cap of the failure classes (budget.sh's GRPO budget)")
-    args = parser.parse_args()
-    if not os.path.isdir(args.folder):
-        raise SystemExit(f"{args.folder} is not a folder: give the OUT folder of scripts/budget.sh")
+    parser.add_argument("--target_lead", type=float, default=TARGET_LEAD,
+                        help="the lead (points) every seed must hold at one decode-step cap")
+    parser.add_argument("--json", default="", help="where to keep the hard curves (.json)")
+    parser.add_argument("--plot", default="", help="where to draw the plot (.png); '' = none")
+    parser.add_argument("--rows", default="",
+                        help="the plot's rows: --json files of earlier calls, comma-separated "
+                        "('' = this folder's)")
+    args = parser.parse_args(argv)
+    if not args.folder and not (args.plot and args.rows):
+        parser.error("give a folder of scripts/budget.sh runs, or --plot with --rows")
+    if args.folder and not os.path.isdir(args.folder):
+        parser.error(f"{args.folder} is not a folder: give the OUT folder of scripts/budget.sh")
     if max(args.caps) > args.eval_budget or min(args.caps) < 1:
         caps = ",".join(str(c) for c in args.caps)
-        raise SystemExit(f"--caps={caps}: give caps from 1 to --eval_budget={args.eval_budget}"
-                         " (the evaluation cut longer responses itself; pass --eval_budget if it "
-                         "ran with another)")
+        parser.error(f"--caps={caps}: give caps from 1 to --eval_budget={args.eval_budget} (the "
+                     "evaluation cut longer responses itself; pass --eval_budget if it ran with "
+                     "another)")
+    return args
+
+
+def load_runs(folder: str, seeds: list[int]) -> dict:
+    """{method: one samples list per seed} of the methods with an evaluation for every seed."""
     runs = {}
     for method in METHODS:
-        folders = [os.path.join(args.folder, f"{method}-seed{s}", "eval") for s in args.seeds]
+        folders = [os.path.join(folder, f"{method}-seed{s}", "eval") for s in seeds]
         found = [f for f in folders if os.path.exists(os.path.join(f, "samples.jsonl"))]
         if len(found) == len(folders):
             runs[method] = [load_samples(f) for f in folders]
         elif found:
-            print(f"(left out: {method}, whose runs lack seeds of {args.seeds}: "
+            print(f"(left out: {method}, whose runs lack seeds of {seeds}: "
                   f"{len(found)} of {len(folders)} found)")
     if not runs:
-        seeds = ",".join(str(seed) for seed in args.seeds)
-        raise SystemExit(f"no method under {args.folder} has <method>-seed<s>/eval/samples.jsonl "
-                         f"for every seed of --seeds={seeds}: run scripts/budget.sh first, or "
+        listed = ",".join(str(seed) for seed in seeds)
+        raise SystemExit(f"no method under {folder} has <method>-seed<s>/eval/samples.jsonl "
+                         f"for every seed of --seeds={listed}: run scripts/budget.sh first, or "
                          "pass the seeds it ran")
-    for method, seeds in runs.items():
-        for samples in seeds:
+    for method, per_seed in runs.items():
+        for samples in per_seed:
             if not any(difficulty(s) == "hard" for s in samples):
-                raise SystemExit(f"{method}: an evaluation without synthetic:hard:test samples; "
-                                 "budget.sh evaluates all three difficulties")
-    print(f"## Accuracy within the budget (%), {len(args.seeds)} seeds: mean ±half the spread\n")
+                raise SystemExit(f"{method}: an evaluation without hard test samples; budget.sh "
+                                 "evaluates hard problems")
+    return runs
+
+
+def report(runs: dict, args: argparse.Namespace) -> dict:
+    """Print the task's tables; return its `curves`."""
+    task = task_of(next(iter(runs.values()))[0])
+    print(f"## {task[0].upper()}{task[1:]}: accuracy within the budget (%), {len(args.seeds)} "
+          "seeds: mean ±half the spread\n")
     print("\n".join(accuracy_table(runs, args.caps)))
     print(f"\nOn the evaluation's own budget ({args.eval_budget} decode steps):")
     print("\n".join(shape_lines(runs)))
-    lines = lead_table(runs, args.caps)
+    lines = lead_table(runs, args.caps, args.target_lead)
     if lines:
-        print("\n## Lead over the sequential baseline, hard, at equal decode steps (points)\n")
+        print(f"\n## {task}: lead over the sequential baseline, hard, at equal decode steps "
+              "(points)\n")
         print("\n".join(lines))
-    print(f"\n## Hard responses at {args.failures_at} decode steps, by failure class "
+    print(f"\n## {task}: hard responses at {args.failures_at} decode steps, by failure class "
           "(seeds pooled)\n")
     print("\n".join(failure_lines(runs, args.failures_at)))
+    print(f"\n## {task}: the rule's numbers (hard, seeds pooled, {args.eval_budget} decode "
+          "steps)\n")
+    print("\n".join(rule_lines(runs)))
+    figures = {m: rule_figures([s for per_seed in seeds for s in per_seed])
+               for m, seeds in runs.items()}
+    return curves(runs, args.caps, task, figures)
+
+
+def main(argv: list[str] | None = None):
+    args = parse_args(argv)
+    rows = []
+    if args.folder:
+        rows = [report(load_runs(args.folder, args.seeds), args)]
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(rows[0], fh, indent=1)
+            fh.write("\n")
+    if args.rows:
+        rows = []
+        for path in args.rows.split(","):
+            with open(path, encoding="utf-8") as fh:
+                rows.append(json.load(fh))
     if args.plot:
-        plot(runs, args.caps, args.plot)
+        plot(rows, args.plot)
         print(f"\nplot: {args.plot}")
 
 

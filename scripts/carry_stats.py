@@ -4,12 +4,13 @@
 
 Per difficulty of an eval.py samples file: the share of first-round attempts that try the right
 pair (a sequential response's first attempt; every path of a first block), that try a candidate
-(a pair of the list whose units digits make the target's) and whose columns are right; per block,
+(two neighbours of the list, what the teacher tries) and whose columns are right; per block,
 the distinct pairs its paths try, how often a path holds the right pair, and how often the summary
 then names it; the share right after a "none" summary. A first-round attempt's success is what a
 block multiplies: with p per attempt, N independent paths hold the pair with 1 - (1 - p)^N.
 """
 import collections
+import itertools
 import json
 import os
 import re
@@ -21,7 +22,6 @@ import failures
 BLOCK = re.compile(r"<Parallel>(.*?)</Parallel>\s*<Summary>(.*?)</Summary>", re.DOTALL)
 PATH = re.compile(r"<Path>(.*?)</Path>", re.DOTALL)
 PROBLEM = re.compile(r"Which two of ((?:\d+ )+)make (\d+)\?")
-BASE = 10                        # the units digit: a candidate's test
 PERCENT = 100.0
 
 
@@ -60,14 +60,14 @@ def stats(samples: list[dict]) -> dict:
     docstring); None where nothing was counted."""
     counts = collections.Counter()
     for s in samples:
-        numbers, target = read_problem(s["prompt"])
+        numbers, _ = read_problem(s["prompt"])
         right = frozenset(int(x) for x in s["gold"].split(","))
         attempts, block = first_round(s["response"])
         for a, b, _, _, _, arithmetic_right in attempts:
             counts["attempts"] += 1
             counts["right pair"] += frozenset((a, b)) == right
-            in_list = a in numbers and b in numbers and a != b
-            counts["candidate"] += in_list and (a + b - target) % BASE == 0
+            neighbours = {frozenset(pair) for pair in itertools.pairwise(numbers)}
+            counts["candidate"] += frozenset((a, b)) in neighbours
             counts["columns right"] += arithmetic_right
         if block is None:
             continue

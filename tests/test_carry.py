@@ -1,7 +1,8 @@
 """data.py's carry task (long attempts): hand-worked attempts and traces, determinism, disjoint
-parts, answers and candidates by brute force, every column of every trace recomputed, the
+parts, answers by brute force and side by side, every column of every trace recomputed, the
 summaries, the answer checker, scripts/failures.py and scripts/carry_stats.py on hand-made
 responses, show_data."""
+import collections
 import re
 
 import pytest
@@ -25,10 +26,9 @@ def brute_force(numbers: list[int], target: int) -> list[set[int]]:
     return [{a, b} for i, a in enumerate(numbers) for b in numbers[i + 1:] if a + b == target]
 
 
-def units_candidates(numbers: list[int], target: int) -> list[set[int]]:
-    """Every pair whose last digits add up to the target's last digit (mod 10)."""
-    return [{a, b} for i, a in enumerate(numbers) for b in numbers[i + 1:]
-            if (a + b) % 10 == target % 10]
+def neighbours(numbers: list[int]) -> list[set[int]]:
+    """Every pair of numbers side by side in the list."""
+    return [{numbers[i], numbers[i + 1]} for i in range(len(numbers) - 1)]
 
 
 class ScriptedRng:
@@ -56,31 +56,28 @@ def test_hand_worked_attempts():
 
 
 def test_hand_worked_traces():
-    # 94+41 = 135 and 40+45 = 85 end in 5; 69 makes no 5 with any; 40+45 is the answer
-    p = data.CarryProblem((94, 41, 40, 69, 45), 85, (40, 45))
-    assert p.text == "Which two of 94 41 40 69 45 make 85?" and p.answer == "40, 45"
-    assert p.candidates == [(94, 41), (40, 45)]
-    no = "94+41: 4+1=5 carry 0, 9+4+0=13 -> 135 vs 85: no"
+    # 40+45 = 85, and no other pair makes 85; the neighbours: (94, 40), (40, 45), (45, 41)
+    p = data.CarryProblem((94, 40, 45, 41), 85, (40, 45))
+    assert p.text == "Which two of 94 40 45 41 make 85?" and p.answer == "40, 45"
+    assert p.candidates == [(94, 40), (40, 45), (45, 41)]
+    no = "94+40: 4+0=4 carry 0, 9+4+0=13 -> 134 vs 85: no"
     ok = "40+45: 0+5=5 carry 0, 4+4+0=8 -> 85 vs 85: ok 40, 45"
-    flipped = "41+94: 1+4=5 carry 0, 4+9+0=13 -> 135 vs 85: no"
-    # a block (0.1 < 0.5) of 2 paths: candidate 0 kept in order (0.9), candidate 1 kept (0.7)
+    flipped = "40+94: 0+4=4 carry 0, 4+9+0=13 -> 134 vs 85: no"
+    other = "45+41: 5+1=6 carry 0, 4+4+0=8 -> 86 vs 85: no"
+    # a block (0.1 < 0.5) of 2 paths: candidates 0 and 1, each kept in order (0.9, 0.7)
     rng = ScriptedRng([0.1, 0.9, 0.7], picks=[0, 1])
     assert data.render_carry_trace(p, rng, 0.5, num_paths=2) == \
         f"<Parallel><Path>{no}</Path><Path>{ok}</Path></Parallel>\n<Summary>40, 45</Summary>\n" \
         "Final Answer: 40, 45"
-    # a block of 3 paths that all try (94, 41), the second flipped (0.2): "none", then the one
-    # untried candidate in the main chain
-    rng = ScriptedRng([0.1, 0.9, 0.2, 0.9, 0.8], picks=[0, 0, 0])
+    # a block of 3 paths that all try (94, 40), the second flipped (0.2): "none", then the two
+    # untried candidates in the shuffled (reversed) order, until one checks
+    rng = ScriptedRng([0.1, 0.9, 0.2, 0.9, 0.9, 0.8], picks=[0, 0, 0])
     assert data.render_carry_trace(p, rng, 0.5, num_paths=3) == \
         f"<Parallel><Path>{no}</Path><Path>{flipped}</Path><Path>{no}</Path></Parallel>\n" \
-        f"<Summary>none</Summary>\n{ok}\nFinal Answer: 40, 45"
-    # no block (0.6 >= 0.5): the candidates in the shuffled order (reversed), the right one first
-    rng = ScriptedRng([0.6, 0.9])
-    assert data.render_carry_trace(p, rng, 0.5) == f"{ok}\nFinal Answer: 40, 45"
-    # the right pair first in the list: reversed, (94, 41) is tried first
-    q = data.CarryProblem((40, 45, 94, 41, 69), 85, (40, 45))
+        f"<Summary>none</Summary>\n{other}\n{ok}\nFinal Answer: 40, 45"
+    # no block (0.6 >= 0.5): the candidates in the shuffled (reversed) order until one checks
     rng = ScriptedRng([0.6, 0.9, 0.9])
-    assert data.render_carry_trace(q, rng, 0.5) == f"{no}\n{ok}\nFinal Answer: 40, 45"
+    assert data.render_carry_trace(p, rng, 0.5) == f"{other}\n{ok}\nFinal Answer: 40, 45"
 
 
 def test_generator_is_deterministic_and_parts_are_disjoint():
@@ -112,7 +109,7 @@ def check_attempt(m: re.Match, numbers: list[int], target: int, right: set[int])
     """Every column of one attempt recomputed by hand; (a, b, ok)."""
     a, b, ua, ub, units, carry, ta, tb, carried, tens, total, t = (int(x) for x in m.groups()[:12])
     assert a in numbers and b in numbers and a != b
-    assert {a, b} in units_candidates(numbers, target)               # the teacher tries candidates
+    assert {a, b} in neighbours(numbers)                             # the teacher tries candidates
     assert (ua, ub) == (a % 10, b % 10) and units == ua + ub and carry == int(units >= 10)
     assert (ta, tb, carried) == (a // 10, b // 10, carry) and tens == ta + tb + carry
     assert total == a + b == tens * 10 + units % 10 and t == target
@@ -126,7 +123,7 @@ def check_attempt(m: re.Match, numbers: list[int], target: int, right: set[int])
 @pytest.mark.parametrize("name", ["carry:easy", "carry:medium", "carry:hard:rl",
                                   "carry:hard:test"])
 def test_answers_candidates_and_every_column_recomputed(name):
-    size, candidates = data.CARRY_SPLITS[name.split(":")[1]]
+    size = data.CARRY_SPLITS[name.split(":")[1]]
     for style in ("parallel", "sequential"):
         for r in load_data(name, style=style, limit=300, parallel_fraction=0.5, max_paths=4):
             numbers, target = read_problem(r["problem"])
@@ -134,7 +131,7 @@ def test_answers_candidates_and_every_column_recomputed(name):
             solutions = brute_force(numbers, target)
             assert len(solutions) == 1, r["problem"]            # exactly one pair makes the target
             right = solutions[0]
-            assert len(units_candidates(numbers, target)) == candidates
+            assert right in neighbours(numbers)                 # the pair stands side by side
             assert r["answer"] == ", ".join(map(str, sorted(right)))
             sol = r["solution"]
             attempts = list(ATTEMPT.finditer(sol))
@@ -177,10 +174,16 @@ def test_share_of_blocks_and_the_first_attempt_chance(tiny_tokenizer):
             assert s.valid and all(len(b.paths) == 4 for b in s.blocks)
             blocks += len(s.blocks)
         assert blocks == fraction * len(records)
-    # three candidates on hard: the first attempt is right a third of the time
+    # five neighbouring pairs on hard: the first attempt is right a fifth of the time, and the
+    # right pair is each of the five equally often
     seq = load_data("carry:hard", style="sequential", limit=3000)
     first_right = sum(" ok " in r["solution"].split("\n")[0] for r in seq) / len(seq)
-    assert abs(first_right - 1 / 3) < 0.03, first_right
+    assert abs(first_right - 1 / 5) < 0.025, first_right
+    slots = collections.Counter()
+    for r in seq:
+        numbers, target = read_problem(r["problem"])
+        slots[next(i for i in range(5) if numbers[i] + numbers[i + 1] == target)] += 1
+    assert max(abs(n / len(seq) - 1 / 5) for n in slots.values()) < 0.025, slots
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +213,7 @@ def test_bad_names_and_knobs():
         load_data("carry:easy", parallel_fraction=-0.1)
 
 
-PROMPT = "Which two of 94 41 40 69 45 make 85?\n"
+PROMPT = "Which two of 94 41 40 45 69 make 85?\n"
 NO = "94+41: 4+1=5 carry 0, 9+4+0=13 -> 135 vs 85: no"
 OK = "45+40: 5+0=5 carry 0, 4+4+0=8 -> 85 vs 85: ok 45, 40"
 
