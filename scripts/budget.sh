@@ -1,27 +1,44 @@
 #!/usr/bin/env bash
-# `bash scripts/budget.sh`: where parallel thinking pays (README, "Accuracy against the budget").
-# Three methods, three seeds, each trained under one budget and evaluated once; the curve is read
-# from the evaluation's samples at several caps (scripts/budget_curve.py):
+# `bash scripts/budget.sh`: where parallel thinking pays (README, "Where parallel thinking pays").
+# Two tasks, each method on three seeds, trained under one decode-step budget and evaluated once;
+# the curve is read from the evaluation's samples at several caps (scripts/budget_curve.py).
+#
+# The pair task (synthetic:*, attempts of ~15 tokens), in $OUT (runs/budget):
 #   sequential   sft.py --style=sequential --mode=seen  ->  grpo.py --recipe=baseline
 #   parallel-2   sft.py (blocks of 2 paths)             ->  grpo.py --recipe=unseen-s1 --num_paths=2
 #   parallel-4   sft.py --max_paths=4 (2 to 4 paths)    ->  grpo.py --recipe=unseen-s1 --num_paths=4
 #   parallel-4-all  the same, every round of the SFT traces a block (--parallel_fraction=1.0)
-# GRPO runs under the decode-step budget (--budget=steps --max_new_tokens=$BUDGET; for the
-# sequential chain a step is a token). Each GRPO checkpoint is evaluated once, under a step budget
-# of $EVAL_BUDGET, on all 500 test problems per difficulty, 4 samples each; budget_curve.py then
-# counts a response as right at cap c only if it is right and spent at most c tokens (or decode
-# steps): a post-hoc cut, the same for every method.
-# Jobs run on $LANES one-thread lanes, longest first (~50 min on 2 cores); a failed chain does not
-# stop the others, and a rerun skips every step whose output exists. The runs land in $OUT. The
-# table (budget.md) and the plot (budget.png) go to results/ for the default SEEDS and METHODS,
-# else to $OUT (set RESULTS= to choose).
+# GRPO at $BUDGET decode steps, 100 steps; eval.py on all 500 test problems per difficulty x 4
+# at $EVAL_BUDGET steps.
+#
+# The carry task (carry:*, attempts of ~47 tokens), in $CARRY_OUT (runs/budget-carry), hard only.
+# One SFT per seed, on traces of which half open with a block of 4 paths (sft.py --max_paths=4,
+# $CARRY_SFT_STEPS steps, in sft-seed<s>), is the start of both methods:
+#   sequential   grpo.py --recipe=baseline (blocks masked)
+#   parallel-4   grpo.py --recipe=unseen-s1 --num_paths=4 --max_blocks=1
+# GRPO on carry:hard:rl at $CARRY_BUDGET decode steps; eval.py on $CARRY_EVAL_LIMIT hard test
+# problems x 4 at $CARRY_EVAL_BUDGET steps. The sequential chain trains the SFT; the parallel
+# chain of the same seed waits for it.
+#
+# GRPO runs under the decode-step budget (--budget=steps; for the sequential chain a step is a
+# token); budget_curve.py counts a response as right at cap c only if it is right and spent at
+# most c tokens (or decode steps): a post-hoc cut, the same for every method.
+# Jobs run on $LANES one-thread lanes; a failed chain does not stop the others, and a rerun skips
+# every step whose output exists. TASKS (default "pair carry") picks the tasks; a task left out
+# keeps its earlier table and curves (results/budget-<task>.json). Per task, budget_curve.py writes
+# its curves to results/budget-<task>.json for the default SEEDS and METHODS (else to the task's
+# OUT; RESULTS= chooses); then results/budget.md holds both tasks' tables and results/budget.png
+# a row per task.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-OUT=${OUT:-runs/budget}
+DEFAULT_TASKS="pair carry"
+TASKS=$(echo ${TASKS-$DEFAULT_TASKS})
 DEFAULT_SEEDS="0 1 2"
 SEEDS=$(echo ${SEEDS-$DEFAULT_SEEDS})      # one space between words
 LANES=${LANES:-2}
+# The pair task
+OUT=${OUT:-runs/budget}
 BUDGET=${BUDGET:-48}
 GRPO_STEPS=${GRPO_STEPS:-100}
 EVAL_BUDGET=${EVAL_BUDGET:-128}
@@ -30,14 +47,35 @@ DEFAULT_METHODS="parallel-4-all parallel-2 sequential"     # longest chains firs
 METHODS=$(echo ${METHODS-$DEFAULT_METHODS})
 CAPS=${CAPS:-32,40,44,48,56,64,80,96,128}
 SFT_STEPS=400          # the tiny preset's SFT steps: its last checkpoint
+PAIR_TARGET=5          # issue 27's target lead (points)
+# The carry task
+CARRY_OUT=${CARRY_OUT:-runs/budget-carry}
+CARRY_METHODS="sequential parallel-4"                       # the SFT's chain first
+CARRY_BUDGET=${CARRY_BUDGET:-104}
+CARRY_GRPO_STEPS=${CARRY_GRPO_STEPS:-100}
+CARRY_GRPO_BATCH=16    # prompts per GRPO step (the tiny preset's 32 halved: the responses are long)
+CARRY_EVAL_BUDGET=${CARRY_EVAL_BUDGET:-448}
+CARRY_EVAL_LIMIT=${CARRY_EVAL_LIMIT:-500}
+CARRY_CAPS=${CARRY_CAPS:-64,80,96,104,112,128,160,192,256,320,384,448}
+CARRY_SFT_STEPS=1000
+CARRY_SFT_LR=2e-3      # the tiny preset's 1e-3 learned the columns, not the neighbours, in 1,000
+CARRY_PARALLEL_FRACTION=0.5   # the SFT traces that open with a block
+CARRY_TARGET=10        # issue 33's target lead (points)
+WAIT_S=30              # how often a parallel carry chain looks for its base
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 
 # Check the settings before anything starts.
-if [ -z "${SEEDS// /}" ] || [ -z "${METHODS// /}" ]; then
-  echo "budget.sh: SEEDS and METHODS must not be empty (defaults: SEEDS=\"$DEFAULT_SEEDS\"," \
-    "METHODS=\"$DEFAULT_METHODS\")" >&2
+if [ -z "${SEEDS// /}" ] || [ -z "${METHODS// /}" ] || [ -z "${TASKS// /}" ]; then
+  echo "budget.sh: SEEDS, METHODS and TASKS must not be empty (defaults: SEEDS=\"$DEFAULT_SEEDS\"," \
+    "METHODS=\"$DEFAULT_METHODS\", TASKS=\"$DEFAULT_TASKS\")" >&2
   exit 2
 fi
+for task in $TASKS; do
+  if [ "$task" != pair ] && [ "$task" != carry ]; then
+    echo "budget.sh: unknown task '$task' in TASKS; known: $DEFAULT_TASKS" >&2
+    exit 2
+  fi
+done
 for seed in $SEEDS; do
   if ! [[ $seed =~ ^[0-9]+$ ]]; then
     echo "budget.sh: SEEDS holds '$seed': give whole numbers, e.g. SEEDS=\"0 1 2\"" >&2
@@ -55,15 +93,34 @@ for method in $METHODS; do
   fi
 done
 if [ "$SEEDS" = "$DEFAULT_SEEDS" ] && [ "$METHODS" = "$DEFAULT_METHODS" ]; then
-  RESULTS=${RESULTS:-results}
+  PAIR_RESULTS=${RESULTS:-results}
 else
-  RESULTS=${RESULTS:-$OUT}
+  PAIR_RESULTS=${RESULTS:-$OUT}
 fi
-mkdir -p "$OUT" "$RESULTS"
+if [ "$SEEDS" = "$DEFAULT_SEEDS" ]; then
+  CARRY_RESULTS=${RESULTS:-results}
+else
+  CARRY_RESULTS=${RESULTS:-$CARRY_OUT}
+fi
+mkdir -p "$OUT" "$CARRY_OUT" "$PAIR_RESULTS" "$CARRY_RESULTS"
 start=$(date +%s)
 
-# One chain: $1 = method, $2 = seed. Writes $OUT/<method>-seed<seed>/{sft,grpo,eval}.
-chain() {
+# One command of a chain, timed; a failure says so and fails the chain.
+step() {
+  echo "[$(date +%H:%M:%S)] $*"
+  local t0
+  t0=$(date +%s)
+  local status=0
+  "$@" || status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "[$(date +%H:%M:%S)] failed (exit $status): $*"
+    return 1
+  fi
+  echo "[$(date +%H:%M:%S)] done in $(( $(date +%s) - t0 )) s"
+}
+
+# A pair-task chain: $1 = method, $2 = seed. Writes $OUT/<method>-seed<seed>/{sft,grpo,eval}.
+pair_chain() {
   local method=$1
   local seed=$2
   local dir=$OUT/$method-seed$seed
@@ -89,18 +146,6 @@ chain() {
       eval_args="--num_paths=4" ;;
     *) echo "unknown method $method"; return 2 ;;
   esac
-  step() {
-    echo "[$(date +%H:%M:%S)] $*"
-    local t0
-    t0=$(date +%s)
-    local status=0
-    "$@" || status=$?
-    if [ "$status" -ne 0 ]; then
-      echo "[$(date +%H:%M:%S)] failed (exit $status): $*"
-      return 1
-    fi
-    echo "[$(date +%H:%M:%S)] done in $(( $(date +%s) - t0 )) s"
-  }
   if [ ! -d "$dir/sft/checkpoint-$SFT_STEPS" ]; then
     step $PY sft.py --seed="$seed" $sft_args --out_dir="$dir/sft" || return 1
   fi
@@ -114,22 +159,83 @@ chain() {
       --max_new_tokens="$EVAL_BUDGET" --limit=0 --k=4 --name="$method" --out_dir="$dir/eval" || return 1
   fi
 }
-export -f chain
-export PY OUT BUDGET GRPO_STEPS EVAL_BUDGET SFT_STEPS
 
+# A carry-task chain: $1 = method, $2 = seed. Writes $CARRY_OUT/<method>-seed<seed>/{grpo,eval};
+# the sequential chain first trains the seed's SFT ($CARRY_OUT/sft-seed<seed>), the parallel
+# chain waits for it.
+carry_chain() {
+  local method=$1
+  local seed=$2
+  local dir=$CARRY_OUT/$method-seed$seed
+  local sft=$CARRY_OUT/sft-seed$seed
+  local start_model=$sft/checkpoint-$CARRY_SFT_STEPS
+  local grpo_args
+  local eval_args
+  case $method in
+    sequential)
+      if [ ! -d "$start_model" ]; then
+        step $PY sft.py --seed="$seed" --data=carry:hard --max_paths=4 \
+          --parallel_fraction="$CARRY_PARALLEL_FRACTION" --lr="$CARRY_SFT_LR" \
+          --max_steps="$CARRY_SFT_STEPS" --eval_data=carry:hard:test --out_dir="$sft" || return 1
+      fi
+      grpo_args="--recipe=baseline"
+      eval_args="" ;;
+    parallel-4)
+      while [ ! -d "$start_model" ]; do
+        if [ -f "$CARRY_OUT/sequential-seed$seed.failed" ]; then
+          echo "[$(date +%H:%M:%S)] the SFT of seed $seed failed: see" \
+            "$CARRY_OUT/sequential-seed$seed.log"
+          return 1
+        fi
+        sleep "$WAIT_S"
+      done
+      grpo_args="--recipe=unseen-s1 --num_paths=4 --max_blocks=1"
+      eval_args="--num_paths=4 --max_blocks=1" ;;
+    *) echo "unknown method $method"; return 2 ;;
+  esac
+  if [ ! -d "$dir/grpo/checkpoint-$CARRY_GRPO_STEPS" ]; then
+    step $PY grpo.py $grpo_args --seed="$seed" --model="$start_model" --data=carry:hard:rl \
+      --batch_size="$CARRY_GRPO_BATCH" --budget=steps --max_new_tokens="$CARRY_BUDGET" \
+      --max_steps="$CARRY_GRPO_STEPS" --eval_data= --out_dir="$dir/grpo" || return 1
+  fi
+  if [ ! -f "$dir/eval/summary.json" ]; then
+    step $PY eval.py --model="$dir/grpo/checkpoint-$CARRY_GRPO_STEPS" $eval_args \
+      --data=carry:hard:test --limit="$CARRY_EVAL_LIMIT" --k=4 --budget=steps \
+      --max_new_tokens="$CARRY_EVAL_BUDGET" --name="$method" --out_dir="$dir/eval" || return 1
+  fi
+}
+export -f step pair_chain carry_chain
+export PY OUT BUDGET GRPO_STEPS EVAL_BUDGET SFT_STEPS CARRY_OUT CARRY_BUDGET CARRY_GRPO_STEPS \
+  CARRY_GRPO_BATCH CARRY_EVAL_BUDGET CARRY_EVAL_LIMIT CARRY_SFT_STEPS CARRY_SFT_LR \
+  CARRY_PARALLEL_FRACTION WAIT_S
+
+# The jobs, longest first; a carry chain's base comes before the parallel chains that wait for it.
 jobs=""
-for method in $METHODS; do
-  for seed in $SEEDS; do
-    jobs+="$method $seed"$'\n'
-  done
+for task in $TASKS; do
+  if [ "$task" = carry ]; then
+    for method in $CARRY_METHODS; do
+      for seed in $SEEDS; do
+        jobs+="carry $method $seed $CARRY_OUT"$'\n'
+      done
+    done
+  else
+    for method in $METHODS; do
+      for seed in $SEEDS; do
+        jobs+="pair $method $seed $OUT"$'\n'
+      done
+    done
+  fi
 done
-echo "budget.sh: methods $METHODS, seeds $SEEDS, $LANES lanes; logs: $OUT/<method>-seed<s>.log"
-# Each lane: one chain; a failure is reported, the other chains go on (their outputs are kept).
-lane='echo "[$(date +%H:%M:%S)] start $0 seed $1"
-if chain "$0" "$1" > "$OUT/$0-seed$1.log" 2>&1; then
-  echo "[$(date +%H:%M:%S)] done $0 seed $1"
+echo "budget.sh: tasks $TASKS, seeds $SEEDS, $LANES lanes; logs: <OUT>/<method>-seed<s>.log"
+# Each lane: one chain; a failure is reported (and marked for the chains that wait on it), the
+# other chains go on (their outputs are kept).
+lane='echo "[$(date +%H:%M:%S)] start $0 $1 seed $2"
+rm -f "$3/$1-seed$2.failed"
+if "${0}_chain" "$1" "$2" > "$3/$1-seed$2.log" 2>&1; then
+  echo "[$(date +%H:%M:%S)] done $0 $1 seed $2"
 else
-  echo "[$(date +%H:%M:%S)] FAILED $0 seed $1: see $OUT/$0-seed$1.log"
+  touch "$3/$1-seed$2.failed"
+  echo "[$(date +%H:%M:%S)] FAILED $0 $1 seed $2: see $3/$1-seed$2.log"
   exit 1
 fi'
 if ! printf "%s" "$jobs" | xargs -P "$LANES" -L 1 bash -c "$lane"; then
@@ -137,8 +243,29 @@ if ! printf "%s" "$jobs" | xargs -P "$LANES" -L 1 bash -c "$lane"; then
   exit 1
 fi
 
-$PY scripts/budget_curve.py "$OUT" --seeds="${SEEDS// /,}" --caps="$CAPS" \
-  --failures_at="$BUDGET" --eval_budget="$EVAL_BUDGET" --plot="$RESULTS/budget.png" \
-  | tee "$RESULTS/budget.md"
-echo "budget.sh took $(( $(date +%s) - start )) s; table: $RESULTS/budget.md," \
-  "plot: $RESULTS/budget.png"
+# The tables and the curves of each task that ran; then both tasks' tables and the plot.
+for task in $TASKS; do
+  if [ "$task" = carry ]; then
+    $PY scripts/budget_curve.py "$CARRY_OUT" --seeds="${SEEDS// /,}" --caps="$CARRY_CAPS" \
+      --failures_at="$CARRY_BUDGET" --eval_budget="$CARRY_EVAL_BUDGET" \
+      --target_lead="$CARRY_TARGET" --json="$CARRY_RESULTS/budget-carry.json"
+  else
+    $PY scripts/budget_curve.py "$OUT" --seeds="${SEEDS// /,}" --caps="$CAPS" \
+      --failures_at="$BUDGET" --eval_budget="$EVAL_BUDGET" --target_lead="$PAIR_TARGET" \
+      --json="$PAIR_RESULTS/budget-pair.json"
+  fi
+done
+rows="$PAIR_RESULTS/budget-pair.json,$CARRY_RESULTS/budget-carry.json"
+RESULTS_DIR=$CARRY_RESULTS
+if [ "$TASKS" = pair ]; then
+  RESULTS_DIR=$PAIR_RESULTS
+fi
+if [ -f "$PAIR_RESULTS/budget-pair.json" ] && [ -f "$CARRY_RESULTS/budget-carry.json" ]; then
+  $PY scripts/budget_curve.py --rows="$rows" --plot="$RESULTS_DIR/budget.png" \
+    > "$RESULTS_DIR/budget.md"
+  echo "budget.sh took $(( $(date +%s) - start )) s; tables: $RESULTS_DIR/budget.md," \
+    "plot: $RESULTS_DIR/budget.png"
+else
+  echo "budget.sh took $(( $(date +%s) - start )) s; one task's curves are missing" \
+    "($rows): run TASKS=\"$DEFAULT_TASKS\" for both tables and the plot"
+fi

@@ -260,8 +260,9 @@ def plot(rows: list[dict], path: str):
             ax.grid(alpha=0.3)
         task_axes[0].set_ylabel("accuracy within the budget (%)")
         task_axes[0].legend()
-    fig.suptitle("Mean@4 on hard test problems within the budget, 3 seeds (error bars: min and "
-                 "max)")
+    seeds = len(rows[0]["seeds"])
+    fig.suptitle(f"Mean@4 on hard test problems within the budget, {seeds} seeds (error bars: min "
+                 "and max)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -335,27 +336,28 @@ def load_runs(folder: str, seeds: list[int]) -> dict:
 
 
 def report(runs: dict, args: argparse.Namespace) -> dict:
-    """Print the task's tables; return its `curves`."""
+    """The task's tables (printed, and kept as the curves' "report"); returns its `curves`."""
     task = task_of(next(iter(runs.values()))[0])
-    print(f"## {task[0].upper()}{task[1:]}: accuracy within the budget (%), {len(args.seeds)} "
-          "seeds: mean ±half the spread\n")
-    print("\n".join(accuracy_table(runs, args.caps)))
-    print(f"\nOn the evaluation's own budget ({args.eval_budget} decode steps):")
-    print("\n".join(shape_lines(runs)))
-    lines = lead_table(runs, args.caps, args.target_lead)
-    if lines:
-        print(f"\n## {task}: lead over the sequential baseline, hard, at equal decode steps "
-              "(points)\n")
-        print("\n".join(lines))
-    print(f"\n## {task}: hard responses at {args.failures_at} decode steps, by failure class "
-          "(seeds pooled)\n")
-    print("\n".join(failure_lines(runs, args.failures_at)))
-    print(f"\n## {task}: the rule's numbers (hard, seeds pooled, {args.eval_budget} decode "
-          "steps)\n")
-    print("\n".join(rule_lines(runs)))
+    title = f"{task[0].upper()}{task[1:]}: accuracy within the budget (%)"
+    lines = [f"## {title}, {len(args.seeds)} seeds: mean ±half the spread", ""]
+    lines += accuracy_table(runs, args.caps)
+    lines += ["", f"On the evaluation's own budget ({args.eval_budget} decode steps):"]
+    lines += shape_lines(runs)
+    leads = lead_table(runs, args.caps, args.target_lead)
+    if leads:
+        title = f"{task}: lead over the sequential baseline, hard, at equal decode steps (points)"
+        lines += ["", f"## {title}", ""] + leads
+    title = f"{task}: hard responses at {args.failures_at} decode steps, by failure class"
+    lines += ["", f"## {title} (seeds pooled)", ""]
+    lines += failure_lines(runs, args.failures_at)
+    title = f"{task}: the rule's numbers (hard, seeds pooled, {args.eval_budget} decode steps)"
+    lines += ["", f"## {title}", ""]
+    lines += rule_lines(runs)
+    text = "\n".join(lines)
+    print(text)
     figures = {m: rule_figures([s for per_seed in seeds for s in per_seed])
                for m, seeds in runs.items()}
-    return curves(runs, args.caps, task, figures)
+    return dict(curves(runs, args.caps, task, figures), report=text, seeds=args.seeds)
 
 
 def main(argv: list[str] | None = None):
@@ -372,6 +374,7 @@ def main(argv: list[str] | None = None):
         for path in args.rows.split(","):
             with open(path, encoding="utf-8") as fh:
                 rows.append(json.load(fh))
+        print("\n\n".join(row["report"] for row in rows))
     if args.plot:
         plot(rows, args.plot)
         print(f"\nplot: {args.plot}")

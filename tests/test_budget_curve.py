@@ -55,3 +55,40 @@ def test_the_command_writes_the_table_the_verdict_and_the_plot(tmp_path):
     assert "Target (every seed >= +5 on hard at one decode-step cap): met" in out
     assert "the largest lead every seed holds is +50.0 (at 32 decode steps)" in out
     assert plot_path.stat().st_size > 0
+
+
+def test_the_rule_numbers_of_a_block_by_hand():
+    """A block of 3 paths (texts of 14, 14 and 16 tokens) and the summary "3, 4": tags 1 + 6 + 1,
+    the newline, <Summary>, 4 summary tokens, </Summary> = 15 tokens of overhead; in decode steps
+    the longest path's tags only: 15 - 4 = 11. The main chain's answer line is not an attempt."""
+    paths = ["1+2=3 vs 7: no", "2+5=7 vs 7: ok", "3+4=7 vs 7: ok 7"]
+    response = ("<Parallel>" + "".join(f"<Path>{p}</Path>" for p in paths) + "</Parallel>\n"
+                "<Summary>3, 4</Summary>\nFinal Answer: 3, 4")
+    parallel = dict(sample(True, 80, 40, "eos"), response=response)
+    figures = budget_curve.rule_figures([parallel, sample(True, 31, 31, "eos")])
+    # attempts: the three paths and the sequential sample's "3+4=7 vs 7: ok" (14)
+    assert figures == {"attempt tokens": (14 + 14 + 16 + 14) / 4, "block overhead tokens": 15,
+                       "block overhead decode steps": 11, "attempts per block": 3,
+                       "T / D": (80 + 31) / (40 + 31)}
+    assert budget_curve.tokens("<Parallel><Path>ab</Path>") == 5
+
+
+def test_json_rows_make_one_plot_row_per_task_and_print_both_reports(tmp_path):
+    for task, benchmark in (("pair", HARD), ("carry", "carry:hard:test")):
+        for method in ("sequential", "parallel-4-all"):
+            folder = tmp_path / task / f"{method}-seed0" / "eval"
+            folder.mkdir(parents=True)
+            rows = [dict(s, benchmark=benchmark) for s in SAMPLES]
+            (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        budget_curve.main([str(tmp_path / task), "--seeds=0", "--caps=32,64",
+                           f"--json={tmp_path / task}.json"])
+    saved = json.loads((tmp_path / "carry.json").read_text())
+    assert saved["task"] == "carry task" and saved["caps"] == [32, 64] and saved["seeds"] == [0]
+    assert saved["methods"]["sequential"]["D"] == [[50.0, 75.0]]       # as by hand above
+    assert saved["report"].startswith("## Carry task: accuracy within the budget")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "budget_curve.py"),
+                          f"--rows={tmp_path / 'pair.json'},{tmp_path / 'carry.json'}",
+                          f"--plot={tmp_path / 'budget.png'}"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.index("## Pair task: accuracy") < out.index("## Carry task: accuracy")
+    assert (tmp_path / "budget.png").stat().st_size > 0
