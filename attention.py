@@ -13,11 +13,14 @@ The prompt is never parsed and always numbered 0..n-1 (the paper's instruction c
 parsing it shifted every position in the official SFT code, NOTES.md §8).
 `python scripts/show_mask.py` prints an example.
 """
+import os
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from model import TAGS
@@ -226,6 +229,45 @@ def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths,
 
 
 # ---------------------------------------------------------------------------------------------
+# The attention kernel under our masks
+
+MASKED_SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION]   # CUDA, under a mask: the only one
+NO_KERNEL_MESSAGES = ("No available kernel", "No viable backend")   # SDPA's, when all refuse
+
+
+@contextmanager
+def masked_sdpa(device: torch.device):
+    """The SDPA kernel of every masked model call (the training forward, the sampler's prefill
+    and decode steps): on CUDA the memory-efficient kernel and no other, chosen on purpose; on
+    CPU, torch's own choice (nothing changes). Left to torch, CUDA SDPA under a mask tries cuDNN
+    first on H100/H200, whose backward gives NaN gradients when the length is 64 mod 128 at the
+    pinned torch 2.13 (pytorch issue #196678), and falls back silently to the math kernel, whose
+    (B, heads, L, L) fp32 scores take 3.2 GB a layer at 3,512 tokens for Qwen3-4B; flash attention
+    takes no mask. Gradient checkpointing's recompute enters it again (plumbing.wrap_model).
+
+    ValueError, saying what to do, when the memory-efficient kernel refuses the inputs (torch's
+    warnings just before it say why)."""
+    if device.type != "cuda":
+        yield
+        return
+    try:
+        with sdpa_kernel(MASKED_SDPA_BACKENDS):
+            yield
+    except RuntimeError as e:
+        if not any(message in str(e) for message in NO_KERNEL_MESSAGES):
+            raise
+        hint = ""
+        if os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA") == "1":
+            hint = (" TRANSFORMERS_SDPA_FORCE_GQA=1 is set: it passes enable_gqa, which this "
+                    "kernel does not take at torch 2.13; unset it.")
+        raise ValueError(f"masked attention on CUDA runs on SDPA's memory-efficient kernel only "
+                         f"(attention.masked_sdpa), and it refused these inputs ({e}); torch's "
+                         "warnings above say why: it needs q, k and v in fp32, fp16 or bf16 "
+                         "with a head_dim that is a multiple of 8 and the same number of heads "
+                         f"(no enable_gqa).{hint}") from e
+
+
+# ---------------------------------------------------------------------------------------------
 # The training forward
 
 LOGIT_CHUNK_TOKENS = 256       # loss tokens per chunk through the LM head (memory: chunk x vocab)
@@ -243,8 +285,9 @@ def structured_forward(model, input_ids, attention_mask_2d, prompt_lengths, tag_
         dtype = next(model.parameters()).dtype
     mask, positions = build_mask_and_positions(input_ids, prompt_lengths, attention_mask_2d,
                                                tag_ids, mode, dtype)
-    return model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                 use_cache=False).logits
+    with masked_sdpa(input_ids.device):
+        return model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                     use_cache=False).logits
 
 
 def final_logit_transform(config):
@@ -303,8 +346,9 @@ def token_scores(model, input_ids, attention_mask_2d, prompt_lengths, tag_ids: T
 
     hook = inner.get_decoder().register_forward_hook(keep_hidden)
     try:
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                    use_cache=False, logits_to_keep=1)
+        with masked_sdpa(input_ids.device):
+            out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                        use_cache=False, logits_to_keep=1)
     finally:
         hook.remove()
     hidden = captured["hidden"]

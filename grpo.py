@@ -16,7 +16,6 @@ log-prob (the ratio is 1 on-policy and a forward is saved; --recompute_logprobs=
 injected tokens are not trained (--train_injected=True trains them); the loss is normalised per
 mini-batch; every rank runs as many micro-batches (empty ones pad), so collectives never hang.
 """
-import copy
 import dataclasses
 import itertools
 import math
@@ -38,7 +37,7 @@ import sft
 from attention import LOGIT_CHUNK_TOKENS, TagIds
 from data import TINY_VOCAB_LIMIT, load_data
 from eval import evaluate, fit_context, own_tokenizer, summarize
-from model import Mode, load_model, mode_from_config, read_checkpoint_config
+from model import Mode, frozen_copy, load_model, mode_from_config, read_checkpoint_config
 from rewards import RewardSchedule, parallel_positions, score_batch
 from sample import Rollout, SamplingConfig, generate
 
@@ -742,17 +741,15 @@ def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
             f"{name} data", run.log, required=name != "eval")
     run.eval_records = run.sources.pop("eval")
     run.prompts.pop("eval")
+    dtype = plumbing.compute_dtype(d.device, cfg.fsdp)   # the policy's forward: bf16 under FSDP
     if cfg.kl_coef > 0:
-        if run.resume:           # the initial weights, not the checkpoint's
-            reference = load_model(init, dtype=torch.float32, device=d.device)[0]
-        else:
-            reference = copy.deepcopy(run.model)
-        run.ref_model = reference.eval().requires_grad_(False)
+        initial = run.model
+        if run.resume:           # the initial weights, not the checkpoint's (on the CPU first)
+            initial = load_model(init, dtype=torch.float32, device="cpu")[0]
+        run.ref_model = frozen_copy(initial, dtype, d.device)
     run.rollout_model = run.model
     if cfg.fsdp:                                   # FSDP shards run.model: the sampler's plain copy
-        run.rollout_model = copy.deepcopy(run.model).eval()
-        if d.device.type == "cuda":
-            run.rollout_model.to(torch.bfloat16)
+        run.rollout_model = frozen_copy(run.model, dtype)
     run.pad_id = run.tokenizer.pad_token_id
     if run.pad_id is None:
         run.pad_id = run.tags.eos

@@ -8,6 +8,7 @@ The tags become special tokens, one id each. Each new embedding row starts at th
 of its text's pieces plus small noise: rows left identical make the tags unlearnable (NOTES.md §1).
 `read_checkpoint_config` tells which mode a checkpoint was trained in (the sampler needs it).
 """
+import copy
 import glob
 import json
 import os
@@ -228,6 +229,25 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None,
     model.config.pad_token_id = tok.pad_token_id
     model.set_attn_implementation(attn_implementation)
     return model.to(device=device, dtype=dtype).eval(), tok
+
+
+def frozen_copy(model: torch.nn.Module, dtype: torch.dtype, device=None) -> torch.nn.Module:
+    """A copy of `model` that only runs forwards (eval mode, no gradients), on `device` (default
+    the model's): each parameter is cast to `dtype` as it is copied, so a bf16 copy of an fp32
+    model never holds a second fp32 model (copy.deepcopy, then .to(bf16), held one: 16 GB more
+    per GPU for Qwen3-4B), and tied parameters stay tied. Buffers are copied as they are: the
+    rotary inverse frequencies stay fp32, as in the model and in FSDP2's bf16 forward (which casts
+    parameters only); Module.to(bf16) rounds them too, and at position 3,000 that turns Qwen3's
+    rotations by up to ~0.5 rad. GRPO's sampler copy and its KL reference (grpo.setup)."""
+    copies = {}
+    for parameter in model.parameters():
+        target = device if device is not None else parameter.device
+        weights = parameter.detach().to(device=target, dtype=dtype, copy=True)
+        copies[id(parameter)] = torch.nn.Parameter(weights, requires_grad=False)
+    copied = copy.deepcopy(model, memo=copies)      # deepcopy takes the parameters from `copies`
+    if device is not None:
+        copied.to(device)                           # the buffers; no dtype: they stay as they are
+    return copied.eval()
 
 
 def load_torch_file(path: str, mmap: bool = False):

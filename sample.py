@@ -45,7 +45,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads slee
 import torch
 
 import config
-from attention import Structure, TagIds, build_mask_and_positions, parse_structure
+from attention import Structure, TagIds, build_mask_and_positions, masked_sdpa, parse_structure
 from model import Mode, load_model, mode_from_config, read_checkpoint_config
 
 # Who may see a cache slot (SlotCache.owner): no query, every query of its row, or path j (2 + j).
@@ -295,9 +295,10 @@ class Engine:
         cache.owner[:, :L] = real.to(self.device)                    # padding HIDDEN, prompt SHARED
         cache.slots = torch.arange(L, device=self.device).expand(P, L)
         cache.attend_to(L)
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                         position_ids=positions.to(self.device), cache=cache, use_cache=True,
-                         logits_to_keep=1)
+        with masked_sdpa(self.device):
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                             position_ids=positions.to(self.device), cache=cache, use_cache=True,
+                             logits_to_keep=1)
         cache.fan_out(group_size)
         samples = []
         for i in range(P):
@@ -335,10 +336,11 @@ class Engine:
         codes = torch.tensor(codes, device=self.device)
         cache.attend_to(max(row[-1] for row in slots) + 1)
         cache.owner[cache.row_ids, cache.slots] = codes
-        out = self.model(input_ids=torch.tensor(ids, device=self.device),
-                         attention_mask=cache.mask(codes, self.dtype),
-                         position_ids=torch.tensor(positions, device=self.device),
-                         cache=cache, use_cache=True)
+        with masked_sdpa(self.device):
+            out = self.model(input_ids=torch.tensor(ids, device=self.device),
+                             attention_mask=cache.mask(codes, self.dtype),
+                             position_ids=torch.tensor(positions, device=self.device),
+                             cache=cache, use_cache=True)
         fed = [(s, st) for s, row in zip(self.rows, feeds) for st in row]
         for _, st in fed:
             st.position += 1
@@ -567,11 +569,12 @@ def critical_path(structure: Structure, mode: str) -> int:
 def sdpa_shares_kv_heads(device: torch.device):
     """Several masked queries per row (an Unseen block) make transformers copy every layer's
     cached keys and values at every step (repeat_kv, for grouped-query attention) unless SDPA
-    shares the key/value heads itself, which on CPU it does without a copy (on CUDA, under a
-    mask, it would take a slower kernel)."""
+    shares the key/value heads itself, which on CPU it does without a copy. On CUDA never: under
+    a mask only the memory-efficient kernel runs (attention.masked_sdpa), and at torch 2.13 it
+    takes no enable_gqa (its documentation: GQA works only for flash and math)."""
     key = "TRANSFORMERS_SDPA_FORCE_GQA"
     saved = os.environ.get(key)
-    os.environ[key] = "1" if device.type == "cpu" else saved or "0"
+    os.environ[key] = "1" if device.type == "cpu" else "0"
     try:
         yield
     finally:

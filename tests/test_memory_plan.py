@@ -1,10 +1,21 @@
 """scripts/memory_plan.py: each formula against what the code really allocates at small shapes on
-CPU (within 5%), and the command line."""
+CPU (within 5%; FSDP2's gradients on 2 gloo ranks exactly), and the command line, whose plan
+without flags is the README's table.
+
+Run as a script (`torchrun --nproc_per_node=2 tests/test_memory_plan.py <dir>`) it is the worker
+of the 2-rank gradient test."""
+import copy
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import types
 import weakref
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)                     # also when torchrun runs this file as a script
 
 import pytest
 import torch
@@ -14,14 +25,15 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import attention
 import grpo
+import plumbing
 import sample
 import sft
 from attention import TagIds
-from model import load_model
+from model import frozen_copy, load_model
 from scripts import memory_plan as mp
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOLERANCE = 0.05              # a formula within 5% of the measured bytes
+TWO_RANK_TIMEOUT = 300        # seconds for the 2-rank gloo test (a deadlock fails it)
 SMALL = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, intermediate_size=160,
              max_position_embeddings=512, tie_word_embeddings=True)
@@ -88,6 +100,31 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
+class HeldBytes(TorchDispatchMode):
+    """Bytes held now by the storages of the tensors that ops produced while the mode was on
+    (each storage once, at its size now: FSDP2 frees buffers by resizing them to 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tensors = []
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.tensors.append(weakref.ref(t))
+        return out
+
+    def held(self) -> int:
+        sizes = {}
+        for ref in self.tensors:
+            t = ref()
+            if t is not None:
+                storage = t.untyped_storage()
+                sizes[storage.data_ptr()] = storage.nbytes()
+        return sum(sizes.values())
+
+
 # ---------------------------------------------------------------------------------------------
 # Shapes and the training state
 
@@ -100,6 +137,7 @@ def test_parameter_count_is_the_models(tied):
     assert mp.parameter_count(shape) == sum(p.numel() for p in params)
     assert mp.parameter_tensors(shape) == len(params)
     assert mp.weights_bytes(shape) == sum(p.numel() * p.element_size() for p in params)
+    assert mp.loaded_weights_bytes(shape) == mp.weights_bytes(shape)   # what load_run loads
 
 
 def test_builtin_shapes_are_the_real_models():
@@ -132,6 +170,144 @@ def test_adamw_state_after_one_step():
                 for t in s.values() if torch.is_tensor(t))
     assert close(mp.adam_state_bytes(shape), state)
     assert mp.adam_state_bytes(shape, world_size=4, fsdp=True) < state / 3
+
+
+def not_one_of(tensors: list):
+    """A LiveBytes filter: a tensor whose storage is none of `tensors`' (in-place ops return
+    their input, which a step does not allocate)."""
+    pointers = {t.untyped_storage().data_ptr() for t in tensors}
+
+    def keep(t: torch.Tensor) -> bool:
+        return t.untyped_storage().data_ptr() not in pointers
+
+    return keep
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+def test_adamw_temporary_is_what_a_step_allocates(foreach):
+    """The optimizer step's peak beyond AdamW's state (its second step: the state exists): the
+    multi-tensor path (CUDA's default) holds sqrt(exp_avg_sq) of every parameter, the
+    single-tensor one (CPU's) two tensors of the largest parameter."""
+    model = small_model()
+    shape = mp.shape_from_config("small", model.config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
+    for _ in range(2):
+        model(input_ids=torch.randint(0, 900, (2, 8))).logits.sum().backward()
+        existing = [*model.parameters(), *(p.grad for p in model.parameters())]
+        existing += [t for state in optimizer.state.values() for t in state.values()]
+        live = LiveBytes(not_one_of(existing))
+        with live:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    assert live.peak == mp.adamw_temporary_bytes(shape, cuda=foreach)
+    assert mp.adamw_temporary_bytes(shape, world_size=4, fsdp=True, cuda=foreach) == live.peak // 4
+
+
+def copy_peak(make_copy, model) -> int:
+    """The most bytes alive at once, of those made while `make_copy(model)` runs (views of the
+    model's own tensors left out)."""
+    live = LiveBytes(not_one_of([*model.parameters(), *model.buffers()]))
+    with live:
+        make_copy(model)
+    return live.peak
+
+
+def test_the_bf16_copies_never_hold_a_second_fp32_model():
+    """Setup: grpo.setup's sampler copy and KL reference (model.frozen_copy) cast each parameter
+    as it is copied: their peak is the bf16 copy (rollout_copy_bytes, kl_reference_bytes), not
+    the fp32 deepcopy that .to(bf16) then halved. Tied weights stay tied; the rotary frequencies
+    stay fp32."""
+    model = small_model()
+    shape = mp.shape_from_config("small", model.config)
+    peak = copy_peak(lambda m: frozen_copy(m, torch.bfloat16), model)
+    assert close(mp.rollout_copy_bytes(shape, fsdp=True, cuda=True), peak)
+    assert close(mp.kl_reference_bytes(shape, 0.1, fsdp=True, cuda=True), peak)
+    assert mp.kl_reference_bytes(shape, 0.1, fsdp=False, cuda=True) == mp.weights_bytes(shape)
+    assert mp.kl_reference_bytes(shape, 0.0, fsdp=True) == 0
+    old_way = copy_peak(lambda m: copy.deepcopy(m).to(torch.bfloat16), model)
+    embedding_in_bf16 = shape.vocab * shape.hidden * mp.BF16     # the fp32 copy, then its
+    assert close(mp.weights_bytes(shape) + embedding_in_bf16, old_way)   # largest tensor cast
+    copied = frozen_copy(model, torch.bfloat16)
+    assert copied.lm_head.weight is copied.model.embed_tokens.weight
+    assert copied.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert copied.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert not copied.training
+    assert not any(p.requires_grad for p in copied.parameters())
+
+
+def test_setup_holds_the_loaded_model_and_its_copies():
+    """The setup phase: the whole fp32 model each rank loads, the bf16 sampler copy and (kl_coef
+    > 0) the bf16 reference; for Qwen3-4B under FSDP on CUDA below the sampling peak."""
+    st, _ = mp.make_setting(["--kl_coef=0.1"])
+    lines = mp.plan(st)
+    totals = mp.phase_totals(lines)
+    shape = st.shape
+    n = mp.parameter_count(shape)
+    assert totals["setup"] == n * mp.FP32 + n * mp.BF16 + n * mp.BF16
+    assert totals["setup"] < totals["sampling"]
+    steps = totals["optimizer step"] - totals["training"]
+    assert [line.phase for line in lines if line.what == "gradients (fp32)"] == [
+        "training, optimizer step"]
+    assert steps == mp.adamw_temporary_bytes(shape, 8, True) - sum(
+        line.bytes for line in lines if line.phases == ("training",))
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP2's gradients while micro-batches accumulate, on 2 gloo ranks
+
+
+def gradient_worker(folder: str) -> None:
+    """Run by torchrun in 2 processes: SMALL wrapped as plumbing.wrap_model wraps it (FSDP2), a
+    backward with plumbing.grad_sync off (every micro-batch but the last) and one with it on; the
+    gradient bytes each rank holds after each, then after the same two with FSDP2's own no-sync.
+    Rank r writes folder/rank<r>.json."""
+    with plumbing.distributed() as d:
+        model = small_model()
+        cfg = types.SimpleNamespace(fsdp=True, grad_checkpointing=False)
+        run = types.SimpleNamespace(cfg=cfg, dist=d, model=model, train_model=None)
+        plumbing.wrap_model(run)
+        wrapped = run.train_model
+        generator = torch.Generator().manual_seed(d.rank)
+        ids = torch.randint(0, SMALL["vocab_size"], (2, 16), generator=generator)
+        held = {}
+        for way in ("grad_sync", "fsdp_no_sync"):
+            tracker = HeldBytes()
+            with tracker:
+                for last in (False, True):
+                    if way == "fsdp_no_sync":
+                        wrapped.set_requires_gradient_sync(last)
+                    with plumbing.grad_sync(wrapped, enabled=last):
+                        wrapped(input_ids=ids).logits.float().logsumexp(-1).sum().backward()
+                    held[f"{way}, last={last}"] = tracker.held()
+            wrapped.zero_grad(set_to_none=True)
+        with open(os.path.join(folder, f"rank{d.rank}.json"), "w") as f:
+            json.dump(held, f)
+
+
+def test_fsdp_ranks_hold_their_gradient_shard_while_accumulating(tmp_path):
+    """plumbing.grad_sync under FSDP2: after a backward with sync off each rank holds its half of
+    the fp32 gradients (gradient_bytes), not the whole (FSDP2's no-sync holds every parameter's
+    whole fp32 gradient until the synced backward: loaded_weights_bytes, 16.1 GB for Qwen3-4B)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc_per_node=2", os.path.abspath(__file__), str(tmp_path)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=TWO_RANK_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+    assert proc.returncode == 0, out[-5000:]
+    shape = mp.shape_from_config("small", small_model().config)
+    shard = mp.gradient_bytes(shape, world_size=2, fsdp=True)
+    whole = mp.loaded_weights_bytes(shape)
+    assert shard * 2 == whole == 4 * mp.parameter_count(shape)
+    for rank in range(2):
+        with open(tmp_path / f"rank{rank}.json") as f:
+            held = json.load(f)
+        assert held == {"grad_sync, last=False": shard, "grad_sync, last=True": shard,
+                        "fsdp_no_sync, last=False": whole, "fsdp_no_sync, last=True": shard}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,17 +515,43 @@ def run_plan(*args) -> str:
 
 
 def test_help_and_a_qwen3_4b_paper_plan():
-    """The paper preset fits 8 x 80 GB; all of a rank's 32 prompts in one call would not."""
+    """Without flags: the paper's run (Qwen3-4B, 8 ranks of 80 GB, FSDP2), which fits; all of a
+    rank's 32 prompts in one call would not."""
     assert run_plan("--help").startswith("usage:")
-    out = run_plan("--model=qwen3-4b", "--world_size=8", "--gpu_gb=80", "--fsdp=True")
+    out = run_plan()
+    assert out == run_plan("--model=qwen3-4b", "--world_size=8", "--gpu_gb=80", "--fsdp=True")
     cache = "| KV cache (sampling) | sampling | 8 prompts x 8 = 64 rows x 3,513 slots x 144 KiB"
     assert cache in out
-    assert "| weights (fp32) | always | 4.022B x 4 B, 1/8 | 2.01 |" in out
+    assert "| weights (fp32) | after setup | 4.022B x 4 B, 1/8 | 2.01 |" in out
+    assert "| the model as loaded (fp32) | setup | 4.022B x 4 B, whole, each rank | 16.09 |" in out
     assert "fits in 72.00 GB" in out
-    out = run_plan("--model=qwen3-4b", "--world_size=8", "--gpu_gb=80", "--fsdp=True",
-                   "--generate_batch_size=32")
+    out = run_plan("--generate_batch_size=32")
     assert "32 prompts x 8 = 256 rows x 3,513 slots x 144 KiB" in out
     assert "does NOT fit" in out                      # 133 GB of cache
+    assert "no FSDP" in run_plan("--fsdp=False", "--world_size=1")
+
+
+MEMORY_HEADING = re.compile(r"^## The paper's run on paper: memory \(`python "
+                            r"scripts/memory_plan\.py([^`]*)`\)$", re.MULTILINE)
+
+
+def test_the_readme_table_is_what_its_command_prints():
+    """The README's memory section shows its command in the heading and, below, the table that
+    command prints, line for line, and its peak."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    heading = MEMORY_HEADING.search(readme)
+    assert heading, "the README's memory heading names no memory_plan.py command"
+    section = readme[heading.end():].splitlines()
+    table = []
+    for line in section[section.index("| what | phase | how | GB |"):]:
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    out = run_plan(*heading[1].split())
+    assert table == [line for line in out.splitlines() if line.startswith("|")]
+    peak = re.search(r"^peak ([0-9.]+ GB \(\w+\))", out, re.MULTILINE)[1]
+    assert f"peak {peak}" in readme[heading.end():]
 
 
 def test_a_search_and_an_sft_plan():
@@ -366,3 +568,7 @@ def test_a_search_and_an_sft_plan():
     assert "KV cache" not in out and "activations, without grad checkpointing" in out
     with pytest.raises(ValueError):
         mp.make_setting(["--world_size=0"])
+
+
+if __name__ == "__main__":           # torchrun worker of the 2-rank gradient test
+    gradient_worker(sys.argv[1])
