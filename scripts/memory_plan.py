@@ -129,21 +129,25 @@ def shape_from_config(name: str, cfg) -> ModelShape:
         qkv_bias=model_type in QKV_BIAS_MODELS or bool(getattr(text, "attention_bias", False)))
 
 
-def load_shape(name: str) -> ModelShape:
-    """The shape of a built-in name, a folder with config.json, a config.json, or a hub name in the
-    local Hugging Face cache. OSError saying what to pass when there is none."""
+def load_config(name: str):
+    """The transformers config of a built-in name, a folder with config.json, a config.json, or a
+    hub name in the local Hugging Face cache. OSError saying what to pass when there is none."""
     from transformers import AutoConfig, Qwen3Config
 
     if name in BUILTIN:
-        return shape_from_config(name, Qwen3Config(**BUILTIN[name]))
+        return Qwen3Config(**BUILTIN[name])
     try:
-        cfg = AutoConfig.from_pretrained(name, local_files_only=True)
+        return AutoConfig.from_pretrained(name, local_files_only=True)
     except Exception:
         raise OSError(f"--model={name!r}: no config.json found (not a built-in name "
                       f"({', '.join(BUILTIN)}), a folder or file, or a hub name in the local "
                       "cache). Fetch only the config: huggingface-cli download <name> config.json "
                       "--local-dir <folder>, then pass the folder") from None
-    return shape_from_config(name, cfg)
+
+
+def load_shape(name: str) -> ModelShape:
+    """The shape of what load_config reads."""
+    return shape_from_config(name, load_config(name))
 
 
 def layer_linear_params(s: ModelShape) -> int:
@@ -717,18 +721,20 @@ def describe(st: Setting) -> str:
 
 
 def table(st: Setting) -> str:
-    """The plan as a Markdown table, the phases' totals and whether it fits."""
+    """The plan as two Markdown tables, its lines and what each phase holds, and whether it
+    fits."""
     lines = plan(st)
     out = [describe(st), "", "| what | phase | how | GB |", "|---|---|---|---|"]
     for line in lines:
         out.append(f"| {line.what} | {line.phase} | {line.how} | {line.bytes / GB:.2f} |")
     totals = phase_totals(lines)
+    out += ["", "| phase | per GPU, GB |", "|---|---|"]
     for phase, total in totals.items():
-        out.append(f"| **total, {phase}** | | what {phase} holds | **{total / GB:.2f}** |")
+        out.append(f"| {phase} | {total / GB:.2f} |")
     peak_phase = max(totals, key=totals.get)
     peak = totals[peak_phase]
     budget = budget_bytes(st)
-    out.append(f"| budget | | {st.gpu_gb:g} GB less {st.margin:.0%} | {budget / GB:.2f} |")
+    out.append(f"| budget: {st.gpu_gb:g} GB less {st.margin:.0%} | {budget / GB:.2f} |")
     verdict = "fits"
     if peak > budget:
         verdict = "does NOT fit"
