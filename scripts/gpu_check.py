@@ -27,8 +27,9 @@ Printed: per phase, torch.cuda.max_memory_allocated above what the phase started
 plan's lines of that phase for one GPU (its gradients whole; no AdamW state: the check takes no
 optimizer step), the SDPA kernels seen, the gradient norm, the gap. Random weights give flat
 distributions, so the gap of a trained model is larger (results/LOG.md: scripts/bf16_gap.py).
-Exit status 1 when the gradients are not finite or a phase takes more than the plan's margin above
-its figure. --tiny: a small Qwen3 on the CPU (nothing measured there), so the script cannot rot.
+Exit status 1 when the gradients are not finite, a masked call on CUDA ran another kernel than
+the memory-efficient one, or a phase takes more than the plan's margin above its figure. --tiny: a
+small Qwen3 on the CPU (nothing measured there), so the script cannot rot.
 """
 import argparse
 import dataclasses
@@ -42,8 +43,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 import grpo
@@ -66,7 +65,8 @@ GAP_PROMPT_TOKENS = 32
 GAP_TOKENS = 64                # a response's budget in the gap measurement
 SEED = 0
 GB = mp.GB
-MIB = 2 ** 20
+SDPA_EVENT = "aten::scaled_dot_product_attention"
+CUDA_KERNEL = "_scaled_dot_product_efficient_attention"   # attention.masked_sdpa's choice
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,45 +141,17 @@ def peak_above_start(device: torch.device, measured: dict, phase: str):
         measured[phase] = torch.cuda.max_memory_allocated(device) - start
 
 
-class SdpaOps(TorchDispatchMode):
-    """The names of the ops one SDPA call ran."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = set()
-
-    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-        self.names.add(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
-def kernel_name(op_names: set) -> str:
-    """The SDPA kernel behind a call's ops: the fused kernel's op, or "math" (no fused kernel: the
-    (B, heads, L, L) scores)."""
-    fused = sorted(name for name in op_names if name.startswith("_scaled_dot_product"))
-    if fused:
-        return ", ".join(fused)
-    return "math"
-
-
 @contextmanager
 def sdpa_kernels(seen: set):
-    """Every torch.nn.functional.scaled_dot_product_attention call (transformers looks it up at
-    each call) adds the kernel it ran to `seen`."""
-    original = F.scaled_dot_product_attention
-
-    def recorded(*args, **kwargs):
-        ops = SdpaOps()
-        with ops:
-            out = original(*args, **kwargs)
-        seen.add(kernel_name(ops.names))
-        return out
-
-    F.scaled_dot_product_attention = recorded
-    try:
+    """Adds to `seen` the kernel each scaled_dot_product_attention call inside ran (the op torch's
+    profiler records under it: _scaled_dot_product_efficient_attention, ..._attention_math for the
+    math kernel). A profiler, not a dispatch mode: a Python dispatch mode changes the choice."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
         yield
-    finally:
-        F.scaled_dot_product_attention = original
+    for event in profiler.events():
+        if event.name == SDPA_EVENT:
+            for child in event.cpu_children:
+                seen.add(child.name.removeprefix("aten::"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,12 +253,15 @@ def decode_step(sampler, tokenizer: IdTokenizer, tags: TagIds, st: mp.Setting,
     cache.owner[:, :st.prompt_tokens] = sample.SHARED
     cache.slots = torch.arange(st.prompt_tokens, device=device).expand(prompts, -1)
     cache.attend_to(st.prompt_tokens)
+    was_training = sampler.training              # without FSDP the sampler is the training model
+    sampler.eval()
     with sample.sdpa_shares_kv_heads(device), plumbing.autocast(device), masked_sdpa(device):
         out = sampler(input_ids=ids.to(device), attention_mask=mask.to(device),
                       position_ids=positions.to(device), cache=cache, use_cache=True,
                       logits_to_keep=1)
         cache.fan_out(cfg.group_size)
-        first_logits = out.logits[:, -1].float().repeat_interleave(cfg.group_size, dim=0)
+        first_logits = out.logits[:, -1].float().repeat_interleave(cfg.group_size, dim=0)  # kept,
+        # as Engine.run keeps them, through the step
         cache.owner_buffer.fill_(sample.SHARED)
         cache.slots = torch.arange(capacity - queries, capacity, device=device).expand(rows, -1)
         cache.attend_to(capacity)
@@ -301,6 +276,7 @@ def decode_step(sampler, tokenizer: IdTokenizer, tags: TagIds, st: mp.Setting,
     banned = bans[sample.PATH].expand(logits.shape[0], -1)
     chosen = sample.draw_tokens(logits, banned, cfg.sampling(), torch.Generator())
     sample.token_logprobs(logits, chosen, cfg.temperature)
+    sampler.train(was_training)
     del first_logits
 
 
@@ -357,7 +333,9 @@ def gb(value) -> str:
 
 def report(st: mp.Setting, measured: dict, kernels: dict, norm: float, gap: dict,
            seconds: float) -> bool:
-    """Print the check's table and lines; whether every check passed."""
+    """Print the check's table and lines; whether every check passed (on CUDA also: every masked
+    call ran the memory-efficient kernel)."""
+    cuda = st.device == "cuda"
     one_gpu = one_gpu_setting(st)
     print(mp.describe(st))
     print(f"\none GPU runs one rank of it ({one_gpu.cfg.generate_batch_size} prompts a generate "
@@ -373,6 +351,9 @@ def report(st: mp.Setting, measured: dict, kernels: dict, norm: float, gap: dict
             print(f"  {phase}: more than the plan's {st.margin:.0%} margin above its figure")
     for phase, seen in kernels.items():
         print(f"SDPA kernel under the masks, {phase}: {', '.join(sorted(seen))}")
+        if cuda and seen != {CUDA_KERNEL}:
+            passed = False
+            print(f"  {phase}: a masked call ran another kernel than {CUDA_KERNEL}")
     finite = torch.isfinite(torch.tensor(norm)).item()
     verdict = "finite"
     if not finite:
