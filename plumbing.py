@@ -1,6 +1,6 @@
 """The training plumbing sft.py and grpo.py share. A reader of the method may skip this file.
 
-* ranks: `distributed()` joins torchrun's process group; `all_reduce`, `grad_sync`, `autocast`;
+* ranks: `distributed()` joins torchrun's process group; `all_reduce`, `grad_sync`;
 * the run: `load_run` (seed every RNG, load the model), `prepare` (DDP or FSDP2, AdamW, the lr
   schedule, an exact resume), `Run.save` (checkpoint-<step> with the trainer state), logging;
 * run folders: checkpoint naming, `--resume`, a lock per out_dir, moving an earlier run aside
@@ -101,13 +101,6 @@ def grad_sync(model, enabled: bool):
         return nullcontext() if enabled else model.no_sync()
     if hasattr(model, "set_requires_gradient_sync"):
         model.set_requires_gradient_sync(enabled)
-    return nullcontext()
-
-
-def autocast(device: torch.device):
-    """bf16 compute on GPUs (the weights and the optimizer stay fp32), nothing on CPU."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
     return nullcontext()
 
 

@@ -740,13 +740,12 @@ def make_setting(argv: list[str]) -> tuple[Setting, str | None]:
     if ours.world_size < 1 or not 0 <= ours.margin < 1 or ours.gpu_gb <= 0:
         raise ValueError("--world_size must be >= 1, --gpu_gb > 0 and --margin in [0, 1)")
     shape = load_shape(ours.model)
-    tiny = ours.preset == "tiny"
     if ours.trainer == "grpo":
-        cfg = config.parse(grpo.GRPOConfig, rest)
-        cfg = grpo.resolve_defaults(cfg, tiny, ours.world_size)
+        cfg = config.parse(grpo.GRPOConfig, [*rest, f"--preset={ours.preset}"])
+        cfg = grpo.resolve_defaults(cfg, ours.world_size)
     else:
-        cfg = config.parse(sft.SFTConfig, rest)
-        cfg = sft.resolve_defaults(cfg, ours.world_size, tiny=tiny)
+        cfg = config.parse(sft.SFTConfig, [*rest, f"--preset={ours.preset}"])
+        cfg = sft.resolve_defaults(cfg, ours.world_size)
     st = Setting(shape, ours.trainer, cfg, ours.world_size, ours.device, ours.gpu_gb,
                  ours.margin, ours.prompt_tokens)
     return st, ours.largest
