@@ -8,8 +8,10 @@
 
 One step (`grpo_step`): draw prompts -> `sample_rollouts` -> `score_batch` (the recipe's reward at
 this step, `stage_at`) -> `compute_advantages` -> `ppo_update` (ppo_mini_batches optimizer steps of
-the PPO-clip loss, plus kl_coef times a KL estimate against the initial weights). `train` logs,
-evaluates and saves around it; plumbing.py does the ranks, checkpoints and the exact resume.
+the PPO-clip loss, plus kl_coef times a KL estimate against the initial weights). The file is the
+method first (`grpo_step`, then what it calls in the order it calls it), then the run: presets,
+setup, evaluation during training, statistics and `train`, which logs, evaluates and saves around
+the steps; plumbing.py does the ranks, checkpoints and the exact resume.
 
 Simplified on purpose, unlike the official code (NOTES.md §8): logp_old is the sampler's own
 log-prob (the ratio is 1 on-policy and a forward is saved; --recompute_logprobs=True checks it);
@@ -37,7 +39,7 @@ from tqdm import tqdm
 import config
 import plumbing
 from attention import LOGIT_CHUNK_TOKENS, TagIds, autocast, token_scores
-from data import collate, load_data, prompt_style_of
+from data import load_data, prompt_style_of
 from eval import evaluate, fit_context, own_tokenizer, summarize
 from model import Mode, load_model, mode_from_config, read_checkpoint_config, resolve_preset
 from rewards import RewardSchedule, parallel_positions, score_batch
@@ -371,11 +373,14 @@ class RolloutBatch:
 
 def collate_rollouts(rollouts: list[Rollout], advantages, pad_id: int,
                      train_injected: bool = False) -> RolloutBatch:
-    """prompt [5, 6] + response [7, 8, 1], sampled [1, 0, 1] -> input_ids [5, 6, 7, 8, 1],
-    response_mask [0, 1, 1, 1], sampled_mask [0, 1, 0, 1]; loss_mask = sampled_mask, or
-    response_mask with train_injected."""
-    padded = collate(rollouts, pad_id)      # SFT's padding; its loss_mask: response targets
-    response_mask = padded.loss_mask[:, 1:].contiguous()
+    """Right-padded to the longest: prompt [5, 6] + response [7, 8, 1], sampled [1, 0, 1] ->
+    input_ids [5, 6, 7, 8, 1], response_mask [0, 1, 1, 1], sampled_mask [0, 1, 0, 1]; loss_mask =
+    sampled_mask, or response_mask with train_injected. ValueError for an empty prompt."""
+    rows = [r.prompt_ids + r.response_ids for r in rollouts]
+    longest = max(map(len, rows))
+    input_ids = torch.tensor([row + [pad_id] * (longest - len(row)) for row in rows])
+    attention_mask = torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in rows])
+    response_mask = torch.zeros(len(rows), longest - 1)
     sampled_mask = torch.zeros_like(response_mask)
     old_logprobs = torch.zeros_like(response_mask)
     for b, r in enumerate(rollouts):
@@ -384,12 +389,14 @@ def collate_rollouts(rollouts: list[Rollout], advantages, pad_id: int,
                              "it needs >= 1 token")
         first = len(r.prompt_ids) - 1           # the column that predicts the first response token
         last = len(r.prompt_ids) + len(r.response_ids) - 1
+        response_mask[b, first:last] = 1.0
         sampled_mask[b, first:last] = torch.tensor(r.sampled_mask, dtype=torch.float32)
         old_logprobs[b, first:last] = torch.tensor(r.logprobs, dtype=torch.float32)
     loss_mask = (response_mask if train_injected else sampled_mask).clone()
     advantages = torch.as_tensor(advantages, dtype=torch.float32).view(len(rollouts), 1)
-    return RolloutBatch(padded.input_ids, padded.attention_mask, padded.prompt_lengths,
-                        response_mask, sampled_mask, loss_mask, old_logprobs, advantages)
+    prompt_lengths = [len(r.prompt_ids) for r in rollouts]
+    return RolloutBatch(input_ids, attention_mask, prompt_lengths, response_mask, sampled_mask,
+                        loss_mask, old_logprobs, advantages)
 
 
 def empty_micro_batch(pad_id: int) -> RolloutBatch:

@@ -9,9 +9,10 @@
 The loss: the summed NLL of the trace + EOS (the tags the sampler will inject included; the prompt
 is no target) under the mode's mask and positions (attention.py), divided by the response tokens
 of the *whole global batch* (the official trainer backpropagated each micro-batch's own mean, 16x
-too large before clipping, NOTES.md §8). out_dir/checkpoint-<step>: a Hugging Face folder +
-trainer_state.pt (optimizer, schedule, RNGs, data position); plumbing.py does the ranks, the
-checkpoints and the exact resume.
+too large before clipping, NOTES.md §8). The file is the method first (`sft_step`, then what it
+calls), then the run. out_dir/checkpoint-<step>: a Hugging Face folder + trainer_state.pt
+(optimizer, schedule, RNGs, data position); plumbing.py does the ranks, the checkpoints and the
+exact resume.
 """
 from __future__ import annotations
 
