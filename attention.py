@@ -152,8 +152,10 @@ def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
 
 def unseen_positions(structure: Structure, start: int = 0) -> list[int]:
     """The multiverse position of every response token, the first at `start`: each path of a
-    block counts from p+1 (p: its <Parallel>'s position); a block-level token continues one past
-    the furthest path so far; then +1."""
+    block counts from p+1 (p: its <Parallel>'s position), its <Path> at p+1; every token outside a
+    path (the main chain, </Parallel>, the summary) takes one past the furthest position so far,
+    so </Parallel> sits at p + longest path + 1. (Text between two paths, in a malformed block,
+    follows the first; the next path still starts at p+1.)"""
     # >>> exercise 2: Unseen position ids
     block_of_path = {}                           # a path's first index -> (<Parallel>'s index, end)
     for block in structure.blocks:
@@ -216,10 +218,13 @@ def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths,
             structure = parse_structure(input_ids[b, r0:hi], tag_ids)
             unseen = unseen_positions(structure, n_prompt)
             positions[b, r0:hi] = torch.tensor(unseen, dtype=torch.long)
+            # The one rule beyond causal: a path's rows do not see the columns from just after its
+            # block's <Parallel> up to its own <Path> (the block's earlier paths; later ones are
+            # in the future anyway). Earlier blocks, and everything after </Parallel>, stay seen.
             for block in structure.blocks:
-                for s, e in block.paths:         # a path hides its block's earlier paths: the
-                    hidden = slice(r0 + block.start + 1, r0 + s)   # columns after <Parallel>
-                    allowed[b, r0 + s:r0 + e, hidden] = False       # up to its own <Path>
+                for s, e in block.paths:
+                    hidden = slice(r0 + block.start + 1, r0 + s)
+                    allowed[b, r0 + s:r0 + e, hidden] = False
     mask = torch.zeros(B, 1, L, L, dtype=dtype, device=device)
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
     return mask, positions.to(device)
@@ -294,11 +299,12 @@ def head_scores(hidden, weight, bias, targets, temperature: float, transform):
     """One chunk through the LM head: (`token_logprobs` of `targets` under temperature T, the
     entropy of softmax(logits / T), no gradient). hidden (C, H), targets (C,) long -> (C,), (C,)
     float32."""
-    logits = transform(F.linear(hidden, weight, bias).float()) / temperature       # (C, V)
-    logprobs = token_logprobs(logits, targets)
+    logits = transform(F.linear(hidden, weight, bias).float())                   # (C, V)
+    logprobs = token_logprobs(logits, targets, temperature)
     with torch.no_grad():
-        normalizer = torch.logsumexp(logits, dim=-1)
-        entropy = normalizer - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+        scaled = logits / temperature
+        normalizer = torch.logsumexp(scaled, dim=-1)
+        entropy = normalizer - (torch.softmax(scaled, dim=-1) * scaled).sum(dim=-1)
     return logprobs, entropy
 
 

@@ -218,14 +218,6 @@ def sample_rollouts(model, tokenizer, prompts: list[list[int]], cfg: GRPOConfig,
     return rollouts
 
 
-def prompts_per_call(cfg: GRPOConfig, world_size: int) -> int:
-    """Prompts in one of a rank's generate calls: generate_batch_size (0 = all of the rank's)."""
-    per_rank = cfg.batch_size // world_size
-    if cfg.generate_batch_size:
-        return min(cfg.generate_batch_size, per_rank)
-    return per_rank
-
-
 RUN_SEED_STRIDE = 1_000_003    # rollout seeds: a prime above any step count ...
 
 
@@ -250,6 +242,7 @@ def compute_advantages(rewards, group_size: int, norm_adv_by_std: bool = True, e
         advantages = advantages / (groups.std(dim=1, keepdim=True) + eps)
     advantages = torch.where(has_variance[:, None], advantages, torch.zeros_like(advantages))
     return advantages.flatten(), has_variance
+    # <<< exercise 6
 
 
 STAT_SUMS = ("loss", "pg_loss", "kl", "tokens", "clipped", "dual", "entropy", "ratio")
@@ -268,13 +261,16 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
     high = next(x for x in (clip_ratio_high, cfg.clip_ratio_high, 0.2) if x is not None)
     advantages = torch.as_tensor(advantages, dtype=torch.float32).flatten()
     minis = mini_batches(rollouts, advantages, cfg, pad_id, device)
-    max_diff = recompute_logprobs(minis, model, ref_model, cfg, tags, mode, device)
+    max_diff = logprobs_from_a_forward(minis, model, ref_model, cfg, tags, mode, device)
     model.train()
     sums = dict.fromkeys(STAT_SUMS, 0.0)
     grad_norms = []
     for mini in minis:
-        local = sum(loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[1]
-                    for mb in mini)
+        local = 0.0
+        for mb in mini:
+            _, micro_denominator = loss_weights(mb.loss_mask, cfg.loss_agg_mode,
+                                                cfg.max_new_tokens)
+            local += micro_denominator
         denominator = plumbing.all_reduce([local], device)[0]
         if denominator == 0:                   # nothing to learn on any rank: every rank skips
             continue
@@ -408,11 +404,12 @@ def empty_micro_batch(pad_id: int) -> RolloutBatch:
                         zero.clone(), zero.clone(), torch.zeros(1, 1))
 
 
-def recompute_logprobs(minis, model, ref_model, cfg: GRPOConfig, tags: TagIds, mode: str,
-                       device) -> float | None:
-    """Before the first optimizer step: logp_old of the injected tokens (train_injected) and the
-    largest difference to the sampler's (recompute_logprobs) from a forward; the reference
-    log-probs (kl_coef > 0)."""
+def logprobs_from_a_forward(minis, model, ref_model, cfg: GRPOConfig, tags: TagIds, mode: str,
+                            device) -> float | None:
+    """What the sampler did not record, from a no-grad forward before the first optimizer step:
+    the reference model's log-probs of the KL term (mb.ref_logprobs, kl_coef > 0); logp_old of
+    the injected tokens (--train_injected); and with --recompute_logprobs (a check) the largest
+    difference between the policy's log-probs and the sampler's, returned (else None)."""
     want_ref = ref_model is not None and (cfg.kl_coef or 0) > 0
     if not (cfg.train_injected or cfg.recompute_logprobs or want_ref):
         return None
@@ -450,7 +447,8 @@ def micro_batch_loss(logprobs, entropy, mb: RolloutBatch, cfg: GRPOConfig,
     the step's statistics. logprobs, entropy (N,) float32: of the loss tokens (mb.loss_mask), in
     row-major order, from the training forward (attention.token_scores)."""
     selected = mb.loss_mask.bool()                                          # (B, L-1)
-    weights = loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[0][selected]
+    weight_table, _ = loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)
+    weights = weight_table[selected]
     old = mb.old_logprobs[selected]                                         # (N,)
     advantages = mb.advantages.expand_as(mb.loss_mask)[selected]
     pg, clipped, dual = policy_loss(logprobs, old, advantages, cfg.clip_ratio_low, clip_ratio_high,
@@ -473,10 +471,11 @@ def micro_batch_loss(logprobs, entropy, mb: RolloutBatch, cfg: GRPOConfig,
 
 def policy_loss(logprobs, old_logprobs, advantages, clip_ratio_low: float = 0.2,
                 clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0):
-    """The PPO-clip loss per token (B, T): max(-A ratio, -A clip(ratio, 1 - low, 1 + high)), then
-    at most -A c where A < 0 (dual clip); ratio = exp(clamp(logp - logp_old, ±20)). Also whether
-    the clipped term was the larger (gradient 0) and whether the dual bound applied.
-    advantages: (B, T) or (B, 1)."""
+    """The PPO-clip loss per token: max(-A ratio, -A clip(ratio, 1 - low, 1 + high)), then at
+    most -A c where A < 0 (dual clip); ratio = exp(clamp(logp - logp_old, ±20)). Also whether
+    the clipped term was the larger (gradient 0) and whether the dual bound applied. logprobs,
+    old_logprobs: any shape, e.g. (B, T), or (N,) as micro_batch_loss passes the loss tokens;
+    advantages: the same shape, or one that broadcasts to it ((B, 1) for (B, T))."""
     # >>> exercise 5: the PPO-clip policy loss with clip-higher and dual clip
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))   # a stale token: no overflow
     advantages = advantages.expand_as(ratio)
@@ -487,6 +486,7 @@ def policy_loss(logprobs, old_logprobs, advantages, clip_ratio_low: float = 0.2,
     negative = advantages < 0
     loss = torch.where(negative, torch.minimum(clipped_loss, dual_bound), clipped_loss)
     return loss, clipped > unclipped, negative & (clipped_loss > dual_bound)
+    # <<< exercise 5
 
 
 def kl_penalty(logprobs, ref_logprobs, estimator: str = "k3") -> torch.Tensor:
@@ -511,6 +511,7 @@ def loss_weights(loss_mask: torch.Tensor, loss_agg_mode: str, max_new_tokens: in
     if loss_agg_mode == "seq-mean-token-mean":
         return loss_mask / n.clamp(min=1), float((n > 0).sum())
     return loss_mask, float((n > 0).sum()) * max_new_tokens     # seq-mean-token-sum-norm
+    # <<< exercise 6
 
 
 def agg_loss(loss_mat, loss_mask, loss_agg_mode: str = "token-mean",
@@ -673,6 +674,14 @@ def sync_rollout_model(rollout_model, train_model):
     for name, parameter in train_model.named_parameters():
         full = parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter
         rollout_parameters[name].copy_(full)
+
+
+def prompts_per_call(cfg: GRPOConfig, world_size: int) -> int:
+    """Prompts in one of a rank's generate calls: generate_batch_size (0 = all of the rank's)."""
+    per_rank = cfg.batch_size // world_size
+    if cfg.generate_batch_size:
+        return min(cfg.generate_batch_size, per_rank)
+    return per_rank
 
 
 EVAL_KEYS = ("mean_at_k", "pass_at_k", "format_valid", "parallel_ratio", "mean_blocks",

@@ -11,7 +11,7 @@ happens once its fed token is in the cache. One Unseen sample, and the method of
 
     MAIN ──samples <Parallel>──▶ pending OPEN_BLOCK               _advance, _start_block
       │ <Parallel> is fed; the token drawn from its logits is dropped: <Path> is the runtime's
-      ▼ to inject (Seen too), so that draw is never used          _open_block
+      ▼ to inject (Seen too)                                      _open_block
     N × PATH, each fed an injected <Path> at position p+1 (p: <Parallel>'s), in its own slots;
       │ a path's first token is drawn from the logits of its <Path>
       │ samples </Path>, or EOS / the path budget (</Path> injected) ▶ pending PATH_DONE   _end_path
@@ -21,6 +21,12 @@ happens once its fed token is in the cache. One Unseen sample, and the method of
       │ samples </Summary> (an EOS becomes </Summary>)            _advance
       ▼
     MAIN ... ──samples EOS, or the budget is spent──▶ done: open paths get their </Path>   _finish
+
+Every fed token gets a draw from its logits; the draw is dropped wherever the runtime decides the
+next token: after <Parallel> and after each fed </Path> (the path waits for its siblings), before
+a forced token (</Parallel>, \n, <Summary>; Seen: <Path>), at a path's budget (</Path> injected),
+and an EOS inside a path or a summary becomes its closing tag. A sample whose budget cannot hold
+the block it opened ends after its <Parallel> (a malformed response: the reward says so).
 
 Seen is the same on the main stream alone: its paths follow one another (<Path> injected after
 each </Path>), causally; "sequential" is plain sampling. An Unseen path's query sees the shared
@@ -96,7 +102,7 @@ class SamplingConfig(SamplingFlags):
     a caller sets for one call."""
     greedy: bool = False
     seed: int | None = None                      # None: fresh entropy (the global RNG untouched)
-    max_path_tokens: config.PositiveInt | None = None   # a path's budget (then </Path> is injected)
+    max_path_tokens: config.PositiveInt | None = None   # a path's tokens, both tags included
     allow_parallel: bool = True                  # "sequential" mode: may it write <Parallel>?
     min_new_tokens: config.NonNegativeInt = 0    # no EOS before this many tokens (benchmarks)
 
@@ -220,7 +226,8 @@ class SlotCache:
         for path j of an open Unseen block, HIDDEN for a dummy); returns (rows, 1, q, width)
         additive in `dtype`, 0 where query (r, i) sees slot s, finfo(dtype).min where it does
         not. A query sees slot s (s < width) iff owner[r, s] is SHARED or equals codes[r, i]: a
-        path sees the prefix and itself, never another path of its block (NOTES.md §2-§3)."""
+        path sees the prefix and itself, never another path of its block (NOTES.md §2-§3). (A
+        dummy sees the HIDDEN slots: padding and its scratch slot; its logits are never used.)"""
         # >>> exercise 9: the sampler: one decode step's mask from the slots' owners
         owner = self.owner[:, None, :self.width]
         hide = (owner != SHARED) & (owner != codes[:, :, None])
@@ -234,8 +241,9 @@ class Stream:
     """What feeds one query per decode step: a sample's main chain (and, in Seen, its paths and
     summaries), or one path of an open Unseen block."""
     segment: str                    # MAIN, PATH or SUMMARY: what it is writing
-    position: int                   # the position id of `feed` (+1 once it is fed)
-    owner: int = SHARED             # owner of the slots it writes
+    position: int                   # the position id of `feed`; +1 as soon as it is fed, so
+                                    # after <Parallel> (at p) is fed, the main chain's is p + 1
+    owner: int = SHARED             # its slots' owner, and its queries' code (SlotCache.mask)
     feed: int | None = None         # the token to feed at the next step (None: nothing)
     forced: list = field(default_factory=list)   # tokens the runtime injects after `feed`
     pending: str | None = None      # OPEN_BLOCK or PATH_DONE: what happens once `feed` is in
@@ -353,13 +361,17 @@ class Engine:
             ids.append([st.feed for st in fed] + [self.pad_id] * dummies)
             positions.append([st.position for st in fed] + [0] * dummies)
             codes.append([st.owner for st in fed] + [HIDDEN] * dummies)
+            # the real queries' keys go to the row's next free slots (an Unseen block's paths
+            # interleave there); every dummy writes the one slot after them, which the row's next
+            # real token overwrites
             slots.append(list(range(filled, filled + len(fed))) + [filled + len(fed)] * dummies)
         self.slots_filled = [filled + len(fed) for filled, fed in zip(self.slots_filled, feeds)]
         cache = self.cache
         cache.slots = torch.tensor(slots, device=self.device)
         codes = torch.tensor(codes, device=self.device)
         cache.attend_to(max(row[-1] for row in slots) + 1)
-        cache.owner[cache.row_ids, cache.slots] = codes
+        cache.owner[cache.row_ids, cache.slots] = codes   # before the forward: a query sees its
+                                                           # own new key
         out = self.model(input_ids=torch.tensor(ids, device=self.device),
                          attention_mask=cache.mask(codes, self.dtype),
                          position_ids=torch.tensor(positions, device=self.device),
@@ -548,8 +560,9 @@ class Engine:
 
     def _close_block(self, s: Sample):
         """Every path of the sample's open Unseen block has fed its </Path>: close the block.
-        1. The paths' slots in the sample's cache row (`self.rows.index(s)`; owner above SHARED)
-           become SHARED: what follows sees every path, and nothing is copied.
+        1. The paths' slots in the sample's cache row (row i of the cache is self.rows[i]: both
+           drop finished rows together; owner above SHARED) become SHARED: what follows sees
+           every path, and nothing is copied.
         2. The paths' tokens join the main chain's, path 1 first (the training layout).
         3. The main chain's position is still p + 1 (p: <Parallel>'s); it moves on by the longest
            path's length (`path_len`, <Path> and </Path> included), so that </Parallel> sits at
