@@ -298,13 +298,13 @@ def final_logit_transform(config):
 def head_scores(hidden, weight, bias, targets, temperature: float, transform):
     """One chunk through the LM head: (`token_logprobs` of `targets` under temperature T, the
     entropy of softmax(logits / T), no gradient). hidden (C, H), targets (C,) long -> (C,), (C,)
-    float32."""
-    logits = transform(F.linear(hidden, weight, bias).float())                   # (C, V)
-    logprobs = token_logprobs(logits, targets, temperature)
+    float32. The logits are divided by T once, here (the entropy needs them too), so
+    `token_logprobs` takes them at T = 1."""
+    logits = transform(F.linear(hidden, weight, bias).float()) / temperature       # (C, V)
+    logprobs = token_logprobs(logits, targets)
     with torch.no_grad():
-        scaled = logits / temperature
-        normalizer = torch.logsumexp(scaled, dim=-1)
-        entropy = normalizer - (torch.softmax(scaled, dim=-1) * scaled).sum(dim=-1)
+        normalizer = torch.logsumexp(logits, dim=-1)
+        entropy = normalizer - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
     return logprobs, entropy
 
 

@@ -349,8 +349,8 @@ def test_default_out_dirs_of_two_runs_checkpoints_differ(tmp_path, monkeypatch):
     out = []
     for run in ("a", "b"):
         save_checkpoint(ckpt := os.path.join("runs", run, "sft", "checkpoint-1"), model, tok)
-        out.append(ev.run(ev.EvalConfig(model=ckpt, data="synthetic:easy:test", limit=1,
-                                        k=1))["name"])
+        out.append(ev.run(ev.EvalConfig(model=ckpt, preset="tiny", data="synthetic:easy:test",
+                                        limit=1, k=1))["name"])
     assert sorted(os.listdir(tmp_path / "runs" / "eval")) == \
         ["runs_a_sft_checkpoint-1", "runs_b_sft_checkpoint-1"]
     assert out == [os.path.join("sft", "checkpoint-1")] * 2   # the table's Method cell stays short
