@@ -68,6 +68,15 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
                                    unk_token=UNK, clean_up_tokenization_spaces=False)
 
 
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """The tiny model's tokenizer with the six tags, the ids `load_model("tiny")` gives them,
+    without building a model (for reading traces)."""
+    tokenizer = build_char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": list(TAGS)},
+                                 replace_extra_special_tokens=False)
+    return tokenizer
+
+
 def add_parallel_tags(model, tokenizer, seed: int = 0) -> list[int]:
     """Add the tags the tokenizer lacks as special tokens and give each new embedding row (input,
     and output if untied) the mean of its pieces' rows plus noise. Returns the new ids."""
@@ -280,6 +289,22 @@ def read_checkpoint_config(path: str) -> tuple[dict, str]:
     if "mode" in state:                                  # grpo.py saves its mode beside the config
         cfg.setdefault("mode", state["mode"])
     return cfg, state_file
+
+
+def resolve_preset(requested: str, name_or_path: str) -> tuple[str, str]:
+    """(the preset a run uses, why): --preset, or for "auto" "tiny" when the model is the
+    embedded one or a checkpoint of a run under the tiny preset (its saved config says so), else
+    "paper". Never guessed from the vocabulary: a small custom tokenizer is not the tiny model."""
+    if requested != "auto":
+        return requested, f"--preset={requested}"
+    if name_or_path == "tiny":
+        return "tiny", "auto: --model=tiny, the embedded model"
+    saved = {}
+    if os.path.isdir(name_or_path):                      # not a hub name
+        saved, source = read_checkpoint_config(name_or_path)
+    if saved.get("preset") == "tiny":
+        return "tiny", f"auto: the run that wrote {source} used it"
+    return "paper", "auto: not the embedded model; --preset=tiny|paper|none chooses"
 
 
 def mode_from_config(cfg: dict) -> str | None:

@@ -1,6 +1,6 @@
 """The training plumbing sft.py and grpo.py share. A reader of the method may skip this file.
 
-* ranks: `distributed()` joins torchrun's process group; `all_reduce`, `grad_sync`, `autocast`;
+* ranks: `distributed()` joins torchrun's process group; `all_reduce`, `grad_sync`;
 * the run: `load_run` (seed every RNG, load the model), `prepare` (DDP or FSDP2, AdamW, the lr
   schedule, an exact resume), `Run.save` (checkpoint-<step> with the trainer state), logging;
 * run folders: checkpoint naming, `--resume`, a lock per out_dir, moving an earlier run aside
@@ -117,13 +117,6 @@ def compute_dtype(device: torch.device, fsdp: bool) -> torch.dtype:
     if device.type == "cuda" and fsdp:
         return torch.bfloat16
     return torch.float32
-
-
-def autocast(device: torch.device):
-    """bf16 compute on GPUs (the weights and the optimizer stay fp32), nothing on CPU."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext()
 
 
 # ---------------------------------------------------------------------------------------------

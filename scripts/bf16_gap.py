@@ -69,9 +69,9 @@ def measure(name: str, model, tokenizer, prompts: list[list[int]], responses: in
             budget: int, seed: int) -> list[str]:
     """The table rows of one model."""
     tags = TagIds.from_tokenizer(tokenizer)
-    cfg = grpo.resolve_defaults(grpo.GRPOConfig(batch_size=len(prompts), group_size=responses,
-                                                max_new_tokens=budget, generate_batch_size=0,
-                                                seed=seed), tiny=True)
+    cfg = grpo.resolve_defaults(grpo.GRPOConfig(preset="tiny", batch_size=len(prompts),
+                                                group_size=responses, max_new_tokens=budget,
+                                                generate_batch_size=0, seed=seed))
     out = []
     for row, sampler, trainer, precision in rows(model):
         torch.manual_seed(seed)

@@ -48,8 +48,14 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 import grpo
 import plumbing
 import sample
-import sft
-from attention import TagIds, build_mask_and_positions, masked_sdpa
+from attention import (
+    TagIds,
+    autocast,
+    build_mask_and_positions,
+    masked_sdpa,
+    token_logprobs,
+    token_scores,
+)
 from model import TAGS, frozen_copy
 from scripts import memory_plan as mp
 
@@ -219,9 +225,8 @@ def training_step(train_model, tokenizer: IdTokenizer, tags: TagIds, st: mp.Sett
                               old_logprobs=torch.zeros(rows, length - 1),
                               advantages=torch.ones(rows, 1)).to(device)
     denominator = grpo.loss_weights(batch.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[1]
-    logprobs, entropy = sft.batch_token_scores(train_model, batch, tags, cfg.mode,
-                                               batch.loss_mask.bool(), cfg.temperature,
-                                               cfg.logit_chunk_tokens)
+    logprobs, entropy = token_scores(train_model, batch, tags, cfg.mode, batch.loss_mask.bool(),
+                                     cfg.temperature, cfg.logit_chunk_tokens)
     clip_ratio_high = grpo.stage_at(cfg, 1).clip_ratio_high
     loss, _ = grpo.micro_batch_loss(logprobs, entropy, batch, cfg, clip_ratio_high, denominator)
     loss.backward()
@@ -255,7 +260,7 @@ def decode_step(sampler, tokenizer: IdTokenizer, tags: TagIds, st: mp.Setting,
     cache.attend_to(st.prompt_tokens)
     was_training = sampler.training              # without FSDP the sampler is the training model
     sampler.eval()
-    with sample.sdpa_shares_kv_heads(device), plumbing.autocast(device), masked_sdpa(device):
+    with sample.sdpa_shares_kv_heads(device), autocast(device), masked_sdpa(device):
         out = sampler(input_ids=ids.to(device), attention_mask=mask.to(device),
                       position_ids=positions.to(device), cache=cache, use_cache=True,
                       logits_to_keep=1)
@@ -275,7 +280,7 @@ def decode_step(sampler, tokenizer: IdTokenizer, tags: TagIds, st: mp.Setting,
     bans = sample.ban_masks(tags, logits.shape[-1], True, device)
     banned = bans[sample.PATH].expand(logits.shape[0], -1)
     chosen = sample.draw_tokens(logits, banned, cfg.sampling(), torch.Generator())
-    sample.token_logprobs(logits, chosen, cfg.temperature)
+    token_logprobs(logits, chosen, cfg.temperature)
     sampler.train(was_training)
     del first_logits
 

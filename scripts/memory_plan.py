@@ -44,7 +44,7 @@ INT64 = 8
 BOOL = 1
 ADAM_MOMENTS = 2               # AdamW's exp_avg and exp_avg_sq, fp32 each
 ADAM_STEP_BYTES = 4            # AdamW's `step`: one fp32 scalar tensor per parameter tensor
-LOGIT_BUFFERS = 5              # (chunk, vocab) fp32 tensors alive at once in a chunk's backward
+LOGIT_BUFFERS = 4              # (chunk, vocab) fp32 tensors alive at once in a chunk's backward
 DECODE_LOGIT_BYTES = 13        # per query and vocab entry in a decode step (fp32 model output)
 DECODE_LOGIT_BYTES_CUDA = 15   # ... under autocast: the bf16 output and its fp32 copy
 MASK_ALIGNMENT = 8             # CUDA memory-efficient SDPA copies a mask whose rows are not
@@ -497,8 +497,9 @@ def autocast_weight_copy_bytes(s: ModelShape, regime: str) -> int:
 
 def logit_chunk_bytes(chunk_tokens: int, vocab: int) -> int:
     """The loss's logits: one chunk's (chunk, vocab) fp32 tensors at their peak, in the chunk's
-    backward: the recomputed logits, the gather's gradient and logsumexp's three (x - lse, its
-    exp, times the gradient), in bytes."""
+    backward (LOGIT_BUFFERS of them, as tests/test_memory_plan.py counts what attention.head_scores
+    holds: the recomputed logits, token_logprobs' scaled copy, and the gradients of logsumexp and
+    the gather), in bytes."""
     return LOGIT_BUFFERS * chunk_tokens * vocab * FP32
 
 
@@ -814,13 +815,12 @@ def make_setting(argv: list[str]) -> tuple[Setting, str | None]:
     shape = load_shape(ours.model)
     given = config.flags_given(rest)
     rest = [*rest, *(flag for flag in DEFAULT_FLAGS if flag[2:].split("=")[0] not in given)]
-    tiny = ours.preset == "tiny"
     if ours.trainer == "grpo":
-        cfg = config.parse(grpo.GRPOConfig, rest)
-        cfg = grpo.resolve_defaults(cfg, tiny, ours.world_size)
+        cfg = config.parse(grpo.GRPOConfig, [*rest, f"--preset={ours.preset}"])
+        cfg = grpo.resolve_defaults(cfg, ours.world_size)
     else:
-        cfg = config.parse(sft.SFTConfig, rest)
-        cfg = sft.resolve_defaults(cfg, ours.world_size, tiny=tiny)
+        cfg = config.parse(sft.SFTConfig, [*rest, f"--preset={ours.preset}"])
+        cfg = sft.resolve_defaults(cfg, ours.world_size)
     st = Setting(shape, ours.trainer, cfg, ours.world_size, ours.device, ours.gpu_gb,
                  ours.margin, ours.prompt_tokens)
     return st, ours.largest

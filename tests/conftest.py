@@ -28,7 +28,7 @@ torch.set_num_threads(1)
 # exercise get it here (file -> test function -> exercises), so the test files stay as they are. A
 # test grades exercise k only if it needs nothing beyond exercises 1..k.
 
-NUM_EXERCISES = 8
+NUM_EXERCISES = 9
 EXERCISE_TESTS = {
     "test_attention.py": {
         "test_malformed_structures_recorded": (1,),
@@ -45,8 +45,9 @@ EXERCISE_TESTS = {
         "test_loss_agg_modes_on_a_hand_table": (6,),
     },
     "test_sample.py": {
-        # end to end: also needs exercises 1-3
-        "test_recorded_logprobs_equal_training_forward": (4,),
+        # end to end: the sampler (9) over the format, the masks and the log-probs (1-4)
+        "test_recorded_logprobs_equal_training_forward": (9,),
+        "test_unseen_paths_share_the_prefix_and_positions": (9,),
     },
     "test_eval.py": {
         "test_pass_at_k_hand_values": (7,),

@@ -17,7 +17,6 @@ import attention
 import grpo
 import plumbing
 import sample
-import sft
 from attention import TagIds
 from data import Batch
 from grpo import GRPOConfig
@@ -77,7 +76,7 @@ def masked_calls(monkeypatch) -> MaskedCalls:
 
 
 def test_the_training_forward_and_its_recompute_run_inside_masked_sdpa(masked_calls):
-    """sft.batch_token_scores (the loss's forward), and with --grad_checkpointing each layer's
+    """attention.token_scores (the loss's forward), and with --grad_checkpointing each layer's
     recompute in the backward: every attention call inside masked_sdpa of the batch's device."""
     model, tok = load_model("tiny", device="cpu")
     masked_calls.hook(model)
@@ -87,7 +86,7 @@ def test_the_training_forward_and_its_recompute_run_inside_masked_sdpa(masked_ca
     plumbing.wrap_model(run)
     batch = tiny_batch(tok)
     tags = TagIds.from_tokenizer(tok)
-    logprobs, _ = sft.batch_token_scores(run.train_model, batch, tags, "unseen",
+    logprobs, _ = attention.token_scores(run.train_model, batch, tags, "unseen",
                                          batch.loss_mask[:, 1:].bool())
     logprobs.sum().backward()
     layers = model.config.num_hidden_layers
@@ -166,8 +165,8 @@ def test_grpo_setup_makes_the_reference_in_the_policys_compute_dtype(tmp_path, m
     model, tok = load_model("tiny", device="cpu")
     init = save_checkpoint(str(tmp_path / "init"), model, tok)
     records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
-    cfg = GRPOConfig(model=init, batch_size=2, group_size=2, max_new_tokens=8, max_steps=1,
-                     eval_data="", kl_coef=0.1, out_dir=str(tmp_path / "run"))
+    cfg = GRPOConfig(model=init, preset="tiny", batch_size=2, group_size=2, max_new_tokens=8,
+                     max_steps=1, eval_data="", kl_coef=0.1, out_dir=str(tmp_path / "run"))
     run = grpo.setup(cfg, plumbing.Dist(0, 1, CPU), records, None)
     run.close()
     reference = run.ref_model

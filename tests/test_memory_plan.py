@@ -27,7 +27,6 @@ import attention
 import grpo
 import plumbing
 import sample
-import sft
 from attention import TagIds
 from model import frozen_copy, load_model
 from scripts import memory_plan as mp
@@ -53,7 +52,7 @@ def small_model(dtype=torch.float32, **changes) -> Qwen3ForCausalLM:
 
 
 def training_batch(rows: int, length: int, vocab: int) -> types.SimpleNamespace:
-    """What sft.batch_token_scores reads of a batch: random ids, no padding, a PROMPT-token
+    """What attention.token_scores reads of a batch: random ids, no padding, a PROMPT-token
     prompt."""
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(20, vocab - 20, (rows, length), generator=generator)
@@ -359,7 +358,7 @@ def test_grpo_cache_rows_follow_generate_batch_size(slot_caches):
     generate_batch_size x group_size rows."""
     model, tok = load_model("tiny", device="cpu")
     cfg = grpo.resolve_defaults(grpo.GRPOConfig(batch_size=4, group_size=3, generate_batch_size=3,
-                                                max_new_tokens=8), tiny=True)
+                                                max_new_tokens=8, preset="tiny"))
     prompts = [tok.encode(f"{i} + {i}\n", add_special_tokens=False) for i in range(4)]
     grpo.sample_rollouts(model, tok, prompts, cfg, seed=0)
     rows = [c.owner_buffer.shape[0] for c in slot_caches]
@@ -411,12 +410,11 @@ def saved_for_backward(model, batch, regime: str, checkpointing: bool) -> tuple[
     selected = loss_positions(batch)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         if regime == "fp32":
-            logprobs, _ = sft.batch_token_scores(model, batch, TAGS, "unseen", selected)
-        else:                       # what sft.batch_token_scores does on CUDA, with CPU autocast
+            logprobs, _ = attention.token_scores(model, batch, TAGS, "unseen", selected)
+        else:                       # what attention.token_scores does on CUDA, with CPU autocast
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                logprobs, _ = attention.token_scores(
-                    model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, TAGS,
-                    "unseen", selected, dtype=torch.bfloat16)
+                logprobs, _ = attention.token_scores(model, batch, TAGS, "unseen", selected,
+                                                      dtype=torch.bfloat16)
     for hook in hooks:
         hook.remove()
     storages = {}
@@ -489,9 +487,8 @@ def test_loss_logits_are_one_chunk(regime):
     gradients = LiveBytes(is_head_gradient)
     with logits, gradients:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=regime != "fp32"):
-            logprobs, _ = attention.token_scores(
-                model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, TAGS,
-                "seen", selected, chunk_tokens=chunk, dtype=dtype)
+            logprobs, _ = attention.token_scores(model, batch, TAGS, "seen", selected,
+                                                  chunk_tokens=chunk, dtype=dtype)
         logprobs.sum().backward()
     assert logits.largest == chunk * vocab * mp.FP32
     assert close(mp.logit_chunk_bytes(chunk, vocab), logits.peak)
