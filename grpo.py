@@ -14,9 +14,10 @@ setup, evaluation during training, statistics and `train`, which logs, evaluates
 the steps; plumbing.py does the ranks, checkpoints and the exact resume.
 
 Simplified on purpose, unlike the official code (NOTES.md §8): logp_old is the sampler's own
-log-prob (the ratio is 1 on-policy and a forward is saved; --recompute_logprobs=True checks it);
-injected tokens are not trained (--train_injected=True trains them); the loss is normalised per
-mini-batch; every rank runs as many micro-batches (empty ones pad), so collectives never hang.
+log-prob (in fp32 the ratio starts at 1, in bf16 up to rounding, and a forward is saved;
+--recompute_logprobs=True measures the gap); injected tokens are not trained (--train_injected=True
+trains them); the loss is normalised per mini-batch; every rank runs as many micro-batches (empty
+ones pad), so collectives never hang.
 """
 from __future__ import annotations
 
