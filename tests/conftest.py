@@ -20,6 +20,28 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 torch.set_num_threads(1)
+TWO_RANK_TIMEOUT = 600      # seconds for a 2-rank gloo run (a deadlock fails its test)
+
+
+def torchrun_two_ranks(script: str, *args: str, timeout: float = TWO_RANK_TIMEOUT) -> str:
+    """Run `script` under torchrun as 2 gloo ranks (one thread each) and return its output; the
+    run must exit 0 in `timeout` seconds, else the test fails with the output's end. A hang kills
+    the whole process group (torchrun and both workers): nothing is left running."""
+    import signal
+    import subprocess
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.abspath(script), *args]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        output = f"timed out after {timeout}s (deadlock?)\n{output}"
+    assert proc.returncode == 0, output[-5000:]
+    return output
 
 
 # --------------------------------------------------------------------------------------------------

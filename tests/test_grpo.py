@@ -12,14 +12,13 @@ import json
 import math
 import os
 import pickle
-import signal
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import torchrun_two_ranks
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 # for the torchrun worker
@@ -540,7 +539,6 @@ def test_resume_continues_exactly(tmp_path, monkeypatch):
 # 2 ranks (gloo) = 1 process on the union of their rollouts
 
 # Seconds the 2-rank run may take (~20 s on an idle 2-core machine): only a deadlock reaches it.
-TWO_RANK_TIMEOUT = 600
 
 
 def union_for_one_process(per_rank: list[list], advs: list[list], ppo_mini_batches: int):
@@ -613,23 +611,6 @@ def _scenarios(folder: str, info):
         dist.barrier()
 
 
-def run_two_ranks(folder, timeout=TWO_RANK_TIMEOUT) -> tuple[int, str]:
-    """torchrun this file as 2 gloo ranks. A deadlock fails the test after `timeout` seconds and
-    kills the whole process group (torchrun and both workers), so nothing is left running."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc_per_node=2", os.path.abspath(__file__), str(folder)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return -1, f"timed out after {timeout}s (deadlock?)\n{out}"
-
-
 def test_two_ranks_equal_one_process(tmp_path):
     model, tok = tiny()
     short = sampled_rollouts(model, tok, ["Hi", "Ann"], 2, max_new_tokens=10, seed=11)
@@ -641,8 +622,7 @@ def test_two_ranks_equal_one_process(tmp_path):
     torch.save(model.state_dict(), tmp_path / "init.pt")
     with open(tmp_path / "data.pkl", "wb") as f:
         pickle.dump((pool, advs), f)
-    returncode, output = run_two_ranks(tmp_path)
-    assert returncode == 0, output[-5000:]
+    torchrun_two_ranks(__file__, str(tmp_path))
     for name, (r0, r1, extra) in SCENARIOS.items():
         rollouts, adv = union_for_one_process([[pool[i] for i in r0], [pool[i] for i in r1]],
                                               [[advs[i] for i in r0], [advs[i] for i in r1]], 2)

@@ -8,7 +8,6 @@ import copy
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import types
@@ -19,6 +18,7 @@ sys.path.insert(0, ROOT)                     # also when torchrun runs this file
 
 import pytest
 import torch
+from conftest import torchrun_two_ranks
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -32,7 +32,6 @@ from model import frozen_copy, load_model
 from scripts import memory_plan as mp
 
 TOLERANCE = 0.05              # a formula within 5% of the measured bytes
-TWO_RANK_TIMEOUT = 300        # seconds for the 2-rank gloo test (a deadlock fails it)
 SMALL = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, intermediate_size=160,
              max_position_embeddings=512, tie_word_embeddings=True)
@@ -286,17 +285,7 @@ def test_fsdp_ranks_hold_their_gradient_shard_while_accumulating(tmp_path):
     """plumbing.grad_sync under FSDP2: after a backward with sync off each rank holds its half of
     the fp32 gradients (gradient_bytes), not the whole (FSDP2's no-sync holds every parameter's
     whole fp32 gradient until the synced backward: loaded_weights_bytes, 16.1 GB for Qwen3-4B)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc_per_node=2", os.path.abspath(__file__), str(tmp_path)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=TWO_RANK_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-    assert proc.returncode == 0, out[-5000:]
+    torchrun_two_ranks(__file__, str(tmp_path))
     shape = mp.shape_from_config("small", small_model().config)
     shard = mp.gradient_bytes(shape, world_size=2, fsdp=True)
     whole = mp.loaded_weights_bytes(shape)

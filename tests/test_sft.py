@@ -34,6 +34,7 @@ sys.path.insert(0, ROOT)                     # also when run by torchrun as a sc
 
 import pytest
 import torch
+from conftest import torchrun_two_ranks
 from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -351,18 +352,7 @@ def test_ctrl_c_is_one_line_that_says_the_checkpoints_are_kept(model_dir, tmp_pa
 
 
 def test_two_ranks_equal_one_process(model_dir, tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           os.path.abspath(__file__), model_dir, str(tmp_path)]
-    # its own process group: a hang is killed whole
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=PROCESS_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-    assert proc.returncode == 0, output[-5000:]
+    torchrun_two_ranks(__file__, model_dir, str(tmp_path))
 
     model, tok = load_model(model_dir, device="cpu")
     model.train()
