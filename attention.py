@@ -13,11 +13,14 @@ The prompt is never parsed and always numbered 0..n-1 (the paper's instruction c
 parsing it shifted every position in the official SFT code, NOTES.md §8).
 `python scripts/show_mask.py` prints an example.
 """
+import os
 from collections.abc import Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from model import TAGS
@@ -151,8 +154,10 @@ def parse_structure(ids: Sequence[int], tags: TagIds) -> Structure:
 
 def unseen_positions(structure: Structure, start: int = 0) -> list[int]:
     """The multiverse position of every response token, the first at `start`: each path of a
-    block counts from p+1 (p: its <Parallel>'s position); a block-level token continues one past
-    the furthest path so far; then +1."""
+    block counts from p+1 (p: its <Parallel>'s position), its <Path> at p+1; every token outside a
+    path (the main chain, </Parallel>, the summary) takes one past the furthest position so far,
+    so </Parallel> sits at p + longest path + 1. (Text between two paths, in a malformed block,
+    follows the first; the next path still starts at p+1.)"""
     # >>> exercise 2: Unseen position ids
     block_of_path = {}                           # a path's first index -> (<Parallel>'s index, end)
     for block in structure.blocks:
@@ -215,10 +220,13 @@ def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths,
             structure = parse_structure(input_ids[b, r0:hi], tag_ids)
             unseen = unseen_positions(structure, n_prompt)
             positions[b, r0:hi] = torch.tensor(unseen, dtype=torch.long)
+            # The one rule beyond causal: a path's rows do not see the columns from just after its
+            # block's <Parallel> up to its own <Path> (the block's earlier paths; later ones are
+            # in the future anyway). Earlier blocks, and everything after </Parallel>, stay seen.
             for block in structure.blocks:
-                for s, e in block.paths:         # a path hides its block's earlier paths: the
-                    hidden = slice(r0 + block.start + 1, r0 + s)   # columns after <Parallel>
-                    allowed[b, r0 + s:r0 + e, hidden] = False       # up to its own <Path>
+                for s, e in block.paths:
+                    hidden = slice(r0 + block.start + 1, r0 + s)
+                    allowed[b, r0 + s:r0 + e, hidden] = False
     mask = torch.zeros(B, 1, L, L, dtype=dtype, device=device)
     mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
     return mask, positions.to(device)
@@ -226,25 +234,88 @@ def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths,
 
 
 # ---------------------------------------------------------------------------------------------
-# The training forward
+# The attention kernel under our masks
+
+MASKED_SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION]   # CUDA, under a mask: the only one
+NO_KERNEL_MESSAGES = ("No available kernel", "No viable backend")   # SDPA's, when all refuse
+
+
+@contextmanager
+def masked_sdpa(device: torch.device):
+    """The SDPA kernel of every masked model call (the training forward, the sampler's prefill
+    and decode steps): on CUDA the memory-efficient kernel and no other, chosen on purpose; on
+    CPU, torch's own choice (nothing changes). Left to torch, CUDA SDPA under a mask tries cuDNN
+    first on H100/H200, whose backward gives NaN gradients when the length is 64 mod 128 at the
+    pinned torch 2.13 (pytorch issue #196678), and falls back silently to the math kernel, whose
+    (B, heads, L, L) fp32 scores take 3.2 GB a layer at 3,512 tokens for Qwen3-4B; flash attention
+    takes no mask. Gradient checkpointing's recompute enters it again (plumbing.wrap_model).
+
+    ValueError, saying what to do, when the memory-efficient kernel refuses the inputs (torch's
+    warnings just before it say why)."""
+    if device.type != "cuda":
+        yield
+        return
+    try:
+        with sdpa_kernel(MASKED_SDPA_BACKENDS):
+            yield
+    except RuntimeError as e:
+        if not any(message in str(e) for message in NO_KERNEL_MESSAGES):
+            raise
+        hint = ""
+        if os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA") == "1":
+            hint = (" TRANSFORMERS_SDPA_FORCE_GQA=1 is set: it passes enable_gqa, which this "
+                    "kernel does not take at torch 2.13; unset it.")
+        raise ValueError(f"masked attention on CUDA runs on SDPA's memory-efficient kernel only "
+                         f"(attention.masked_sdpa), and it refused these inputs ({e}); torch's "
+                         "warnings above say why: it needs q, k and v in fp32, fp16 or bf16 "
+                         "with a head_dim that is a multiple of 8 and the same number of heads "
+                         f"(no enable_gqa).{hint}") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# The training forward: the log-prob of every loss token under its row's mask (NOTES.md §3, §8)
 
 LOGIT_CHUNK_TOKENS = 256       # loss tokens per chunk through the LM head (memory: chunk x vocab)
 HEAD_CHECK_TOLERANCE = 1e-2    # our LM head against the model's own logits at the last position
 
 
+def autocast(device: torch.device):
+    """bf16 compute on GPUs (the weights and the optimizer stay fp32), nothing on CPU: the
+    precision of every forward, in training and in sampling."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / temperature) at `tokens`: logits (..., V), tokens (...) long ->
+    (...) float32. The one log-prob function: the sampler records it for every token it draws,
+    and the training forward (`head_scores`) computes it again, so PPO's ratio starts at 1.
+    `temperature` <= 0 counts as 1."""
+    # >>> exercise 4: token log-probs
+    t = temperature if temperature > 0 else 1.0
+    logits = logits.float() / t
+    chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(logits, dim=-1)
+    # <<< exercise 4
+
+
 def structured_forward(model, input_ids, attention_mask_2d, prompt_lengths, tag_ids: TagIds,
                        mode: str, dtype: torch.dtype | None = None):
-    """One training forward under the mode's mask and positions ("sequential" = "seen"):
-    logits (B, L, V). The mask is built in `dtype` (default the model's; pass the autocast dtype
-    under mixed precision). The losses use `token_scores`, which never holds these full logits."""
+    """One forward under the mode's mask and positions ("sequential" = "seen"): logits (B, L, V).
+    The mask is built in `dtype` (default the model's; pass the autocast dtype under mixed
+    precision). For tests and tools: the losses use `token_scores`, which never holds these full
+    logits."""
     if mode == "sequential":
         mode = "seen"
     if dtype is None:
         dtype = next(model.parameters()).dtype
     mask, positions = build_mask_and_positions(input_ids, prompt_lengths, attention_mask_2d,
                                                tag_ids, mode, dtype)
-    return model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                 use_cache=False).logits
+    with masked_sdpa(input_ids.device):
+        return model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                     use_cache=False).logits
 
 
 def final_logit_transform(config):
@@ -267,34 +338,52 @@ def final_logit_transform(config):
 
 
 def head_scores(hidden, weight, bias, targets, temperature: float, transform):
-    """One chunk through the LM head: (log softmax(logits / T) at `targets`, the entropy of
-    softmax(logits / T), no gradient). hidden (C, H), targets (C,) long -> (C,), (C,) float32."""
+    """One chunk through the LM head: (`token_logprobs` of `targets` under temperature T, the
+    entropy of softmax(logits / T), no gradient). hidden (C, H), targets (C,) long -> (C,), (C,)
+    float32. The logits are divided by T once, here (the entropy needs them too), so
+    `token_logprobs` takes them at T = 1."""
     logits = transform(F.linear(hidden, weight, bias).float()) / temperature       # (C, V)
-    normalizer = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - normalizer
+    logprobs = token_logprobs(logits, targets)
     with torch.no_grad():
+        normalizer = torch.logsumexp(logits, dim=-1)
         entropy = normalizer - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
     return logprobs, entropy
 
 
-def token_scores(model, input_ids, attention_mask_2d, prompt_lengths, tag_ids: TagIds, mode: str,
-                 selected: torch.Tensor, temperature: float = 1.0,
-                 chunk_tokens: int = LOGIT_CHUNK_TOKENS, dtype: torch.dtype | None = None):
-    """The training forward for a loss: for every selected position t (selected (B, L-1) bool;
-    position t predicts input_ids[:, t+1]), log softmax(logits / T) of the next token and the
-    entropy (no gradient): (N,) and (N,) float32, in row-major order of `selected`.
+def token_scores(model, batch, tag_ids: TagIds, mode: str, selected: torch.Tensor,
+                 temperature: float = 1.0, chunk_tokens: int = LOGIT_CHUNK_TOKENS,
+                 dtype: torch.dtype | None = None):
+    """The training forward of SFT's and GRPO's losses. `batch`: right-padded rows (anything with
+    input_ids (B, L) long, attention_mask (B, L) 0/1 and prompt_lengths (B,): data.Batch,
+    grpo.RolloutBatch), each under its own mask and positions; selected (B, L-1) bool, position t
+    predicting input_ids[:, t+1]. Returns, for every selected position in row-major order, the
+    log-prob of the next token under temperature T (`token_logprobs`) and the entropy (no
+    gradient): (N,) and (N,) float32.
 
-    The forward stops at the last hidden states (the model itself runs only its last position
-    through the LM head, which checks that our head is the model's); the selected positions go
-    through the LM head in chunks of `chunk_tokens`, each recomputed in the backward
-    (torch.utils.checkpoint), so no (N, V) logits tensor outlives one chunk. `model` may be
-    wrapped in DDP or sharded by FSDP2: everything runs inside its own forward and backward."""
+    On a GPU the forward runs under bf16 autocast (`autocast`) with the mask in bf16 (`dtype`:
+    another mask dtype). The forward stops at the last hidden states (the model itself runs only
+    its last position through the LM head, which checks that our head is the model's); the
+    selected positions go through the LM head in chunks of `chunk_tokens`, each recomputed in the
+    backward (torch.utils.checkpoint), so no (N, V) logits tensor outlives one chunk. `model` may
+    be wrapped in DDP or sharded by FSDP2: everything runs inside its own forward and backward.
+    ValueError for a model whose logits are not its LM head's (`final_logit_transform`)."""
     if mode == "sequential":
         mode = "seen"
+    device = batch.input_ids.device
+    if dtype is None and device.type == "cuda":
+        dtype = torch.bfloat16                                  # autocast's dtype
     if dtype is None:
         dtype = next(model.parameters()).dtype
-    mask, positions = build_mask_and_positions(input_ids, prompt_lengths, attention_mask_2d,
-                                               tag_ids, mode, dtype)
+    with autocast(device):
+        mask, positions = build_mask_and_positions(batch.input_ids, batch.prompt_lengths,
+                                                   batch.attention_mask, tag_ids, mode, dtype)
+        return chunked_head_scores(model, batch.input_ids, mask, positions, selected,
+                                   temperature, chunk_tokens)
+
+
+def chunked_head_scores(model, input_ids, mask, positions, selected, temperature: float,
+                        chunk_tokens: int):
+    """`token_scores` after the mask: the decoder's forward, then the LM head chunk by chunk."""
     inner = getattr(model, "module", model)                  # DDP's wrapped model
     captured = {}
 
@@ -303,8 +392,9 @@ def token_scores(model, input_ids, attention_mask_2d, prompt_lengths, tag_ids: T
 
     hook = inner.get_decoder().register_forward_hook(keep_hidden)
     try:
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                    use_cache=False, logits_to_keep=1)
+        with masked_sdpa(input_ids.device):
+            out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                        use_cache=False, logits_to_keep=1)
     finally:
         hook.remove()
     hidden = captured["hidden"]

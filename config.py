@@ -18,7 +18,7 @@ import math
 import re
 import types
 import typing
-from typing import Annotated
+from typing import Annotated, Literal
 
 TRUE_WORDS = ("true", "1", "yes")
 FALSE_WORDS = ("false", "0", "no")
@@ -151,13 +151,18 @@ def check(cfg) -> None:
 def parse(cls, argv: list[str], base: dict | None = None):
     """The `cls` the command line describes, range-checked. argparse exits with the usage and the
     reason on a bad argument; a value out of its range is a ValueError naming it."""
-    source = inspect.getsource(cls)
-    helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", source, re.MULTILINE))
+    helps = {}
+    for klass in reversed(cls.__mro__):          # a field's comment, also an inherited field's
+        if dataclasses.is_dataclass(klass):
+            source = inspect.getsource(klass)
+            helps.update(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.*)$", source, re.MULTILINE))
     hints = typing.get_type_hints(cls, include_extras=True)
     base = base or {}
     parser = argparse.ArgumentParser(description=cls.__doc__, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(cls):
+    own = inspect.get_annotations(cls)
+    inherited_last = sorted(dataclasses.fields(cls), key=lambda f: f.name not in own)   # --help
+    for f in inherited_last:
         convert, choices = converter(hints[f.name])
         default = base.get(f.name, f.default)
         allowed = field_range(hints[f.name])
@@ -182,3 +187,22 @@ def fill(cfg, preset: dict):
     """`cfg` with the preset's value in every field that is None (the tiny or the paper's)."""
     unset = {name: value for name, value in preset.items() if getattr(cfg, name) is None}
     return dataclasses.replace(cfg, **unset)
+
+
+# A trainer's settings come from a named preset: the tiny model's (the embedded task on a CPU),
+# the paper's (NOTES.md §5), or none (every setting on the command line); "auto" picks tiny for
+# the embedded model and its checkpoints, else paper (model.resolve_preset).
+Preset = Literal["auto", "tiny", "paper", "none"]
+
+
+def apply_preset(cfg, presets: dict[str, dict]):
+    """`cfg` (its `preset` field resolved, not "auto") with that preset in its None fields.
+    Under --preset=none a field that both presets set must be given: ValueError naming them."""
+    if cfg.preset == "none":
+        needed = set(presets["tiny"]) & set(presets["paper"])
+        missing = sorted(name for name in needed if getattr(cfg, name) is None)
+        if missing:
+            flags = ", ".join(f"--{name}" for name in missing)
+            raise ValueError(f"--preset=none sets nothing: give {flags} (or --preset=tiny|paper)")
+        return cfg
+    return fill(cfg, presets[cfg.preset])

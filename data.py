@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 
 from attention import TagIds, parse_structure
-from model import load_model
+from model import tiny_tokenizer
 
 # ---------------------------------------------------------------------------------------------
 # Prompts: our own words for what the paper's prompt asks (its exact text: a file with {problem},
@@ -46,11 +46,21 @@ Problem: {problem}"""
 SEQUENTIAL_TEMPLATE = """\
 {problem}
 Think step by step, then give the result on a last line of the form "Final Answer: <answer>"."""
-# The tiny model learns the format from SFT, not from an instruction: the bare problem.
-SHORT_TEMPLATE = "{problem}\n"
-TINY_VOCAB_LIMIT = 1000        # fewer entries: the tiny character tokenizer of model.py (105)
-Style = Literal["parallel", "sequential"]
+# The tiny preset's model learns the format from SFT, not from an instruction: the bare problem.
+BARE_TEMPLATE = "{problem}\n"
+TEMPLATES = {"parallel": PARALLEL_TEMPLATE, "sequential": SEQUENTIAL_TEMPLATE,
+             "bare": BARE_TEMPLATE}
+Style = Literal["parallel", "sequential"]                 # traces: with blocks, or a plain chain
+PromptStyle = Literal["parallel", "sequential", "bare"]   # the instruction a prompt holds
 PLACEHOLDER = re.compile(r"\{problem\}|\{Problem\}")
+
+
+def prompt_style_of(preset: str, style: str) -> str:
+    """The prompt of a run: "bare" under the tiny preset (the problem alone), else the style's
+    instruction ("parallel" or "sequential")."""
+    if preset == "tiny":
+        return "bare"
+    return style
 
 
 def read_template(prompt_file: str) -> str:
@@ -69,17 +79,12 @@ def read_template(prompt_file: str) -> str:
 
 def build_prompt(tokenizer, problem: str, style: str = "parallel",
                  prompt_file: str | None = None) -> str:
-    """The prompt of one problem: `prompt_file`'s template (with {problem}), else SHORT_TEMPLATE
-    for the tiny tokenizer, else the style's template; in the chat template if the tokenizer has
-    one."""
+    """The prompt of one problem: `prompt_file`'s template (with {problem}), else the template of
+    `style` (a PromptStyle); in the chat template if the tokenizer has one."""
     if prompt_file is not None:
         template = read_template(prompt_file)
-    elif len(tokenizer) < TINY_VOCAB_LIMIT:
-        template = SHORT_TEMPLATE
-    elif style == "sequential":
-        template = SEQUENTIAL_TEMPLATE
     else:
-        template = PARALLEL_TEMPLATE
+        template = TEMPLATES[style]
     text = PLACEHOLDER.sub(lambda _: problem, template)   # a function: the problem is not re-parsed
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": text}]
@@ -580,8 +585,8 @@ def check_parallel_traces(records: list[dict], parallel: list[bool], where: str,
                           tokenizer) -> list[dict]:
     """The records without the parallel traces that fail `check_trace` (canonicalised first);
     the counts are printed."""
-    if tokenizer is None:
-        tokenizer = load_model("tiny", device="cpu")[1]
+    if tokenizer is None:                      # the tags are one token in every tokenizer we use
+        tokenizer = tiny_tokenizer()
     tags = TagIds.from_tokenizer(tokenizer)
     kept = []
     reasons = collections.Counter()
@@ -714,9 +719,10 @@ class Example:
 
 def tokenize_records(records: list[dict], tokenizer, style: str, max_length: int,
                      prompt_file: str | None = None, log=print) -> list[Example]:
-    """The `Example`s of the records, without (and counting) those longer than max_length (never
-    truncated: a cut block would be mis-masked), those parse_structure rejects and those without
-    a solution. ValueError: no tags, no solution at all, none left."""
+    """The `Example`s of the records, their prompts in `style` (a PromptStyle), without (and
+    counting) those longer than max_length (never truncated: a cut block would be mis-masked),
+    those parse_structure rejects and those without a solution. ValueError: no tags, no solution
+    at all, none left."""
     tags = TagIds.from_tokenizer(tokenizer)
     unsolved = [r for r in records if not r.get("solution")]
     if unsolved and len(unsolved) == len(records):

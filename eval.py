@@ -18,7 +18,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Literal
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads sleep (see sft.py)
 
@@ -27,11 +27,19 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 import config
-from data import TINY_VOCAB_LIMIT, Style, build_prompt, load_data
-from model import TAGS, Mode, check_model_name, load_model, mode_from_config, read_checkpoint_config
+from data import PromptStyle, build_prompt, load_data, prompt_style_of
+from model import (
+    TAGS,
+    Mode,
+    check_model_name,
+    load_model,
+    mode_from_config,
+    read_checkpoint_config,
+    resolve_preset,
+)
 from plumbing import check_out_dir, locked, move_aside
 from rewards import parallel_positions, score_batch
-from sample import SamplingConfig, generate
+from sample import SamplingConfig, SamplingFlags, generate
 
 # ---------------------------------------------------------------------------------------------
 # The metrics
@@ -119,8 +127,8 @@ def evaluate(model, tokenizer, records: list[dict], mode: str, k: int = 1,
     """(summarize(samples, k), samples): k scored `sample.generate` responses per record, one dict
     each, problem-major. `sampling` (or its fields as keywords, e.g. max_new_tokens=128): batch b
     of `batch_size` problems is sampled with seed + b (seed None: 0); the mode sets whether
-    <Parallel> may be written. The prompt style is the mode's unless given; `progress`: a tqdm
-    bar."""
+    <Parallel> may be written. `prompt_style` (data.PromptStyle; the tiny preset's is "bare"):
+    None = the mode's instruction; `progress`: a tqdm bar."""
     if k < 1 or batch_size < 1:
         raise ValueError(f"k and batch_size must be >= 1, got k={k}, batch_size={batch_size}")
     sampling = dataclasses.replace(sampling or SamplingConfig(), **settings)
@@ -156,21 +164,22 @@ def evaluate(model, tokenizer, records: list[dict], mode: str, k: int = 1,
 
 
 def quick_eval(model, tokenizer, records: list[dict], mode: str, n: int, *,
-               prompt_file: str | None = None, max_new_tokens: int = 256, seed: int = 0) -> dict:
+               prompt_style: str, prompt_file: str | None = None, max_new_tokens: int = 256,
+               seed: int = 0) -> dict:
     """Greedy samples of the first `n` records that fit the model's context (the others are
     counted in the notes): {"n", "format_valid", "parallel", "accuracy", "example" (the first
     response), "notes"}."""
     out = {"n": 0, "format_valid": None, "parallel": None, "accuracy": None, "example": "",
            "notes": []}
     records = [{**r, "id": i} for i, r in enumerate(records)]
-    style = "sequential" if mode == "sequential" else "parallel"
     context = getattr(model.config, "max_position_embeddings", None)
-    fit = fit_context(records, tokenizer, style, prompt_file, max_new_tokens, context,
+    fit = fit_context(records, tokenizer, prompt_style, prompt_file, max_new_tokens, context,
                       "end-of-run samples", out["notes"].append, required=False)[0][:n]
     if fit:
         metrics, samples = evaluate(model, tokenizer, fit, mode, k=1, seed=seed,
                                     max_new_tokens=max_new_tokens, batch_size=n,
-                                    prompt_file=prompt_file, greedy=True)
+                                    prompt_style=prompt_style, prompt_file=prompt_file,
+                                    greedy=True)
         out.update(n=len(samples), format_valid=metrics["format_valid"],
                    parallel=metrics["parallel_ratio"], accuracy=metrics["mean_at_k"],
                    example=samples[0]["response"])
@@ -331,22 +340,17 @@ def check_device(device: str) -> None:
 
 
 @dataclass
-class EvalConfig:
-    """python eval.py --model=<checkpoint>: Mean@k, Pass@k, parallel statistics. None = the
-    preset (TINY, PAPER)."""
+class EvalConfig(SamplingFlags):
+    """python eval.py --model=<checkpoint>: Mean@k, Pass@k, parallel statistics; the sampling
+    flags are sample.SamplingFlags'. None = the preset's (TINY, PAPER)."""
     model: str = ""                    # a checkpoint folder, a hub name, or "tiny" (random weights)
+    preset: config.Preset = "auto"     # tiny, paper, none; auto: the checkpoint's run's, else paper
     data: str | None = None            # comma list of data.load_data names, each one benchmark
     k: config.PositiveInt | None = None   # responses per problem
     k_overrides: str = ""              # per-benchmark k, e.g. "math500=1" (Table 2's MATH Mean@1)
     mode: Mode | None = None           # None = the checkpoint's training mode, else unseen
-    prompt_style: Style | None = None  # None = follows the mode
+    prompt_style: PromptStyle | None = None   # None = the preset's (tiny: bare), else the mode's
     prompt_file: str = ""              # a template with {problem}; "" = the checkpoint's, else ours
-    max_new_tokens: config.PositiveInt | None = None   # response budget, paths and summaries in
-    budget: Literal["tokens", "steps"] = "tokens"   # max_new_tokens bounds T, or D (decode steps)
-    temperature: config.NonNegativeFloat = 1.0     # 0 = greedy
-    top_p: Annotated[float, config.Range(low=0, high=1, low_open=True)] = 1.0   # nucleus sampling
-    num_paths: Annotated[int, config.Range(low=2)] = 2   # paths per block the runtime samples
-    max_blocks: config.NonNegativeInt = 4          # then <Parallel> is masked
     batch_size: config.PositiveInt | None = None   # problems per generate call (x k rows)
     limit: config.NonNegativeInt | None = None     # problems per benchmark (0 = all)
     verifier: Literal["default", "paper"] = "default"   # math-aware, or the official string match
@@ -363,6 +367,7 @@ TINY = dict(data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test"
             max_new_tokens=128, batch_size=16, limit=64)
 PAPER = dict(data="aime24,aime25,amc23,math500", k=16, max_new_tokens=3000, batch_size=4,
              limit=0)                                                          # NOTES.md §7
+PRESETS = {"tiny": TINY, "paper": PAPER}
 
 
 def log(message: str) -> None:
@@ -390,8 +395,9 @@ def resolve(cfg: EvalConfig) -> tuple[EvalConfig, dict]:
         log(f"the checkpoint's prompt file {saved_prompt!r} is not there: using the built-in "
             "prompt (or --prompt_file)")
     tokenizer = own_tokenizer(cfg.model)
-    tiny = tokenizer is None or len(tokenizer) < TINY_VOCAB_LIMIT
-    cfg = config.fill(cfg, TINY if tiny else PAPER)
+    preset, why = resolve_preset(cfg.preset, cfg.model)
+    log(f"preset {preset} ({why})")
+    cfg = config.apply_preset(dataclasses.replace(cfg, preset=preset), PRESETS)
     benches = [b.strip() for b in cfg.data.split(",") if b.strip()]
     if not benches:
         raise ValueError(f"--data={cfg.data!r} names no benchmark: e.g. "
@@ -466,15 +472,14 @@ def run(cfg: EvalConfig) -> dict:
     name = display_name(cfg)
     out_dir = cfg.out_dir or default_out_dir(cfg)
     check_out_dir(out_dir)
-    style = cfg.prompt_style or ("sequential" if mode == "sequential" else "parallel")
+    mode_style = "sequential" if mode == "sequential" else "parallel"
+    style = cfg.prompt_style or prompt_style_of(cfg.preset, mode_style)
     model, tokenizer = load_model(cfg.model, device=cfg.device or None)
     prompt_note = f" from {prompt_file}" if prompt_file else ""
     print(f"[eval] {name}: mode {mode} ({resolved['mode_source']}), {style} prompt{prompt_note}, "
           f"T={cfg.temperature}, max_new_tokens {cfg.max_new_tokens} ({cfg.budget})")
     records, skipped = fitting_records(cfg, list(ks), tokenizer, model, style, prompt_file)
-    sampling = SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed,
-                              max_new_tokens=cfg.max_new_tokens, budget=cfg.budget,
-                              num_paths=cfg.num_paths, max_blocks=cfg.max_blocks)
+    sampling = cfg.sampling_config(seed=cfg.seed)
     os.makedirs(out_dir, exist_ok=True)
     results = {}
     timings = {}

@@ -8,15 +8,19 @@
 
 One step (`grpo_step`): draw prompts -> `sample_rollouts` -> `score_batch` (the recipe's reward at
 this step, `stage_at`) -> `compute_advantages` -> `ppo_update` (ppo_mini_batches optimizer steps of
-the PPO-clip loss, plus kl_coef times a KL estimate against the initial weights). `train` logs,
-evaluates and saves around it; plumbing.py does the ranks, checkpoints and the exact resume.
+the PPO-clip loss, plus kl_coef times a KL estimate against the initial weights). The file is the
+method first (`grpo_step`, then what it calls in the order it calls it), then the run: presets,
+setup, evaluation during training, statistics and `train`, which logs, evaluates and saves around
+the steps; plumbing.py does the ranks, checkpoints and the exact resume.
 
 Simplified on purpose, unlike the official code (NOTES.md §8): logp_old is the sampler's own
-log-prob (the ratio is 1 on-policy and a forward is saved; --recompute_logprobs=True checks it);
-injected tokens are not trained (--train_injected=True trains them); the loss is normalised per
-mini-batch; every rank runs as many micro-batches (empty ones pad), so collectives never hang.
+log-prob (in fp32 the ratio starts at 1, in bf16 up to rounding, and a forward is saved;
+--recompute_logprobs=True measures the gap); injected tokens are not trained (--train_injected=True
+trains them); the loss is normalised per mini-batch; every rank runs as many micro-batches (empty
+ones pad), so collectives never hang.
 """
-import copy
+from __future__ import annotations
+
 import dataclasses
 import itertools
 import math
@@ -34,28 +38,31 @@ from tqdm import tqdm
 
 import config
 import plumbing
-import sft
-from attention import LOGIT_CHUNK_TOKENS, TagIds
-from data import TINY_VOCAB_LIMIT, load_data
+from attention import LOGIT_CHUNK_TOKENS, TagIds, autocast, token_scores
+from data import load_data, prompt_style_of
 from eval import evaluate, fit_context, own_tokenizer, summarize
-from model import Mode, load_model, mode_from_config, read_checkpoint_config
+from model import (
+    Mode,
+    frozen_copy,
+    load_model,
+    mode_from_config,
+    read_checkpoint_config,
+    resolve_preset,
+)
 from rewards import RewardSchedule, parallel_positions, score_batch
-from sample import Rollout, SamplingConfig, generate
+from sample import Rollout, SamplingConfig, SamplingFlags, generate
 
 RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "scaffold": "unseen",
                "baseline": "sequential"}
-DEFAULT_INIT = {   # where each mode's SFT checkpoint is, and the command that writes it
-    "unseen": ("runs/sft", "python sft.py"),
-    "seen": ("runs/sft_seen", "python sft.py --mode=seen --out_dir=runs/sft_seen"),
-    "sequential": ("runs/sft_sequential",
-                   "python sft.py --style=sequential --mode=seen --out_dir=runs/sft_sequential")}
 
 
 @dataclass
-class GRPOConfig:
-    """python grpo.py: GRPO of parallel thinking. None = the preset of the model (TINY or PAPER)."""
+class GRPOConfig(SamplingFlags):
+    """python grpo.py: GRPO of parallel thinking; the rollouts' sampling flags are
+    sample.SamplingFlags'. None = the preset's (TINY or PAPER)."""
     recipe: Literal["seen", "unseen-s1", "unseen-s2", "scaffold", "baseline"] = "unseen-s1"
     model: str = ""                      # "" = the latest SFT checkpoint of the recipe's mode
+    preset: config.Preset = "auto"       # tiny, paper, none; auto: the SFT checkpoint's run's
     mode: Mode | None = None             # None = the recipe's
     data: str | None = None              # a data.load_data spec of training problems
     easy_data: str | None = None         # recipe "seen": the easy-RL stage's problems
@@ -63,13 +70,6 @@ class GRPOConfig:
     out_dir: str = "runs/grpo"
     batch_size: config.PositiveInt | None = None   # prompts per step, all ranks together
     group_size: config.PositiveInt | None = None   # responses per prompt (G)
-    max_new_tokens: config.PositiveInt | None = None   # a response's budget, paths included
-    budget: Literal["tokens", "steps"] = "tokens"   # max_new_tokens bounds T, or D (decode steps)
-    num_paths: Annotated[int, config.Range(low=2)] = 2
-    max_blocks: config.NonNegativeInt = 4
-    temperature: config.NonNegativeFloat = 1.0     # sampling and the loss's log-probs (the same)
-    top_p: Annotated[float, config.Range(low=0, high=1, low_open=True)] = 1.0
-    top_k: config.NonNegativeInt = 0
     generate_batch_size: config.NonNegativeInt | None = None   # prompts per generate call; 0 = all
     reward: Literal["accuracy", "parallel_gated", "tiered", "alternating", "scaffold"] | None = None
     easy_steps: config.NonNegativeInt | None = None       # recipe "seen": the easy-RL stage's steps
@@ -112,72 +112,67 @@ class GRPOConfig:
     wandb_project: str = ""              # also log log.jsonl's rows to Weights & Biases (wandb)
 
     def sampling(self, seed: int | None = None) -> SamplingConfig:
-        """The rollouts' sampling settings."""
-        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              seed=seed, max_new_tokens=self.max_new_tokens, budget=self.budget,
-                              num_paths=self.num_paths, max_blocks=self.max_blocks,
-                              allow_parallel=self.mode != "sequential")
+        """The rollouts' sampling settings (the loss's log-probs use the same temperature)."""
+        return self.sampling_config(seed=seed, allow_parallel=self.mode != "sequential")
 
 
-# The tiny preset (the tuning runs: results/LOG.md): RL on the rl parts (number patterns the cold
-# start never saw), 32 prompts x 4 responses a step, lr 1.5e-4 with a cosine to 0 after 10
-# warm-up optimizer steps; the k3 KL anchor keeps the format in place. The paper's: NOTES.md §5.
-TINY = dict(data="synthetic:easy:rl,synthetic:medium:rl,synthetic:hard:rl",
-            eval_data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test",
-            easy_data="synthetic:easy", batch_size=32, group_size=4, max_new_tokens=128,
-            lr=1.5e-4, warmup_steps=10, lr_schedule="cosine", kl_coef=0.3, micro_batch_size=16,
-            generate_batch_size=0, max_steps=100, max_time=0.0, eval_every=50, eval_samples=64,
-            eval_k=8, easy_steps=10, scaffold_steps=20, grad_checkpointing=False)
-# The paper's (NOTES.md §5); its memory settings (generate_batch_size, grad_checkpointing) are
-# what scripts/memory_plan.py finds fits Qwen3-4B on 8 x 80 GB (README, "The paper's run").
-PAPER = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_size=256,
-             group_size=8, max_new_tokens=3000, lr=1e-6, warmup_steps=0, lr_schedule="constant",
-             kl_coef=0.0, micro_batch_size=2, generate_batch_size=8, max_steps=300, max_time=0.0,
-             eval_every=10, eval_samples=0, eval_k=16, easy_steps=35, scaffold_steps=200,
-             grad_checkpointing=True)
-RUN_SEED_STRIDE = 1_000_003    # rollout seeds: a prime above any step count ...
-MAX_RANKS = 4096               # ... and room for this many ranks: no two (seed, step, rank) meet
+# ---------------------------------------------------------------------------------------------
+# The method: one GRPO step, top to bottom (NOTES.md §5, §6)
 
 
-def resolve_defaults(cfg: GRPOConfig, tiny: bool, world_size: int = 1) -> GRPOConfig:
-    """The preset in the None fields and the recipe's mode; the checks that teach."""
-    config.check(cfg)
-    cfg = config.fill(cfg, TINY if tiny else PAPER)
-    if cfg.temperature == 0:
-        raise ValueError("--temperature=0: GRPO compares the responses of a group, and greedy ones "
-                         "are all the same, so every advantage is 0 and nothing is learned; use a "
-                         "temperature above 0 (the paper: 1.0)")
-    if cfg.group_size == 1:
-        raise ValueError("--group_size=1: a GRPO advantage compares responses to the same prompt, "
-                         "so with one every advantage is 0 and nothing is learned; use 2 or more")
-    if cfg.batch_size % world_size:
-        raise ValueError(f"--batch_size={cfg.batch_size} prompts do not split evenly over "
-                         f"{world_size} ranks")
-    rollouts_per_rank = cfg.batch_size * cfg.group_size // world_size
-    if cfg.ppo_mini_batches > rollouts_per_rank:
-        raise ValueError(f"--ppo_mini_batches={cfg.ppo_mini_batches} is more than the "
-                         f"{rollouts_per_rank} rollouts a rank has per step: some optimizer steps "
-                         "would have no data")
-    return dataclasses.replace(cfg, mode=cfg.mode or RECIPE_MODE[cfg.recipe])
+@dataclass
+class GRPORun(plumbing.Run):
+    rollout_model: torch.nn.Module = None      # what the sampler and the evaluation run on
+    ref_model: torch.nn.Module | None = None   # the frozen initial weights of the KL term
+    sources: dict = field(default_factory=dict)   # "train" (and "easy", recipe seen): problems,
+    prompts: dict = field(default_factory=dict)   # ... their prompt ids,
+    streams: dict = field(default_factory=dict)   # ... and the shuffled order they are drawn in
+    eval_records: list = field(default_factory=list)
+    prompt_style: str = "parallel"               # data.PromptStyle: the tiny preset's is "bare"
+    pad_id: int = 0
 
 
-def default_init(mode: str, model: str = "") -> str:
-    """`model`, else the latest SFT checkpoint of the mode. FileNotFoundError names the command
-    that writes it."""
-    if model == "tiny":
-        print("warning: --model=tiny is the embedded model with random weights: GRPO starts from "
-              "an SFT checkpoint (e.g. python sft.py, then --model=runs/sft/checkpoint-400)",
-              file=sys.stderr)
-    if model:
-        return model
-    folder, command = DEFAULT_INIT[mode]
-    try:
-        return plumbing.find_latest_checkpoint(folder)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"GRPO starts from an SFT checkpoint and there is none in "
-                                f"{folder!r} (mode {mode!r}). Write it first with\n    {command}\n"
-                                "(about 4 minutes on 2 CPU cores for the tiny model), or pass "
-                                "--model=<a checkpoint folder or hub name>.") from None
+def grpo_step(run: GRPORun, step: int) -> dict:
+    """One GRPO step (NOTES.md §5): draw prompts, sample group_size rollouts each, score them
+    with this step's reward, turn the rewards into group-relative advantages, update the policy.
+    Returns the step's statistics (all ranks')."""
+    cfg = run.cfg
+    d = run.dist
+    stage = stage_at(cfg, step)
+    clock = Stopwatch()
+    per_rank = cfg.batch_size // d.world_size
+    drawn = run.streams[stage.data].take(cfg.batch_size)
+    mine = drawn[d.rank * per_rank:(d.rank + 1) * per_rank]
+    problems = [run.sources[stage.data][i] for i in mine]
+    prompts = [run.prompts[stage.data][i] for i in mine]
+    if cfg.fsdp:
+        sync_rollout_model(run.rollout_model, run.train_model)
+    rollouts = sample_rollouts(run.rollout_model, run.tokenizer, prompts, cfg,
+                               seed=rollout_seed(cfg.seed, step, d.rank))
+    clock.lap("time_sample")
+    golds = [problems[r.prompt_index]["answer"] for r in rollouts]
+    scores = score_batch([r.text for r in rollouts], golds, reward=stage.reward, step=step,
+                         structures=[r.structure for r in rollouts])
+    rewards = [s["reward"] for s in scores]
+    advantages, has_variance = compute_advantages(rewards, cfg.group_size, cfg.norm_adv_by_std)
+    clock.lap("time_reward")
+    trained = rollouts
+    trained_advantages = advantages
+    if cfg.filter_groups:                          # only the groups whose rewards differ
+        keep = has_variance.repeat_interleave(cfg.group_size)
+        trained = [r for r, k in zip(rollouts, keep.tolist()) if k]
+        trained_advantages = advantages[keep]
+    update = ppo_update(run.train_model, run.optimizer, trained, trained_advantages, cfg,
+                        tags=run.tags, pad_id=run.pad_id, scheduler=run.scheduler,
+                        ref_model=run.ref_model, clip_ratio_high=stage.clip_ratio_high)
+    clock.lap("time_update")
+    advantage_sums = [advantages.abs().sum().item(), len(advantages), len(trained)]
+    abs_sum, count, trained_count = plumbing.all_reduce(advantage_sums, d.device)
+    return {"step": step, "reward_kind": stage.reward.kind_at(step),
+            **rollout_stats(rollouts, scores, has_variance, d.device),
+            "adv_abs_mean": abs_sum / max(count, 1.0), "rollouts_trained": int(trained_count),
+            **update, "lr": run.optimizer.param_groups[0]["lr"],
+            "clip_ratio_high": stage.clip_ratio_high, **clock.laps}
 
 
 @dataclass(frozen=True)
@@ -210,8 +205,35 @@ def stage_at(cfg: GRPOConfig, step: int) -> Stage:
     return Stage(schedule, data, high)
 
 
-# ---------------------------------------------------------------------------------------------
-# Advantages and the loss, token by token
+def sample_rollouts(model, tokenizer, prompts: list[list[int]], cfg: GRPOConfig,
+                    seed: int) -> list[Rollout]:
+    """group_size rollouts per prompt, prompt-major, in chunks of generate_batch_size prompts
+    (chunk c sampled with seed + c)."""
+    chunk = cfg.generate_batch_size or len(prompts)          # prompts per call: the memory
+    was_training = model.training
+    model.eval()
+    rollouts = []
+    for c, start in enumerate(range(0, len(prompts), chunk)):
+        with autocast(next(model.parameters()).device):
+            chunk_rollouts = generate(model, tokenizer, prompts[start:start + chunk],
+                                      group_size=cfg.group_size, mode=cfg.mode,
+                                      sampling=cfg.sampling(seed=seed + c))
+        for r in chunk_rollouts:
+            r.prompt_index += start
+        rollouts += chunk_rollouts
+    model.train(was_training)
+    return rollouts
+
+
+RUN_SEED_STRIDE = 1_000_003    # rollout seeds: a prime above any step count ...
+
+
+MAX_RANKS = 4096               # ... and room for this many ranks: no two (seed, step, rank) meet
+
+
+def rollout_seed(seed: int, step: int, rank: int) -> int:
+    """A sampling seed of its own for every (run seed, step, rank)."""
+    return (seed * RUN_SEED_STRIDE + step) * MAX_RANKS + rank
 
 
 def compute_advantages(rewards, group_size: int, norm_adv_by_std: bool = True, eps: float = 1e-6):
@@ -230,12 +252,237 @@ def compute_advantages(rewards, group_size: int, norm_adv_by_std: bool = True, e
     # <<< exercise 6
 
 
+STAT_SUMS = ("loss", "pg_loss", "kl", "tokens", "clipped", "dual", "entropy", "ratio")
+
+
+def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOConfig, *,
+               tags: TagIds, pad_id: int, scheduler=None, ref_model=None,
+               clip_ratio_high: float | None = None) -> dict:
+    """cfg.ppo_mini_batches optimizer steps of the PPO-clip loss on this rank's rollouts (any
+    number, also 0); model: plain, DDP- or FSDP-wrapped; clip_ratio_high: this step's (default
+    cfg's, else 0.2). Global statistics: loss and pg_loss (means over mini-batches), kl,
+    clip_frac, dual_clip_frac, entropy, ratio_mean (token means), counts."""
+    device = next(model.parameters()).device
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    mode = cfg.mode or RECIPE_MODE[cfg.recipe]       # also for a config without resolve_defaults
+    high = next(x for x in (clip_ratio_high, cfg.clip_ratio_high, 0.2) if x is not None)
+    advantages = torch.as_tensor(advantages, dtype=torch.float32).flatten()
+    minis = mini_batches(rollouts, advantages, cfg, pad_id, device)
+    max_diff = logprobs_from_a_forward(minis, model, ref_model, cfg, tags, mode, device)
+    model.train()
+    sums = dict.fromkeys(STAT_SUMS, 0.0)
+    grad_norms = []
+    for mini in minis:
+        local = 0.0
+        for mb in mini:
+            _, micro_denominator = loss_weights(mb.loss_mask, cfg.loss_agg_mode,
+                                                cfg.max_new_tokens)
+            local += micro_denominator
+        denominator = plumbing.all_reduce([local], device)[0]
+        if denominator == 0:                   # nothing to learn on any rank: every rank skips
+            continue
+        for j, mb in enumerate(mini):
+            with plumbing.grad_sync(model, enabled=j == len(mini) - 1):
+                logprobs, entropy = token_scores(model, mb, tags, mode, mb.loss_mask.bool(),
+                                                 cfg.temperature, cfg.logit_chunk_tokens)
+                loss, stats = micro_batch_loss(logprobs, entropy, mb, cfg, high, denominator,
+                                               world_size)
+                loss.backward()
+            for key in STAT_SUMS:
+                sums[key] += stats[key]
+        grad_norms.append(plumbing.optimizer_step(model, optimizer, scheduler, cfg.grad_clip))
+    g = dict(zip(STAT_SUMS, plumbing.all_reduce([sums[k] for k in STAT_SUMS], device)))
+    tokens = max(g["tokens"], 1.0)
+    steps = len(grad_norms)
+    out = {"loss": g["loss"] / max(steps, 1), "pg_loss": g["pg_loss"] / max(steps, 1),
+           "kl": g["kl"] / tokens, "clip_frac": g["clipped"] / tokens,
+           "dual_clip_frac": g["dual"] / tokens, "entropy": g["entropy"] / tokens,
+           "ratio_mean": g["ratio"] / tokens,
+           "grad_norm": sum(grad_norms) / steps if steps else 0.0,
+           "loss_tokens": int(g["tokens"]), "optimizer_steps": steps,
+           "micro_batches": sum(len(m) for m in minis)}
+    if max_diff is not None:
+        out["logprob_max_diff"] = max_diff
+    return out
+
+
+def mini_batches(rollouts: list[Rollout], advantages, cfg: GRPOConfig, pad_id: int,
+                 device) -> list[list[RolloutBatch]]:
+    """This rank's mini-batches of micro-batches, each as long as the longest rank's (the others
+    add empty micro-batches), on `device`."""
+    lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rollouts]
+    micro_batch_size = cfg.micro_batch_size or max(len(rollouts), 1)
+    plan = plan_micro_batches(lengths, cfg.ppo_mini_batches, micro_batch_size,
+                              cfg.micro_batch_tokens)
+    counts = plumbing.all_reduce([len(m) for m in plan], device, op="max")
+    minis = []
+    for micro, count in zip(plan, counts):
+        batches = [collate_rollouts([rollouts[i] for i in indices], advantages[indices], pad_id,
+                                    cfg.train_injected)
+                   for indices in micro]
+        batches += [empty_micro_batch(pad_id)] * (int(count) - len(micro))
+        minis.append([b.to(device) for b in batches])
+    return minis
+
+
+def plan_micro_batches(lengths: list[int], ppo_mini_batches: int, micro_batch_size: int,
+                       micro_batch_tokens: int = 0):
+    """Rollout indices in ppo_mini_batches contiguous near-equal mini-batches (whole groups when
+    the sizes divide), each filled greedily into micro-batches of <= micro_batch_size rollouts
+    and, with micro_batch_tokens, <= that many padded tokens (rows x longest):
+    plan_micro_batches([4, 4, 9, 9], 1, 4, 16) -> [[[0, 1], [2], [3]]]."""
+    n = len(lengths)
+    bounds = [round(i * n / ppo_mini_batches) for i in range(ppo_mini_batches + 1)]
+    plan = []
+    for lo, hi in itertools.pairwise(bounds):
+        micro = []
+        current = []
+        longest = 0
+        for i in range(lo, hi):
+            longest_with_i = max(longest, lengths[i])
+            full = len(current) == micro_batch_size
+            padded_tokens = (len(current) + 1) * longest_with_i
+            too_many_tokens = micro_batch_tokens and padded_tokens > micro_batch_tokens
+            if current and (full or too_many_tokens):
+                micro.append(current)
+                current = []
+                longest_with_i = lengths[i]
+            current.append(i)
+            longest = longest_with_i
+        if current:
+            micro.append(current)
+        plan.append(micro)
+    return plan
+
+
+@dataclass
+class RolloutBatch:
+    """Right-padded rollouts; the (B, L-1) tables are target-aligned: column t is about
+    input_ids[:, t + 1]."""
+    input_ids: torch.Tensor        # (B, L) long: prompt + response, right padding
+    attention_mask: torch.Tensor   # (B, L) long: 1 on real tokens
+    prompt_lengths: list[int]      # (B,)
+    response_mask: torch.Tensor    # (B, L-1) float: the target is a response token
+    sampled_mask: torch.Tensor     # (B, L-1) float: ... that the model sampled (not injected)
+    loss_mask: torch.Tensor        # (B, L-1) float: ... that the loss trains on
+    old_logprobs: torch.Tensor     # (B, L-1) float32: logp_old (the sampler's, or a forward's)
+    advantages: torch.Tensor       # (B, 1) float32
+    ref_logprobs: torch.Tensor | None = None   # (B, L-1) float32 when kl_coef > 0
+
+    def to(self, device) -> RolloutBatch:
+        moved = {k: v.to(device) for k, v in vars(self).items() if torch.is_tensor(v)}
+        return dataclasses.replace(self, **moved)
+
+
+def collate_rollouts(rollouts: list[Rollout], advantages, pad_id: int,
+                     train_injected: bool = False) -> RolloutBatch:
+    """Right-padded to the longest: prompt [5, 6] + response [7, 8, 1], sampled [1, 0, 1] ->
+    input_ids [5, 6, 7, 8, 1], response_mask [0, 1, 1, 1], sampled_mask [0, 1, 0, 1]; loss_mask =
+    sampled_mask, or response_mask with train_injected. ValueError for an empty prompt."""
+    rows = [r.prompt_ids + r.response_ids for r in rollouts]
+    longest = max(map(len, rows))
+    input_ids = torch.tensor([row + [pad_id] * (longest - len(row)) for row in rows])
+    attention_mask = torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in rows])
+    response_mask = torch.zeros(len(rows), longest - 1)
+    sampled_mask = torch.zeros_like(response_mask)
+    old_logprobs = torch.zeros_like(response_mask)
+    for b, r in enumerate(rollouts):
+        if not r.prompt_ids:   # its first response token would be predicted from nothing
+            raise ValueError(f"rollout {b} (prompt_index {r.prompt_index}) has an empty prompt: "
+                             "it needs >= 1 token")
+        first = len(r.prompt_ids) - 1           # the column that predicts the first response token
+        last = len(r.prompt_ids) + len(r.response_ids) - 1
+        response_mask[b, first:last] = 1.0
+        sampled_mask[b, first:last] = torch.tensor(r.sampled_mask, dtype=torch.float32)
+        old_logprobs[b, first:last] = torch.tensor(r.logprobs, dtype=torch.float32)
+    loss_mask = (response_mask if train_injected else sampled_mask).clone()
+    advantages = torch.as_tensor(advantages, dtype=torch.float32).view(len(rollouts), 1)
+    prompt_lengths = [len(r.prompt_ids) for r in rollouts]
+    return RolloutBatch(input_ids, attention_mask, prompt_lengths, response_mask, sampled_mask,
+                        loss_mask, old_logprobs, advantages)
+
+
+def empty_micro_batch(pad_id: int) -> RolloutBatch:
+    """One row with nothing in the loss: a rank with fewer micro-batches runs these, so that
+    every rank runs the same forwards and backwards."""
+    zero = torch.zeros(1, 1)
+    return RolloutBatch(torch.full((1, 2), pad_id, dtype=torch.long),
+                        torch.ones(1, 2, dtype=torch.long), [1], zero, zero.clone(),
+                        zero.clone(), zero.clone(), torch.zeros(1, 1))
+
+
+def logprobs_from_a_forward(minis, model, ref_model, cfg: GRPOConfig, tags: TagIds, mode: str,
+                            device) -> float | None:
+    """What the sampler did not record, from a no-grad forward before the first optimizer step:
+    the reference model's log-probs of the KL term (mb.ref_logprobs, kl_coef > 0); logp_old of
+    the injected tokens (--train_injected); and with --recompute_logprobs (a check) the largest
+    difference between the policy's log-probs and the sampler's, returned (else None)."""
+    want_ref = ref_model is not None and (cfg.kl_coef or 0) > 0
+    if not (cfg.train_injected or cfg.recompute_logprobs or want_ref):
+        return None
+    max_diff = 0.0
+    for mb in (mb for mini in minis for mb in mini):
+        if cfg.train_injected or cfg.recompute_logprobs:
+            logprobs = response_logprobs(model, mb, cfg, tags, mode)
+            if mb.response_mask.any():
+                diff = ((logprobs - mb.old_logprobs).abs() * mb.sampled_mask).max().item()
+                max_diff = max(max_diff, diff)
+            injected = (mb.response_mask - mb.sampled_mask).bool()
+            mb.old_logprobs = torch.where(injected, logprobs, mb.old_logprobs)
+        if want_ref:
+            mb.ref_logprobs = response_logprobs(ref_model, mb, cfg, tags, mode)
+    return plumbing.all_reduce([max_diff], device, op="max")[0]
+
+
+@torch.no_grad()
+def response_logprobs(model, mb: RolloutBatch, cfg: GRPOConfig, tags: TagIds,
+                      mode: str) -> torch.Tensor:
+    """(B, L-1) float32: the model's log-prob of each response token of the micro-batch, 0 at
+    the prompt and the padding."""
+    response = mb.response_mask.bool()
+    table = torch.zeros_like(mb.old_logprobs)
+    table[response] = token_scores(model, mb, tags, mode, response, cfg.temperature,
+                                   cfg.logit_chunk_tokens)[0]
+    return table
+
+
+def micro_batch_loss(logprobs, entropy, mb: RolloutBatch, cfg: GRPOConfig,
+                     clip_ratio_high: float, denominator: float,
+                     world_size: int = 1) -> tuple[torch.Tensor, dict]:
+    """This micro-batch's part of the mini-batch loss, sum(w * l) * world_size / D (D over every
+    micro-batch of every rank; the ranks' gradients are averaged), and the sums to all-reduce for
+    the step's statistics. logprobs, entropy (N,) float32: of the loss tokens (mb.loss_mask), in
+    row-major order, from the training forward (attention.token_scores)."""
+    selected = mb.loss_mask.bool()                                          # (B, L-1)
+    weight_table, _ = loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)
+    weights = weight_table[selected]
+    old = mb.old_logprobs[selected]                                         # (N,)
+    advantages = mb.advantages.expand_as(mb.loss_mask)[selected]
+    pg, clipped, dual = policy_loss(logprobs, old, advantages, cfg.clip_ratio_low, clip_ratio_high,
+                                    cfg.clip_ratio_c)
+    token_loss = pg
+    kl = None
+    if mb.ref_logprobs is not None and (cfg.kl_coef or 0) > 0:
+        kl = kl_penalty(logprobs, mb.ref_logprobs[selected], cfg.kl_estimator)
+        token_loss = pg + cfg.kl_coef * kl
+    d = max(denominator, 1e-12)
+    part = (weights * token_loss).sum() / d
+    with torch.no_grad():
+        stats = {"loss": part.item(), "pg_loss": ((weights * pg).sum() / d).item(),
+                 "tokens": float(selected.sum()), "kl": 0.0 if kl is None else kl.sum().item(),
+                 "clipped": clipped.sum().item(), "dual": dual.sum().item(),
+                 "entropy": entropy.sum().item(),
+                 "ratio": torch.exp((logprobs - old).clamp(-20, 20)).sum().item()}
+    return part * world_size, stats
+
+
 def policy_loss(logprobs, old_logprobs, advantages, clip_ratio_low: float = 0.2,
                 clip_ratio_high: float = 0.2, clip_ratio_c: float = 3.0):
-    """The PPO-clip loss per token (B, T): max(-A ratio, -A clip(ratio, 1 - low, 1 + high)), then
-    at most -A c where A < 0 (dual clip); ratio = exp(clamp(logp - logp_old, ±20)). Also whether
-    the clipped term was the larger (gradient 0) and whether the dual bound applied.
-    advantages: (B, T) or (B, 1)."""
+    """The PPO-clip loss per token: max(-A ratio, -A clip(ratio, 1 - low, 1 + high)), then at
+    most -A c where A < 0 (dual clip); ratio = exp(clamp(logp - logp_old, ±20)). Also whether
+    the clipped term was the larger (gradient 0) and whether the dual bound applied. logprobs,
+    old_logprobs: any shape, e.g. (B, T), or (N,) as micro_batch_loss passes the loss tokens;
+    advantages: the same shape, or one that broadcasts to it ((B, 1) for (B, T))."""
     # >>> exercise 5: the PPO-clip policy loss with clip-higher and dual clip
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))   # a stale token: no overflow
     advantages = advantages.expand_as(ratio)
@@ -282,230 +529,145 @@ def agg_loss(loss_mat, loss_mask, loss_agg_mode: str = "token-mean",
 
 
 # ---------------------------------------------------------------------------------------------
-# Rollouts -> padded, target-aligned tables, and the loss of one micro-batch
+# The run: presets, setup, evaluation during training, statistics, the loop (a reader of the
+# method may stop here)
 
 
-@dataclass
-class RolloutBatch:
-    """Right-padded rollouts; the (B, L-1) tables are target-aligned: column t is about
-    input_ids[:, t + 1]."""
-    input_ids: torch.Tensor        # (B, L) long: prompt + response, right padding
-    attention_mask: torch.Tensor   # (B, L) long: 1 on real tokens
-    prompt_lengths: list[int]      # (B,)
-    response_mask: torch.Tensor    # (B, L-1) float: the target is a response token
-    sampled_mask: torch.Tensor     # (B, L-1) float: ... that the model sampled (not injected)
-    loss_mask: torch.Tensor        # (B, L-1) float: ... that the loss trains on
-    old_logprobs: torch.Tensor     # (B, L-1) float32: logp_old (the sampler's, or a forward's)
-    advantages: torch.Tensor       # (B, 1) float32
-    ref_logprobs: torch.Tensor | None = None   # (B, L-1) float32 when kl_coef > 0
-
-    def to(self, device) -> "RolloutBatch":
-        moved = {k: v.to(device) for k, v in vars(self).items() if torch.is_tensor(v)}
-        return dataclasses.replace(self, **moved)
+# The tiny preset (the tuning runs: results/LOG.md): RL on the rl parts (number patterns the cold
+# start never saw), 32 prompts x 4 responses a step, lr 1.5e-4 with a cosine to 0 after 10
+# warm-up optimizer steps; the k3 KL anchor keeps the format in place. The paper's: NOTES.md §5.
+TINY = dict(data="synthetic:easy:rl,synthetic:medium:rl,synthetic:hard:rl",
+            eval_data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test",
+            easy_data="synthetic:easy", batch_size=32, group_size=4, max_new_tokens=128,
+            lr=1.5e-4, warmup_steps=10, lr_schedule="cosine", kl_coef=0.3, micro_batch_size=16,
+            generate_batch_size=0, max_steps=100, max_time=0.0, eval_every=50, eval_samples=64,
+            eval_k=8, easy_steps=10, scaffold_steps=20, grad_checkpointing=False)
 
 
-def collate_rollouts(rollouts: list[Rollout], advantages, pad_id: int,
-                     train_injected: bool = False) -> RolloutBatch:
-    """prompt [5, 6] + response [7, 8, 1], sampled [1, 0, 1] -> input_ids [5, 6, 7, 8, 1],
-    response_mask [0, 1, 1, 1], sampled_mask [0, 1, 0, 1]; loss_mask = sampled_mask, or
-    response_mask with train_injected."""
-    padded = sft.collate(rollouts, pad_id)      # SFT's padding; its loss_mask: response targets
-    response_mask = padded.loss_mask[:, 1:].contiguous()
-    sampled_mask = torch.zeros_like(response_mask)
-    old_logprobs = torch.zeros_like(response_mask)
-    for b, r in enumerate(rollouts):
-        if not r.prompt_ids:   # its first response token would be predicted from nothing
-            raise ValueError(f"rollout {b} (prompt_index {r.prompt_index}) has an empty prompt: "
-                             "it needs >= 1 token")
-        first = len(r.prompt_ids) - 1           # the column that predicts the first response token
-        last = len(r.prompt_ids) + len(r.response_ids) - 1
-        sampled_mask[b, first:last] = torch.tensor(r.sampled_mask, dtype=torch.float32)
-        old_logprobs[b, first:last] = torch.tensor(r.logprobs, dtype=torch.float32)
-    loss_mask = (response_mask if train_injected else sampled_mask).clone()
-    advantages = torch.as_tensor(advantages, dtype=torch.float32).view(len(rollouts), 1)
-    return RolloutBatch(padded.input_ids, padded.attention_mask, padded.prompt_lengths,
-                        response_mask, sampled_mask, loss_mask, old_logprobs, advantages)
+# The paper's (NOTES.md §5); its memory settings (generate_batch_size, grad_checkpointing) are
+# what scripts/memory_plan.py finds fits Qwen3-4B on 8 x 80 GB (README, "The paper's run").
+PAPER = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_size=256,
+             group_size=8, max_new_tokens=3000, lr=1e-6, warmup_steps=0, lr_schedule="constant",
+             kl_coef=0.0, micro_batch_size=2, generate_batch_size=8, max_steps=300, max_time=0.0,
+             eval_every=10, eval_samples=0, eval_k=16, easy_steps=35, scaffold_steps=200,
+             grad_checkpointing=True)
 
 
-def plan_micro_batches(lengths: list[int], ppo_mini_batches: int, micro_batch_size: int,
-                       micro_batch_tokens: int = 0):
-    """Rollout indices in ppo_mini_batches contiguous near-equal mini-batches (whole groups when
-    the sizes divide), each filled greedily into micro-batches of <= micro_batch_size rollouts
-    and, with micro_batch_tokens, <= that many padded tokens (rows x longest):
-    plan_micro_batches([4, 4, 9, 9], 1, 4, 16) -> [[[0, 1], [2], [3]]]."""
-    n = len(lengths)
-    bounds = [round(i * n / ppo_mini_batches) for i in range(ppo_mini_batches + 1)]
-    plan = []
-    for lo, hi in itertools.pairwise(bounds):
-        micro = []
-        current = []
-        longest = 0
-        for i in range(lo, hi):
-            longest_with_i = max(longest, lengths[i])
-            full = len(current) == micro_batch_size
-            padded_tokens = (len(current) + 1) * longest_with_i
-            too_many_tokens = micro_batch_tokens and padded_tokens > micro_batch_tokens
-            if current and (full or too_many_tokens):
-                micro.append(current)
-                current = []
-                longest_with_i = lengths[i]
-            current.append(i)
-            longest = longest_with_i
-        if current:
-            micro.append(current)
-        plan.append(micro)
-    return plan
+PRESETS = {"tiny": TINY, "paper": PAPER}
 
 
-def micro_batch_loss(logprobs, entropy, mb: RolloutBatch, cfg: GRPOConfig,
-                     clip_ratio_high: float, denominator: float,
-                     world_size: int = 1) -> tuple[torch.Tensor, dict]:
-    """This micro-batch's part of the mini-batch loss, sum(w * l) * world_size / D (D over every
-    micro-batch of every rank; the ranks' gradients are averaged), and the sums to all-reduce for
-    the step's statistics. logprobs, entropy (N,) float32: of the loss tokens (mb.loss_mask), in
-    row-major order, from the training forward (sft.batch_token_scores)."""
-    selected = mb.loss_mask.bool()                                          # (B, L-1)
-    weights = loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[0][selected]
-    old = mb.old_logprobs[selected]                                         # (N,)
-    advantages = mb.advantages.expand_as(mb.loss_mask)[selected]
-    pg, clipped, dual = policy_loss(logprobs, old, advantages, cfg.clip_ratio_low, clip_ratio_high,
-                                    cfg.clip_ratio_c)
-    token_loss = pg
-    kl = None
-    if mb.ref_logprobs is not None and (cfg.kl_coef or 0) > 0:
-        kl = kl_penalty(logprobs, mb.ref_logprobs[selected], cfg.kl_estimator)
-        token_loss = pg + cfg.kl_coef * kl
-    d = max(denominator, 1e-12)
-    part = (weights * token_loss).sum() / d
-    with torch.no_grad():
-        stats = {"loss": part.item(), "pg_loss": ((weights * pg).sum() / d).item(),
-                 "tokens": float(selected.sum()), "kl": 0.0 if kl is None else kl.sum().item(),
-                 "clipped": clipped.sum().item(), "dual": dual.sum().item(),
-                 "entropy": entropy.sum().item(),
-                 "ratio": torch.exp((logprobs - old).clamp(-20, 20)).sum().item()}
-    return part * world_size, stats
+DEFAULT_INIT = {   # where each mode's SFT checkpoint is, and the command that writes it
+    "unseen": ("runs/sft", "python sft.py"),
+    "seen": ("runs/sft_seen", "python sft.py --mode=seen --out_dir=runs/sft_seen"),
+    "sequential": ("runs/sft_sequential",
+                   "python sft.py --style=sequential --mode=seen --out_dir=runs/sft_sequential")}
 
 
-# ---------------------------------------------------------------------------------------------
-# One policy update on a given list of rollouts
+def resolve_defaults(cfg: GRPOConfig, world_size: int = 1) -> GRPOConfig:
+    """The preset (--preset; auto: `model.resolve_preset`) in the None fields and the recipe's
+    mode; the checks that teach."""
+    config.check(cfg)
+    preset, _ = resolve_preset(cfg.preset, cfg.model)
+    cfg = config.apply_preset(dataclasses.replace(cfg, preset=preset), PRESETS)
+    if cfg.temperature == 0:
+        raise ValueError("--temperature=0: GRPO compares the responses of a group, and greedy ones "
+                         "are all the same, so every advantage is 0 and nothing is learned; use a "
+                         "temperature above 0 (the paper: 1.0)")
+    if cfg.group_size == 1:
+        raise ValueError("--group_size=1: a GRPO advantage compares responses to the same prompt, "
+                         "so with one every advantage is 0 and nothing is learned; use 2 or more")
+    if cfg.batch_size % world_size:
+        raise ValueError(f"--batch_size={cfg.batch_size} prompts do not split evenly over "
+                         f"{world_size} ranks")
+    rollouts_per_rank = cfg.batch_size * cfg.group_size // world_size
+    if cfg.ppo_mini_batches > rollouts_per_rank:
+        raise ValueError(f"--ppo_mini_batches={cfg.ppo_mini_batches} is more than the "
+                         f"{rollouts_per_rank} rollouts a rank has per step: some optimizer steps "
+                         "would have no data")
+    return dataclasses.replace(cfg, mode=cfg.mode or RECIPE_MODE[cfg.recipe])
 
 
-def empty_micro_batch(pad_id: int) -> RolloutBatch:
-    """One row with nothing in the loss: a rank with fewer micro-batches runs these, so that
-    every rank runs the same forwards and backwards."""
-    zero = torch.zeros(1, 1)
-    return RolloutBatch(torch.full((1, 2), pad_id, dtype=torch.long),
-                        torch.ones(1, 2, dtype=torch.long), [1], zero, zero.clone(),
-                        zero.clone(), zero.clone(), torch.zeros(1, 1))
+def default_init(mode: str, model: str = "") -> str:
+    """`model`, else the latest SFT checkpoint of the mode. FileNotFoundError names the command
+    that writes it."""
+    if model == "tiny":
+        print("warning: --model=tiny is the embedded model with random weights: GRPO starts from "
+              "an SFT checkpoint (e.g. python sft.py, then --model=runs/sft/checkpoint-400)",
+              file=sys.stderr)
+    if model:
+        return model
+    folder, command = DEFAULT_INIT[mode]
+    try:
+        return plumbing.find_latest_checkpoint(folder)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"GRPO starts from an SFT checkpoint and there is none in "
+                                f"{folder!r} (mode {mode!r}). Write it first with\n    {command}\n"
+                                "(about 4 minutes on 2 CPU cores for the tiny model), or pass "
+                                "--model=<a checkpoint folder or hub name>.") from None
 
 
-def mini_batches(rollouts: list[Rollout], advantages, cfg: GRPOConfig, pad_id: int,
-                 device) -> list[list[RolloutBatch]]:
-    """This rank's mini-batches of micro-batches, each as long as the longest rank's (the others
-    add empty micro-batches), on `device`."""
-    lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rollouts]
-    micro_batch_size = cfg.micro_batch_size or max(len(rollouts), 1)
-    plan = plan_micro_batches(lengths, cfg.ppo_mini_batches, micro_batch_size,
-                              cfg.micro_batch_tokens)
-    counts = plumbing.all_reduce([len(m) for m in plan], device, op="max")
-    minis = []
-    for micro, count in zip(plan, counts):
-        batches = [collate_rollouts([rollouts[i] for i in indices], advantages[indices], pad_id,
-                                    cfg.train_injected)
-                   for indices in micro]
-        batches += [empty_micro_batch(pad_id)] * (int(count) - len(micro))
-        minis.append([b.to(device) for b in batches])
-    return minis
-
-
-@torch.no_grad()
-def response_logprobs(model, mb: RolloutBatch, cfg: GRPOConfig, tags: TagIds,
-                      mode: str) -> torch.Tensor:
-    """(B, L-1) float32: the model's log-prob of each response token of the micro-batch, 0 at
-    the prompt and the padding."""
-    response = mb.response_mask.bool()
-    table = torch.zeros_like(mb.old_logprobs)
-    table[response] = sft.batch_token_scores(model, mb, tags, mode, response, cfg.temperature,
-                                 cfg.logit_chunk_tokens)[0]
-    return table
-
-
-def recompute_logprobs(minis, model, ref_model, cfg: GRPOConfig, tags: TagIds, mode: str,
-                       device) -> float | None:
-    """Before the first optimizer step: logp_old of the injected tokens (train_injected) and the
-    largest difference to the sampler's (recompute_logprobs) from a forward; the reference
-    log-probs (kl_coef > 0)."""
-    want_ref = ref_model is not None and (cfg.kl_coef or 0) > 0
-    if not (cfg.train_injected or cfg.recompute_logprobs or want_ref):
-        return None
-    max_diff = 0.0
-    for mb in (mb for mini in minis for mb in mini):
-        if cfg.train_injected or cfg.recompute_logprobs:
-            logprobs = response_logprobs(model, mb, cfg, tags, mode)
-            if mb.response_mask.any():
-                diff = ((logprobs - mb.old_logprobs).abs() * mb.sampled_mask).max().item()
-                max_diff = max(max_diff, diff)
-            injected = (mb.response_mask - mb.sampled_mask).bool()
-            mb.old_logprobs = torch.where(injected, logprobs, mb.old_logprobs)
-        if want_ref:
-            mb.ref_logprobs = response_logprobs(ref_model, mb, cfg, tags, mode)
-    return plumbing.all_reduce([max_diff], device, op="max")[0]
-
-
-STAT_SUMS = ("loss", "pg_loss", "kl", "tokens", "clipped", "dual", "entropy", "ratio")
-
-
-def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOConfig, *,
-               tags: TagIds, pad_id: int, scheduler=None, ref_model=None,
-               clip_ratio_high: float | None = None) -> dict:
-    """cfg.ppo_mini_batches optimizer steps of the PPO-clip loss on this rank's rollouts (any
-    number, also 0); model: plain, DDP- or FSDP-wrapped; clip_ratio_high: this step's (default
-    cfg's, else 0.2). Global statistics: loss and pg_loss (means over mini-batches), kl,
-    clip_frac, dual_clip_frac, entropy, ratio_mean (token means), counts."""
-    device = next(model.parameters()).device
-    world_size = dist.get_world_size() if dist.is_initialized() else 1
-    mode = cfg.mode or RECIPE_MODE[cfg.recipe]       # also for a config without resolve_defaults
-    high = next(x for x in (clip_ratio_high, cfg.clip_ratio_high, 0.2) if x is not None)
-    advantages = torch.as_tensor(advantages, dtype=torch.float32).flatten()
-    minis = mini_batches(rollouts, advantages, cfg, pad_id, device)
-    max_diff = recompute_logprobs(minis, model, ref_model, cfg, tags, mode, device)
-    model.train()
-    sums = dict.fromkeys(STAT_SUMS, 0.0)
-    grad_norms = []
-    for mini in minis:
-        local = sum(loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[1]
-                    for mb in mini)
-        denominator = plumbing.all_reduce([local], device)[0]
-        if denominator == 0:                   # nothing to learn on any rank: every rank skips
-            continue
-        for j, mb in enumerate(mini):
-            with plumbing.grad_sync(model, enabled=j == len(mini) - 1):
-                logprobs, entropy = sft.batch_token_scores(model, mb, tags, mode,
-                                                           mb.loss_mask.bool(), cfg.temperature,
-                                                           cfg.logit_chunk_tokens)
-                loss, stats = micro_batch_loss(logprobs, entropy, mb, cfg, high, denominator,
-                                               world_size)
-                loss.backward()
-            for key in STAT_SUMS:
-                sums[key] += stats[key]
-        grad_norms.append(plumbing.optimizer_step(model, optimizer, scheduler, cfg.grad_clip))
-    g = dict(zip(STAT_SUMS, plumbing.all_reduce([sums[k] for k in STAT_SUMS], device)))
-    tokens = max(g["tokens"], 1.0)
-    steps = len(grad_norms)
-    out = {"loss": g["loss"] / max(steps, 1), "pg_loss": g["pg_loss"] / max(steps, 1),
-           "kl": g["kl"] / tokens, "clip_frac": g["clipped"] / tokens,
-           "dual_clip_frac": g["dual"] / tokens, "entropy": g["entropy"] / tokens,
-           "ratio_mean": g["ratio"] / tokens,
-           "grad_norm": sum(grad_norms) / steps if steps else 0.0,
-           "loss_tokens": int(g["tokens"]), "optimizer_steps": steps,
-           "micro_batches": sum(len(m) for m in minis)}
-    if max_diff is not None:
-        out["logprob_max_diff"] = max_diff
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Sampling and the step's statistics
+def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
+    """The run: the resolved config, the prompt streams and held-out problems, the model copies,
+    the optimizer and the schedule. The config's checks come before the weights load."""
+    init = default_init(cfg.mode or RECIPE_MODE[cfg.recipe], cfg.model)
+    if os.path.isdir(init):            # saved with the run: a resume from elsewhere finds it
+        init = os.path.abspath(init)
+    own_tokenizer(init)                          # a --model that cannot load fails here
+    preset, why = resolve_preset(cfg.preset, init)
+    cfg = resolve_defaults(dataclasses.replace(cfg, model=init, preset=preset), d.world_size)
+    if d.is_main:
+        print(f"preset {preset} ({why})")
+    run = plumbing.load_run(cfg, d, init, cls=GRPORun)
+    if cfg.recipe == "seen" and cfg.easy_steps >= cfg.max_steps:
+        run.log(f"note: --easy_steps={cfg.easy_steps} >= --max_steps={cfg.max_steps}: the run "
+                "never leaves the easy-RL stage (recipe seen)")
+    style = "sequential" if cfg.mode == "sequential" else "parallel"
+    run.prompt_style = prompt_style_of(cfg.preset, style)
+    init_mode = mode_from_config(read_checkpoint_config(init)[0])
+    if init_mode and init_mode != cfg.mode:
+        run.log(f"warning: {init} was trained in mode {init_mode!r}, this run samples and trains "
+                f"in {cfg.mode!r}")
+    data_name = "the given records" if records is not None else cfg.data
+    if records is None:
+        records = load_data(cfg.data, style=style, seed=cfg.seed)
+    sources = {"train": records}
+    if cfg.recipe == "seen" and (cfg.easy_steps or 0) > 0:
+        sources["easy"] = load_data(cfg.easy_data, style=style, seed=cfg.seed)
+    if eval_records is None and cfg.eval_data:
+        eval_records = load_data(cfg.eval_data, style=style, limit=cfg.eval_samples or None,
+                                 seed=cfg.seed + 1)
+    context = getattr(run.model.config, "max_position_embeddings", None)
+    for name, recs in [*sources.items(), ("eval", eval_records or [])]:
+        run.sources[name], run.prompts[name], _ = fit_context(
+            recs, run.tokenizer, run.prompt_style, cfg.prompt_file or None, cfg.max_new_tokens,
+            context, f"{name} data", run.log, required=name != "eval")
+    run.eval_records = run.sources.pop("eval")
+    run.prompts.pop("eval")
+    dtype = plumbing.compute_dtype(d.device, cfg.fsdp)   # the policy's forward: bf16 under FSDP
+    if cfg.kl_coef > 0:
+        initial = run.model
+        if run.resume:           # the initial weights, not the checkpoint's (on the CPU first)
+            initial = load_model(init, dtype=torch.float32, device="cpu")[0]
+        run.ref_model = frozen_copy(initial, dtype, d.device)
+    run.rollout_model = run.model
+    if cfg.fsdp:                                   # FSDP shards run.model: the sampler's plain copy
+        run.rollout_model = frozen_copy(run.model, dtype)
+    run.pad_id = run.tokenizer.pad_token_id
+    if run.pad_id is None:
+        run.pad_id = run.tags.eos
+    total_optimizer_steps = cfg.max_steps * cfg.ppo_mini_batches
+    plumbing.prepare(run, lambda s: plumbing.lr_factor(s, cfg.warmup_steps, total_optimizer_steps,
+                                                        cfg.lr_schedule),
+                     reads_model_again=run.ref_model is not None)
+    positions = run.state.get("data_position", {})
+    for i, (name, source) in enumerate(run.sources.items()):
+        run.streams[name] = plumbing.ShuffledStream(len(source), cfg.seed + i,
+                                                    **positions.get(name, {}))
+    run.log(f"GRPO recipe {cfg.recipe} (mode {cfg.mode}) from {init}: "
+            f"{len(run.sources['train'])} problems of {data_name}, {cfg.batch_size} prompts x "
+            f"{cfg.group_size} per step on {d.world_size} rank(s) ({d.device.type}), lr {cfg.lr}, "
+            f"max_new_tokens {cfg.max_new_tokens}")
+    return run
 
 
 @torch.no_grad()
@@ -527,29 +689,70 @@ def prompts_per_call(cfg: GRPOConfig, world_size: int) -> int:
     return per_rank
 
 
-def rollout_seed(seed: int, step: int, rank: int) -> int:
-    """A sampling seed of its own for every (run seed, step, rank)."""
-    return (seed * RUN_SEED_STRIDE + step) * MAX_RANKS + rank
+EVAL_KEYS = ("mean_at_k", "pass_at_k", "format_valid", "parallel_ratio", "mean_blocks",
+             "mean_parallel_position", "mean_T", "mean_D")
 
 
-def sample_rollouts(model, tokenizer, prompts: list[list[int]], cfg: GRPOConfig,
-                    seed: int) -> list[Rollout]:
-    """group_size rollouts per prompt, prompt-major, in chunks of generate_batch_size prompts
-    (chunk c sampled with seed + c)."""
-    chunk = cfg.generate_batch_size or len(prompts)          # prompts per call: the memory
-    was_training = model.training
-    model.eval()
-    rollouts = []
-    for c, start in enumerate(range(0, len(prompts), chunk)):
-        with plumbing.autocast(next(model.parameters()).device):
-            chunk_rollouts = generate(model, tokenizer, prompts[start:start + chunk],
-                                      group_size=cfg.group_size, mode=cfg.mode,
-                                      sampling=cfg.sampling(seed=seed + c))
-        for r in chunk_rollouts:
-            r.prompt_index += start
-        rollouts += chunk_rollouts
-    model.train(was_training)
-    return rollouts
+def evaluate_now(run: GRPORun, tag: str) -> dict:
+    """Every rank samples its shard of the held-out problems (eval_k at eval_temperature, a fixed
+    seed; FSDP: on the rollout copy, refreshed first); every rank gets each benchmark's (data
+    source's) metrics and their Avg, logged."""
+    cfg = run.cfg
+    d = run.dist
+    t0 = time.monotonic()
+    mine = run.eval_records[d.rank::d.world_size]
+    rows = prompts_per_call(cfg, d.world_size) * cfg.group_size   # as many rows as the rollouts'
+    batch_size = max(1, rows // cfg.eval_k)
+    if cfg.fsdp:
+        sync_rollout_model(run.rollout_model, run.train_model)
+    samples = []
+    if mine:
+        sampling = dataclasses.replace(cfg.sampling(seed=cfg.seed),     # as eval.py: no top-k
+                                       temperature=cfg.eval_temperature, top_k=0)
+        with autocast(d.device):
+            samples = evaluate(run.rollout_model, run.tokenizer, mine, cfg.mode, k=cfg.eval_k,
+                               sampling=sampling, batch_size=batch_size,
+                               prompt_style=run.prompt_style,
+                               prompt_file=cfg.prompt_file or None)[1]
+    if dist.is_initialized():
+        shards = [None] * d.world_size
+        dist.all_gather_object(shards, samples)
+        samples = [s for shard in shards for s in shard]
+    by_bench: dict[str, list] = {}
+    for s in samples:
+        by_bench.setdefault(s["benchmark"] or "held_out", []).append(s)
+    metrics = {}
+    for bench, bench_samples in by_bench.items():
+        summary = summarize(bench_samples, cfg.eval_k)
+        metrics[bench] = {k: summary[k] for k in EVAL_KEYS}
+    avg = sum(m["mean_at_k"] for m in metrics.values()) / len(metrics)
+    for bench, m in metrics.items():
+        values = " ".join(f"{k} {v:.3f}" for k, v in m.items() if v is not None)
+        run.log(f"[eval {tag}] {bench}, k={cfg.eval_k}: {values}")
+    run.log(f"[eval {tag}] Avg Mean@{cfg.eval_k} {100 * avg:.1f}% ({time.monotonic() - t0:.0f}s)")
+    row = {"step": run.step, "eval/avg_mean_at_k": avg}
+    for bench, m in metrics.items():
+        for k, v in m.items():
+            row[f"eval/{bench}/{k}"] = v
+    run.write(row)
+    return {"avg_mean_at_k": avg, "benchmarks": metrics}
+
+
+def first_evaluation(run: GRPORun) -> dict | None:
+    """The "before" evaluation: a resumed run's first one if its settings are today's, else a
+    fresh one."""
+    cfg = run.cfg
+    before = run.state.get("eval_before")
+    settings = [cfg.eval_data, cfg.eval_samples, cfg.eval_k, cfg.eval_temperature,
+                cfg.max_new_tokens, cfg.budget]
+    if before and before.get("settings", settings) != settings:
+        run.log(f"note: the run's first evaluation used other settings {before['settings']} than "
+                f"now {settings} (eval_data, eval_samples, eval_k, eval_temperature, "
+                "max_new_tokens, budget): the end summary shows no before/after table")
+        return {}                                  # falsy: neither re-evaluated nor compared
+    if before is None and run.eval_records:
+        return {**evaluate_now(run, "before"), "settings": settings}
+    return before
 
 
 MEANS = ("accuracy", "format_valid", "parallel_ratio", "num_blocks", "response_T", "response_D",
@@ -600,192 +803,6 @@ class Stopwatch:
         now = time.monotonic()
         self.laps[name] = now - self.last
         self.last = now
-
-
-# ---------------------------------------------------------------------------------------------
-# The run
-
-
-@dataclass
-class GRPORun(plumbing.Run):
-    rollout_model: torch.nn.Module = None      # what the sampler and the evaluation run on
-    ref_model: torch.nn.Module | None = None   # the frozen initial weights of the KL term
-    sources: dict = field(default_factory=dict)   # "train" (and "easy", recipe seen): problems,
-    prompts: dict = field(default_factory=dict)   # ... their prompt ids,
-    streams: dict = field(default_factory=dict)   # ... and the shuffled order they are drawn in
-    eval_records: list = field(default_factory=list)
-    pad_id: int = 0
-
-
-def grpo_step(run: GRPORun, step: int) -> dict:
-    """One GRPO step (NOTES.md §5): draw prompts, sample group_size rollouts each, score them
-    with this step's reward, turn the rewards into group-relative advantages, update the policy.
-    Returns the step's statistics (all ranks')."""
-    cfg = run.cfg
-    d = run.dist
-    stage = stage_at(cfg, step)
-    clock = Stopwatch()
-    per_rank = cfg.batch_size // d.world_size
-    drawn = run.streams[stage.data].take(cfg.batch_size)
-    mine = drawn[d.rank * per_rank:(d.rank + 1) * per_rank]
-    problems = [run.sources[stage.data][i] for i in mine]
-    prompts = [run.prompts[stage.data][i] for i in mine]
-    if cfg.fsdp:
-        sync_rollout_model(run.rollout_model, run.train_model)
-    rollouts = sample_rollouts(run.rollout_model, run.tokenizer, prompts, cfg,
-                               seed=rollout_seed(cfg.seed, step, d.rank))
-    clock.lap("time_sample")
-    golds = [problems[r.prompt_index]["answer"] for r in rollouts]
-    scores = score_batch([r.text for r in rollouts], golds, reward=stage.reward, step=step,
-                         structures=[r.structure for r in rollouts])
-    rewards = [s["reward"] for s in scores]
-    advantages, has_variance = compute_advantages(rewards, cfg.group_size, cfg.norm_adv_by_std)
-    clock.lap("time_reward")
-    trained = rollouts
-    trained_advantages = advantages
-    if cfg.filter_groups:                          # only the groups whose rewards differ
-        keep = has_variance.repeat_interleave(cfg.group_size)
-        trained = [r for r, k in zip(rollouts, keep.tolist()) if k]
-        trained_advantages = advantages[keep]
-    update = ppo_update(run.train_model, run.optimizer, trained, trained_advantages, cfg,
-                        tags=run.tags, pad_id=run.pad_id, scheduler=run.scheduler,
-                        ref_model=run.ref_model, clip_ratio_high=stage.clip_ratio_high)
-    clock.lap("time_update")
-    advantage_sums = [advantages.abs().sum().item(), len(advantages), len(trained)]
-    abs_sum, count, trained_count = plumbing.all_reduce(advantage_sums, d.device)
-    return {"step": step, "reward_kind": stage.reward.kind_at(step),
-            **rollout_stats(rollouts, scores, has_variance, d.device),
-            "adv_abs_mean": abs_sum / max(count, 1.0), "rollouts_trained": int(trained_count),
-            **update, "lr": run.optimizer.param_groups[0]["lr"],
-            "clip_ratio_high": stage.clip_ratio_high, **clock.laps}
-
-
-def evaluate_now(run: GRPORun, tag: str) -> dict:
-    """Every rank samples its shard of the held-out problems (eval_k at eval_temperature, a fixed
-    seed; FSDP: on the rollout copy, refreshed first); every rank gets each benchmark's (data
-    source's) metrics and their Avg, logged."""
-    cfg = run.cfg
-    d = run.dist
-    t0 = time.monotonic()
-    mine = run.eval_records[d.rank::d.world_size]
-    rows = prompts_per_call(cfg, d.world_size) * cfg.group_size   # as many rows as the rollouts'
-    batch_size = max(1, rows // cfg.eval_k)
-    if cfg.fsdp:
-        sync_rollout_model(run.rollout_model, run.train_model)
-    samples = []
-    if mine:
-        sampling = dataclasses.replace(cfg.sampling(seed=cfg.seed),     # as eval.py: no top-k
-                                       temperature=cfg.eval_temperature, top_k=0)
-        with plumbing.autocast(d.device):            # the prompt style: the mode's
-            samples = evaluate(run.rollout_model, run.tokenizer, mine, cfg.mode, k=cfg.eval_k,
-                               sampling=sampling, batch_size=batch_size,
-                               prompt_file=cfg.prompt_file or None)[1]
-    if dist.is_initialized():
-        shards = [None] * d.world_size
-        dist.all_gather_object(shards, samples)
-        samples = [s for shard in shards for s in shard]
-    by_bench: dict[str, list] = {}
-    for s in samples:
-        by_bench.setdefault(s["benchmark"] or "held_out", []).append(s)
-    metrics = {}
-    for bench, bench_samples in by_bench.items():
-        summary = summarize(bench_samples, cfg.eval_k)
-        metrics[bench] = {k: summary[k] for k in EVAL_KEYS}
-    avg = sum(m["mean_at_k"] for m in metrics.values()) / len(metrics)
-    for bench, m in metrics.items():
-        values = " ".join(f"{k} {v:.3f}" for k, v in m.items() if v is not None)
-        run.log(f"[eval {tag}] {bench}, k={cfg.eval_k}: {values}")
-    run.log(f"[eval {tag}] Avg Mean@{cfg.eval_k} {100 * avg:.1f}% ({time.monotonic() - t0:.0f}s)")
-    row = {"step": run.step, "eval/avg_mean_at_k": avg}
-    for bench, m in metrics.items():
-        for k, v in m.items():
-            row[f"eval/{bench}/{k}"] = v
-    run.write(row)
-    return {"avg_mean_at_k": avg, "benchmarks": metrics}
-
-
-EVAL_KEYS = ("mean_at_k", "pass_at_k", "format_valid", "parallel_ratio", "mean_blocks",
-             "mean_parallel_position", "mean_T", "mean_D")
-
-
-def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
-    """The run: the resolved config, the prompt streams and held-out problems, the model copies,
-    the optimizer and the schedule. The config's checks come before the weights load."""
-    init = default_init(cfg.mode or RECIPE_MODE[cfg.recipe], cfg.model)
-    if os.path.isdir(init):            # saved with the run: a resume from elsewhere finds it
-        init = os.path.abspath(init)
-    tokenizer = own_tokenizer(plumbing.resume_path(cfg) or init)
-    tiny = tokenizer is None or len(tokenizer) < TINY_VOCAB_LIMIT
-    cfg = resolve_defaults(dataclasses.replace(cfg, model=init), tiny, d.world_size)
-    run = plumbing.load_run(cfg, d, init, cls=GRPORun)
-    if cfg.recipe == "seen" and cfg.easy_steps >= cfg.max_steps:
-        run.log(f"note: --easy_steps={cfg.easy_steps} >= --max_steps={cfg.max_steps}: the run "
-                "never leaves the easy-RL stage (recipe seen)")
-    style = "sequential" if cfg.mode == "sequential" else "parallel"
-    init_mode = mode_from_config(read_checkpoint_config(init)[0])
-    if init_mode and init_mode != cfg.mode:
-        run.log(f"warning: {init} was trained in mode {init_mode!r}, this run samples and trains "
-                f"in {cfg.mode!r}")
-    data_name = "the given records" if records is not None else cfg.data
-    if records is None:
-        records = load_data(cfg.data, style=style, seed=cfg.seed)
-    sources = {"train": records}
-    if cfg.recipe == "seen" and (cfg.easy_steps or 0) > 0:
-        sources["easy"] = load_data(cfg.easy_data, style=style, seed=cfg.seed)
-    if eval_records is None and cfg.eval_data:
-        eval_records = load_data(cfg.eval_data, style=style, limit=cfg.eval_samples or None,
-                                 seed=cfg.seed + 1)
-    context = getattr(run.model.config, "max_position_embeddings", None)
-    for name, recs in [*sources.items(), ("eval", eval_records or [])]:
-        run.sources[name], run.prompts[name], _ = fit_context(
-            recs, run.tokenizer, style, cfg.prompt_file or None, cfg.max_new_tokens, context,
-            f"{name} data", run.log, required=name != "eval")
-    run.eval_records = run.sources.pop("eval")
-    run.prompts.pop("eval")
-    if cfg.kl_coef > 0:
-        if run.resume:           # the initial weights, not the checkpoint's
-            reference = load_model(init, dtype=torch.float32, device=d.device)[0]
-        else:
-            reference = copy.deepcopy(run.model)
-        run.ref_model = reference.eval().requires_grad_(False)
-    run.rollout_model = run.model
-    if cfg.fsdp:                                   # FSDP shards run.model: the sampler's plain copy
-        run.rollout_model = copy.deepcopy(run.model).eval()
-        if d.device.type == "cuda":
-            run.rollout_model.to(torch.bfloat16)
-    run.pad_id = run.tokenizer.pad_token_id
-    if run.pad_id is None:
-        run.pad_id = run.tags.eos
-    total_optimizer_steps = cfg.max_steps * cfg.ppo_mini_batches
-    plumbing.prepare(run, lambda s: plumbing.lr_factor(s, cfg.warmup_steps, total_optimizer_steps,
-                                                        cfg.lr_schedule),
-                     reads_model_again=run.ref_model is not None)
-    positions = run.state.get("data_position", {})
-    for i, (name, source) in enumerate(run.sources.items()):
-        run.streams[name] = plumbing.ShuffledStream(len(source), cfg.seed + i,
-                                                    **positions.get(name, {}))
-    run.log(f"GRPO recipe {cfg.recipe} (mode {cfg.mode}) from {init}: "
-            f"{len(run.sources['train'])} problems of {data_name}, {cfg.batch_size} prompts x "
-            f"{cfg.group_size} per step on {d.world_size} rank(s) ({d.device.type}), lr {cfg.lr}, "
-            f"max_new_tokens {cfg.max_new_tokens}")
-    return run
-
-
-def first_evaluation(run: GRPORun) -> dict | None:
-    """The "before" evaluation: a resumed run's first one if its settings are today's, else a
-    fresh one."""
-    cfg = run.cfg
-    before = run.state.get("eval_before")
-    settings = [cfg.eval_data, cfg.eval_samples, cfg.eval_k, cfg.eval_temperature,
-                cfg.max_new_tokens, cfg.budget]
-    if before and before.get("settings", settings) != settings:
-        run.log(f"note: the run's first evaluation used other settings {before['settings']} than "
-                f"now {settings} (eval_data, eval_samples, eval_k, eval_temperature, "
-                "max_new_tokens, budget): the end summary shows no before/after table")
-        return {}                                  # falsy: neither re-evaluated nor compared
-    if before is None and run.eval_records:
-        return {**evaluate_now(run, "before"), "settings": settings}
-    return before
 
 
 LOG_KEYS = ("reward_mean", "accuracy", "format_valid", "parallel_ratio", "groups_with_variance",

@@ -8,6 +8,7 @@ The tags become special tokens, one id each. Each new embedding row starts at th
 of its text's pieces plus small noise: rows left identical make the tags unlearnable (NOTES.md §1).
 `read_checkpoint_config` tells which mode a checkpoint was trained in (the sampler needs it).
 """
+import copy
 import glob
 import json
 import os
@@ -65,6 +66,15 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     tok.decoder = decoders.Fuse()                      # joined without spaces
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS,
                                    unk_token=UNK, clean_up_tokenization_spaces=False)
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """The tiny model's tokenizer with the six tags, the ids `load_model("tiny")` gives them,
+    without building a model (for reading traces)."""
+    tokenizer = build_char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": list(TAGS)},
+                                 replace_extra_special_tokens=False)
+    return tokenizer
 
 
 def add_parallel_tags(model, tokenizer, seed: int = 0) -> list[int]:
@@ -230,6 +240,25 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None,
     return model.to(device=device, dtype=dtype).eval(), tok
 
 
+def frozen_copy(model: torch.nn.Module, dtype: torch.dtype, device=None) -> torch.nn.Module:
+    """A copy of `model` that only runs forwards (eval mode, no gradients), on `device` (default
+    the model's): each parameter is cast to `dtype` as it is copied, so a bf16 copy of an fp32
+    model never holds a second fp32 model (copy.deepcopy, then .to(bf16), held one: 16 GB more
+    per GPU for Qwen3-4B), and tied parameters stay tied. Buffers are copied as they are: the
+    rotary inverse frequencies stay fp32, as in the model and in FSDP2's bf16 forward (which casts
+    parameters only); Module.to(bf16) rounds them too, and at position 3,000 that turns Qwen3's
+    rotations by up to ~0.5 rad. GRPO's sampler copy and its KL reference (grpo.setup)."""
+    copies = {}
+    for parameter in model.parameters():
+        target = device if device is not None else parameter.device
+        weights = parameter.detach().to(device=target, dtype=dtype, copy=True)
+        copies[id(parameter)] = torch.nn.Parameter(weights, requires_grad=False)
+    copied = copy.deepcopy(model, memo=copies)      # deepcopy takes the parameters from `copies`
+    if device is not None:
+        copied.to(device)                           # the buffers; no dtype: they stay as they are
+    return copied.eval()
+
+
 def load_torch_file(path: str, mmap: bool = False):
     """torch.load of a file we wrote (CPU); OSError naming the file when it is damaged."""
     try:
@@ -260,6 +289,22 @@ def read_checkpoint_config(path: str) -> tuple[dict, str]:
     if "mode" in state:                                  # grpo.py saves its mode beside the config
         cfg.setdefault("mode", state["mode"])
     return cfg, state_file
+
+
+def resolve_preset(requested: str, name_or_path: str) -> tuple[str, str]:
+    """(the preset a run uses, why): --preset, or for "auto" "tiny" when the model is the
+    embedded one or a checkpoint of a run under the tiny preset (its saved config says so), else
+    "paper". Never guessed from the vocabulary: a small custom tokenizer is not the tiny model."""
+    if requested != "auto":
+        return requested, f"--preset={requested}"
+    if name_or_path == "tiny":
+        return "tiny", "auto: --model=tiny, the embedded model"
+    saved = {}
+    if os.path.isdir(name_or_path):                      # not a hub name
+        saved, source = read_checkpoint_config(name_or_path)
+    if saved.get("preset") == "tiny":
+        return "tiny", f"auto: the run that wrote {source} used it"
+    return "paper", "auto: not the embedded model; --preset=tiny|paper|none chooses"
 
 
 def mode_from_config(cfg: dict) -> str | None:

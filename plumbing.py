@@ -1,6 +1,6 @@
 """The training plumbing sft.py and grpo.py share. A reader of the method may skip this file.
 
-* ranks: `distributed()` joins torchrun's process group; `all_reduce`, `grad_sync`, `autocast`;
+* ranks: `distributed()` joins torchrun's process group; `all_reduce`, `grad_sync`;
 * the run: `load_run` (seed every RNG, load the model), `prepare` (DDP or FSDP2, AdamW, the lr
   schedule, an exact resume), `Run.save` (checkpoint-<step> with the trainer state), logging;
 * run folders: checkpoint naming, `--resume`, a lock per out_dir, moving an earlier run aside
@@ -10,6 +10,7 @@
 As nanochat keeps `common.py` and `checkpoint_manager.py` beside `chat_sft.py` and `chat_rl.py`.
 """
 import dataclasses
+import functools
 import glob
 import itertools
 import json
@@ -35,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+import attention
 import config
 from attention import TagIds
 from model import load_model, load_torch_file
@@ -95,20 +97,26 @@ def all_reduce(values: list[float], device, op: str = "sum") -> list[float]:
 
 
 def grad_sync(model, enabled: bool):
-    """Gradient all-reduce on or off for the next backward: DDP's no_sync(), FSDP2's
-    set_requires_gradient_sync()."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return nullcontext() if enabled else model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(enabled)
+    """Gradient all-reduce on or off for the next backward (off: the micro-batches of a step add
+    up locally, and the last one syncs): DDP's no_sync(). FSDP2 syncs after every backward
+    whatever `enabled` says: each micro-batch's gradients are reduce-scattered at once, so a rank
+    holds only its shard (FSDP2's set_requires_gradient_sync(False) would keep every parameter's
+    whole fp32 gradient on every rank until the last backward: 16.1 GB for Qwen3-4B), at the cost
+    of a reduce-scatter a micro-batch that overlaps the backward (README, "The paper's run on
+    paper: memory")."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and not enabled:
+        return model.no_sync()
     return nullcontext()
 
 
-def autocast(device: torch.device):
-    """bf16 compute on GPUs (the weights and the optimizer stay fp32), nothing on CPU."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext()
+def compute_dtype(device: torch.device, fsdp: bool) -> torch.dtype:
+    """The dtype of the parameters the training forward computes with: bf16 under FSDP2 on CUDA
+    (wrap_model's MixedPrecisionPolicy gathers the fp32 shards in bf16), else the fp32 master
+    weights themselves (on CUDA under bf16 autocast). GRPO's sampler copy and KL reference are
+    made in it (grpo.setup), so that they compute as the policy does."""
+    if device.type == "cuda" and fsdp:
+        return torch.bfloat16
+    return torch.float32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -527,15 +535,24 @@ def load_run(cfg, d: Dist, name: str, cls=Run, **load_kw) -> Run:
     return cls(cfg, d, model, tok, TagIds.from_tokenizer(tok), resume=path)
 
 
+def checkpoint_contexts(device: torch.device):
+    """Gradient checkpointing's contexts (torch.utils.checkpoint's context_fn): nothing around a
+    layer's forward, attention.masked_sdpa around its recompute in the backward, which runs
+    outside the forward's `with` (the checkpoint does not restore the SDPA kernel choice)."""
+    return nullcontext(), attention.masked_sdpa(device)
+
+
 def wrap_model(run: Run) -> None:
     """run.train_model: FSDP2 (each decoder layer, then the root: one all-gather per layer), DDP
     over several ranks, or the model itself."""
     cfg = run.cfg
     model = run.model
-    cuda = run.dist.device.type == "cuda"
+    device = run.dist.device
+    cuda = device.type == "cuda"
     if cfg.grad_checkpointing:
+        contexts = functools.partial(checkpoint_contexts, device)
         model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False})
+            activation_checkpointing_kwargs={"use_reentrant": False, "context_fn": contexts})
     model.train()
     run.train_model = model
     if cfg.fsdp:

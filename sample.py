@@ -10,9 +10,10 @@ token it holds (`feed`) and gives it its next one: sampled, or forced by the run
 happens once its fed token is in the cache. One Unseen sample, and the method of each transition:
 
     MAIN ──samples <Parallel>──▶ pending OPEN_BLOCK               _advance, _start_block
-      │ <Parallel> is fed
-      ▼                                                           _open_block
-    N × PATH, each fed an injected <Path> at position p+1 (p: <Parallel>'s), in its own slots
+      │ <Parallel> is fed; the token drawn from its logits is dropped: <Path> is the runtime's
+      ▼ to inject (Seen too)                                      _open_block
+    N × PATH, each fed an injected <Path> at position p+1 (p: <Parallel>'s), in its own slots;
+      │ a path's first token is drawn from the logits of its <Path>
       │ samples </Path>, or EOS / the path budget (</Path> injected) ▶ pending PATH_DONE   _end_path
       ▼ every path has fed its </Path>                            _close_block
     SUMMARY: path slots become shared (nothing copied); </Parallel> \\n <Summary> injected,
@@ -20,6 +21,12 @@ happens once its fed token is in the cache. One Unseen sample, and the method of
       │ samples </Summary> (an EOS becomes </Summary>)            _advance
       ▼
     MAIN ... ──samples EOS, or the budget is spent──▶ done: open paths get their </Path>   _finish
+
+Every fed token gets a draw from its logits; the draw is dropped wherever the runtime decides the
+next token: after <Parallel> and after each fed </Path> (the path waits for its siblings), before
+a forced token (</Parallel>, \n, <Summary>; Seen: <Path>), at a path's budget (</Path> injected),
+and an EOS inside a path or a summary becomes its closing tag. A sample whose budget cannot hold
+the block it opened ends after its <Parallel> (a malformed response: the reward says so).
 
 Seen is the same on the main stream alone: its paths follow one another (<Path> injected after
 each </Path>), causally; "sequential" is plain sampling. An Unseen path's query sees the shared
@@ -45,7 +52,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads slee
 import torch
 
 import config
-from attention import Structure, TagIds, build_mask_and_positions, parse_structure
+from attention import (
+    Structure,
+    TagIds,
+    build_mask_and_positions,
+    masked_sdpa,
+    parse_structure,
+    token_logprobs,
+)
 from model import Mode, load_model, mode_from_config, read_checkpoint_config
 
 # Who may see a cache slot (SlotCache.owner): no query, every query of its row, or path j (2 + j).
@@ -61,23 +75,41 @@ OPEN_BLOCK = "open_block"     # Unseen: <Parallel> is fed -> open the block's pa
 PATH_DONE = "path_done"       # Unseen: </Path> is fed -> wait for the other paths, then close
 
 
-@dataclass(frozen=True)
-class SamplingConfig:
-    """How `generate` samples: how a token is drawn, and the budget and shape of a response."""
+DEFAULT_MAX_NEW_TOKENS = 256   # a response's budget when neither the caller nor a preset sets one
+
+
+@dataclass
+class SamplingFlags:
+    """The sampling settings a user chooses: how a token is drawn, and the budget and shape of a
+    response. Declared once, here: grpo.py's, eval.py's and sample.py's command lines inherit
+    these fields."""
     temperature: config.NonNegativeFloat = 1.0   # 0 = greedy
-    top_p: Annotated[float, config.Range(low=0, high=1, low_open=True)] = 1.0
+    top_p: Annotated[float, config.Range(low=0, high=1, low_open=True)] = 1.0   # nucleus sampling
     top_k: config.NonNegativeInt = 0             # 0 = off
-    greedy: bool = False
-    seed: int | None = None                      # None: fresh entropy (the global RNG untouched)
-    max_new_tokens: config.NonNegativeInt = 256  # a response's budget, injected tags included
+    max_new_tokens: config.NonNegativeInt | None = None   # a response's budget, tags included
     budget: Literal["tokens", "steps"] = "tokens"   # what max_new_tokens bounds: T, or D
-    max_path_tokens: config.PositiveInt | None = None   # a path's budget (then </Path> is injected)
     num_paths: Annotated[int, config.Range(low=2)] = 2  # paths per Unseen block (Seen: per block)
     max_blocks: config.NonNegativeInt = 4        # then <Parallel> is masked (NOTES.md §8)
+
+    def sampling_config(self, **settings) -> "SamplingConfig":
+        """These flags as the SamplingConfig of a `generate` call, with its other `settings`."""
+        flags = {f.name: getattr(self, f.name) for f in dataclasses.fields(SamplingFlags)}
+        return SamplingConfig(**flags, **settings)
+
+
+@dataclass
+class SamplingConfig(SamplingFlags):
+    """How `generate` samples: the flags (max_new_tokens None: DEFAULT_MAX_NEW_TOKENS), and what
+    a caller sets for one call."""
+    greedy: bool = False
+    seed: int | None = None                      # None: fresh entropy (the global RNG untouched)
+    max_path_tokens: config.PositiveInt | None = None   # a path's tokens, both tags included
     allow_parallel: bool = True                  # "sequential" mode: may it write <Parallel>?
     min_new_tokens: config.NonNegativeInt = 0    # no EOS before this many tokens (benchmarks)
 
     def __post_init__(self):
+        if self.max_new_tokens is None:
+            self.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
         config.check(self)
 
 
@@ -94,19 +126,6 @@ class Rollout:
     critical_path: int              # D: decode steps a parallel machine needs (paths overlap)
     finish_reason: str              # "eos" or "budget"
     text: str = ""                  # the decoded response with its tags, without a final EOS
-
-
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor,
-                   temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(logits / temperature) at `tokens`: logits (..., V), tokens (...) long ->
-    (...) float32. The sampler's and the training forward's log-probs both come from here.
-    `temperature` <= 0 counts as 1."""
-    # >>> exercise 4: token log-probs
-    t = temperature if temperature > 0 else 1.0
-    logits = logits.float() / t
-    chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return chosen - torch.logsumexp(logits, dim=-1)
-    # <<< exercise 4
 
 
 def draw_tokens(logits: torch.Tensor, banned: torch.Tensor, sampling: SamplingConfig,
@@ -130,10 +149,17 @@ def draw_tokens(logits: torch.Tensor, banned: torch.Tensor, sampling: SamplingCo
 
 
 class SlotCache:
-    """A KV cache written in place, for decoding under a custom mask; `update(key, value,
-    layer_idx)` is what the attention layers call. Per layer, keys and values of shape
-    (rows, kv_heads, capacity, head_dim), allocated once at their full size on the first update
-    and zero-filled (a hidden slot must be finite: 0 x NaN is NaN).
+    """A KV cache written in place, for decoding under a custom mask. Per layer, keys and values
+    of shape (rows, kv_heads, capacity, head_dim), allocated once at their full size on the first
+    update and zero-filled (a hidden slot must be finite: 0 x NaN is NaN).
+
+    What it relies on in transformers (5.24, pinned in requirements.txt; tests/test_sample.py
+    ::test_the_contract_with_transformers_that_slot_cache_relies_on pins it): the model's forward
+    takes this object as `cache=`, a 4D additive `attention_mask` (rows, 1, q, width) that it
+    passes to attention untouched, explicit `position_ids` (so the cache is never asked for its
+    length) and `logits_to_keep`; every attention layer calls `update(key, value, layer_idx)`
+    once per forward, in layer order, with its new keys after RoPE (rows, kv_heads, q, head_dim),
+    and attends over the keys and values it returns. Nothing else of the cache is read.
 
     Before a forward the caller sets `slots` (active rows, q) long, where each row's q new keys
     go, and calls `attend_to(width)`: the queries attend over slots [0, width). `owner`
@@ -196,12 +222,19 @@ class SlotCache:
         self.set_active_rows(len(rows))
 
     def mask(self, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """(rows, 1, q, width) additive: query (r, i) sees slot s iff owner[r, s] is SHARED or
-        codes[r, i]."""
+        """The attention mask of one decode step, from the slots' owners: codes (rows, q) long,
+        the owner code of each query (SHARED for a main chain or a summary, FIRST_PATH_OWNER + j
+        for path j of an open Unseen block, HIDDEN for a dummy); returns (rows, 1, q, width)
+        additive in `dtype`, 0 where query (r, i) sees slot s, finfo(dtype).min where it does
+        not. A query sees slot s (s < width) iff owner[r, s] is SHARED or equals codes[r, i]: a
+        path sees the prefix and itself, never another path of its block (NOTES.md §2-§3). (A
+        dummy sees the HIDDEN slots: padding and its scratch slot; its logits are never used.)"""
+        # >>> exercise 9: the sampler: one decode step's mask from the slots' owners
         owner = self.owner[:, None, :self.width]
         hide = (owner != SHARED) & (owner != codes[:, :, None])
         mask = torch.zeros(hide.shape, dtype=dtype, device=hide.device)
         return mask.masked_fill_(hide, torch.finfo(dtype).min)[:, None]
+        # <<< exercise 9
 
 
 @dataclass(eq=False)
@@ -209,8 +242,9 @@ class Stream:
     """What feeds one query per decode step: a sample's main chain (and, in Seen, its paths and
     summaries), or one path of an open Unseen block."""
     segment: str                    # MAIN, PATH or SUMMARY: what it is writing
-    position: int                   # the position id of `feed` (+1 once it is fed)
-    owner: int = SHARED             # owner of the slots it writes
+    position: int                   # the position id of `feed`; +1 as soon as it is fed, so
+                                    # after <Parallel> (at p) is fed, the main chain's is p + 1
+    owner: int = SHARED             # its slots' owner, and its queries' code (SlotCache.mask)
     feed: int | None = None         # the token to feed at the next step (None: nothing)
     forced: list = field(default_factory=list)   # tokens the runtime injects after `feed`
     pending: str | None = None      # OPEN_BLOCK or PATH_DONE: what happens once `feed` is in
@@ -295,9 +329,10 @@ class Engine:
         cache.owner[:, :L] = real.to(self.device)                    # padding HIDDEN, prompt SHARED
         cache.slots = torch.arange(L, device=self.device).expand(P, L)
         cache.attend_to(L)
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                         position_ids=positions.to(self.device), cache=cache, use_cache=True,
-                         logits_to_keep=1)
+        with masked_sdpa(self.device):
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                             position_ids=positions.to(self.device), cache=cache, use_cache=True,
+                             logits_to_keep=1)
         cache.fan_out(group_size)
         samples = []
         for i in range(P):
@@ -328,17 +363,22 @@ class Engine:
             ids.append([st.feed for st in fed] + [self.pad_id] * dummies)
             positions.append([st.position for st in fed] + [0] * dummies)
             codes.append([st.owner for st in fed] + [HIDDEN] * dummies)
+            # the real queries' keys go to the row's next free slots (an Unseen block's paths
+            # interleave there); every dummy writes the one slot after them, which the row's next
+            # real token overwrites
             slots.append(list(range(filled, filled + len(fed))) + [filled + len(fed)] * dummies)
         self.slots_filled = [filled + len(fed) for filled, fed in zip(self.slots_filled, feeds)]
         cache = self.cache
         cache.slots = torch.tensor(slots, device=self.device)
         codes = torch.tensor(codes, device=self.device)
         cache.attend_to(max(row[-1] for row in slots) + 1)
-        cache.owner[cache.row_ids, cache.slots] = codes
-        out = self.model(input_ids=torch.tensor(ids, device=self.device),
-                         attention_mask=cache.mask(codes, self.dtype),
-                         position_ids=torch.tensor(positions, device=self.device),
-                         cache=cache, use_cache=True)
+        cache.owner[cache.row_ids, cache.slots] = codes   # before the forward: a query sees its
+                                                           # own new key
+        with masked_sdpa(self.device):
+            out = self.model(input_ids=torch.tensor(ids, device=self.device),
+                             attention_mask=cache.mask(codes, self.dtype),
+                             position_ids=torch.tensor(positions, device=self.device),
+                             cache=cache, use_cache=True)
         fed = [(s, st) for s, row in zip(self.rows, feeds) for st in row]
         for _, st in fed:
             st.position += 1
@@ -522,9 +562,18 @@ class Engine:
             st.forced = [self.tags.end_parallel, *self.tags.newline, self.tags.summary]
 
     def _close_block(self, s: Sample):
-        """Every path has fed its </Path>: they join the response in path order, their slots
-        become shared, and </Parallel> goes at p + longest path + 1 (the main chain's position
-        is still p + 1)."""
+        """Every path of the sample's open Unseen block has fed its </Path>: close the block.
+        1. The paths' slots in the sample's cache row (row i of the cache is self.rows[i]: both
+           drop finished rows together; owner above SHARED) become SHARED: what follows sees
+           every path, and nothing is copied.
+        2. The paths' tokens join the main chain's, path 1 first (the training layout).
+        3. The main chain's position is still p + 1 (p: <Parallel>'s); it moves on by the longest
+           path's length (`path_len`, <Path> and </Path> included), so that </Parallel> sits at
+           p + longest + 1, and the block spends that many decode steps (`steps_spent`).
+        4. `s.paths` empties; then </Parallel> is appended to the main chain (`_append`, injected:
+           sampled 0, log-prob 0.0). If the budget lets it in, the main chain feeds it next,
+           writes the SUMMARY segment, and the newline and <Summary> are forced after it."""
+        # >>> exercise 9: the sampler: closing an Unseen block
         owner = self.cache.owner[self.rows.index(s)]
         owner.masked_fill_(owner > SHARED, SHARED)
         main = s.main
@@ -538,6 +587,7 @@ class Engine:
             main.feed = self.tags.end_parallel
             main.segment = SUMMARY
             main.forced = [*self.tags.newline, self.tags.summary]
+        # <<< exercise 9
 
     def _finish(self, s: Sample):
         """The sample is done: close what is open, so that the response parses into the spans it
@@ -567,11 +617,12 @@ def critical_path(structure: Structure, mode: str) -> int:
 def sdpa_shares_kv_heads(device: torch.device):
     """Several masked queries per row (an Unseen block) make transformers copy every layer's
     cached keys and values at every step (repeat_kv, for grouped-query attention) unless SDPA
-    shares the key/value heads itself, which on CPU it does without a copy (on CUDA, under a
-    mask, it would take a slower kernel)."""
+    shares the key/value heads itself, which on CPU it does without a copy. On CUDA never: under
+    a mask only the memory-efficient kernel runs (attention.masked_sdpa), and at torch 2.13 it
+    takes no enable_gqa (its documentation: GQA works only for flash and math)."""
     key = "TRANSFORMERS_SDPA_FORCE_GQA"
     saved = os.environ.get(key)
-    os.environ[key] = "1" if device.type == "cpu" else saved or "0"
+    os.environ[key] = "1" if device.type == "cpu" else "0"
     try:
         yield
     finally:
@@ -633,14 +684,12 @@ PROBLEMS = ("Which two of 4 9 5 1 make 9?", "Which two of 3 1 2 8 6 make 5?",
 
 
 @dataclass
-class SampleConfig:
+class SampleConfig(SamplingFlags):
     """python sample.py --model=<checkpoint>: sample a few responses and print their paths."""
     model: str = "tiny"                    # a checkpoint folder, a hub name, or tiny (random)
     prompt: str = ""                       # as the model reads it ("\\n" = newline)
     n: config.PositiveInt = 3              # responses per prompt
     mode: Mode | None = None               # None = the checkpoint's training mode, else unseen
-    max_new_tokens: config.PositiveInt = 128
-    temperature: config.NonNegativeFloat = 1.0
     seed: config.Seed = 0
 
 
@@ -679,15 +728,13 @@ def main(argv: list[str]) -> None:
         prompts = [cfg.prompt.replace("\\n", "\n")]
     else:
         prompts = [p + "\n" for p in PROBLEMS]     # the tiny model's layout
+    sampling = cfg.sampling_config(seed=cfg.seed, allow_parallel=mode != "sequential")
     context = getattr(model.config, "max_position_embeddings", None)
     longest = max(len(tokenizer.encode(p, add_special_tokens=False)) for p in prompts)
-    if context and longest + cfg.max_new_tokens > context:   # positions it never learned
-        raise ValueError(f"a {longest}-token prompt + --max_new_tokens={cfg.max_new_tokens} is "
-                         f"more than the model's context of {context} positions: lower "
+    if context and longest + sampling.max_new_tokens > context:   # positions it never learned
+        raise ValueError(f"a {longest}-token prompt + --max_new_tokens={sampling.max_new_tokens} "
+                         f"is more than the model's context of {context} positions: lower "
                          "--max_new_tokens or shorten --prompt")
-    sampling = SamplingConfig(temperature=cfg.temperature, seed=cfg.seed,
-                              max_new_tokens=cfg.max_new_tokens,
-                              allow_parallel=mode != "sequential")
     rollouts = generate(model, tokenizer, prompts, group_size=cfg.n, mode=mode, sampling=sampling)
     for j, r in enumerate(rollouts):
         if j % cfg.n == 0:

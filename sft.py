@@ -9,10 +9,13 @@
 The loss: the summed NLL of the trace + EOS (the tags the sampler will inject included; the prompt
 is no target) under the mode's mask and positions (attention.py), divided by the response tokens
 of the *whole global batch* (the official trainer backpropagated each micro-batch's own mean, 16x
-too large before clipping, NOTES.md §8). out_dir/checkpoint-<step>: a Hugging Face folder +
-trainer_state.pt (optimizer, schedule, RNGs, data position); plumbing.py does the ranks, the
-checkpoints and the exact resume.
+too large before clipping, NOTES.md §8). The file is the method first (`sft_step`, then what it
+calls), then the run. out_dir/checkpoint-<step>: a Hugging Face folder + trainer_state.pt
+(optimizer, schedule, RNGs, data position); plumbing.py does the ranks, the checkpoints and the
+exact resume.
 """
+from __future__ import annotations
+
 import dataclasses
 import math
 import os
@@ -33,14 +36,24 @@ from transformers.utils import logging as hf_logging
 import config
 import plumbing
 from attention import LOGIT_CHUNK_TOKENS, TagIds, token_scores
-from data import TINY_VOCAB_LIMIT, Batch, Example, Style, collate, load_data, tokenize_records
+from data import (
+    Batch,
+    Example,
+    Style,
+    collate,
+    load_data,
+    prompt_style_of,
+    tokenize_records,
+)
 from eval import own_tokenizer, quick_eval
+from model import resolve_preset
 
 
 @dataclass
 class SFTConfig:
-    """python sft.py: cold-start SFT. None = the preset of the model (TINY or PAPER below)."""
+    """python sft.py: cold-start SFT. None = the preset's (TINY or PAPER below)."""
     model: str = "tiny"                  # "tiny", a Hugging Face hub name, or a checkpoint folder
+    preset: config.Preset = "auto"       # tiny, paper, none; auto: tiny for --model=tiny
     tokenizer: str = ""                  # model "tiny" only: build it on this tokenizer
     data: str = "synthetic:easy"         # a data.load_data spec (parallel_gsm8k, a file, ...)
     data_dir: str = ""                   # folder of the real data sets ("" = data.py's default)
@@ -75,97 +88,8 @@ class SFTConfig:
     wandb_project: str = ""              # also log log.jsonl's rows to Weights & Biases (wandb)
 
 
-# The tiny model: 400 steps on the easy split (the curriculum: RL meets the longer lists); the
-# paper's: NOTES.md §5.
-TINY = dict(lr=1e-3, batch_size=32, micro_batch_size=8, warmup_ratio=0.05, max_time=0.0,
-            max_steps=400, grad_checkpointing=False)
-PAPER = dict(lr=1e-5, batch_size=128, micro_batch_size=1, warmup_ratio=0.1, max_time=0.0,
-             epochs=5.0, grad_checkpointing=True)
-DEFAULT_MAX_LENGTH = 4096       # when the model states no context
-
-
-def resolve_defaults(cfg: SFTConfig, world_size: int = 1, tiny: bool | None = None) -> SFTConfig:
-    """The preset in the None fields: TINY for the tiny model (default: --model=tiny), else PAPER
-    (max_length waits for the model's context). The preset's step count only when neither
-    max_steps nor epochs is given."""
-    config.check(cfg)
-    if tiny is None:
-        tiny = cfg.model == "tiny"
-    preset = dict(TINY if tiny else PAPER)
-    if cfg.max_steps is not None or cfg.epochs is not None:
-        preset.pop("max_steps", None)
-        preset.pop("epochs", None)
-    cfg = config.fill(cfg, preset)
-    if cfg.batch_size % world_size:
-        raise ValueError(f"--batch_size={cfg.batch_size} does not split evenly over {world_size} "
-                         "ranks")
-    return cfg
-
-
-def batch_token_scores(model, batch, tags: TagIds, mode: str, selected: torch.Tensor,
-                       temperature: float = 1.0, chunk_tokens: int = LOGIT_CHUNK_TOKENS):
-    """attention.token_scores of a Batch or grpo.RolloutBatch, each row under its own mask and
-    positions, bf16 autocast on GPUs: the log-prob and entropy of every selected next token."""
-    cuda = batch.input_ids.device.type == "cuda"
-    with plumbing.autocast(batch.input_ids.device):
-        return token_scores(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
-                            tags, mode, selected, temperature, chunk_tokens,
-                            dtype=torch.bfloat16 if cuda else torch.float32)
-
-
 # ---------------------------------------------------------------------------------------------
-# Data: the global batch of each step, split over ranks and micro-batches
-
-
-def shard_micro_batches(examples: list[Example], batch_indices: list[int], rank: int,
-                        world_size: int, micro_batch_size: int, pad_id: int) -> list[Batch]:
-    """This rank's contiguous share of a global batch, shortest first (less padding), cut into
-    micro-batches."""
-    per_rank = len(batch_indices) // world_size
-    mine = batch_indices[rank * per_rank:(rank + 1) * per_rank]
-    mine = sorted(mine, key=lambda i: len(examples[i].prompt_ids) + len(examples[i].response_ids))
-    return [collate([examples[i] for i in mine[j:j + micro_batch_size]], pad_id)
-            for j in range(0, per_rank, micro_batch_size)]
-
-
-# ---------------------------------------------------------------------------------------------
-# The loss and one step
-
-
-def response_nll(model, batch: Batch, tags: TagIds, mode: str,
-                 chunk_tokens: int = LOGIT_CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the summed NLL of the response tokens, their count): position t predicts input_ids[:, t+1]
-    (in sequence order), and the targets are the response tokens."""
-    targets = batch.loss_mask[:, 1:].bool()                            # (B, L-1)
-    logprobs, _ = batch_token_scores(model, batch, tags, mode, targets,
-                                     chunk_tokens=chunk_tokens)
-    return -logprobs.sum(), targets.sum()
-
-
-def accumulate_gradients(model, micro_batches: list[Batch], tags: TagIds, mode: str,
-                         world_size: int = 1, device=None,
-                         chunk_tokens: int = LOGIT_CHUNK_TOKENS) -> tuple[float, float]:
-    """Backward over this rank's micro-batches so that the gradients (after the ranks' average)
-    are those of sum(NLL) / tokens of the global batch; they sync on the last one. Returns (the
-    global NLL sum, the global token count)."""
-    device = device or micro_batches[0].input_ids.device
-    local_tokens = sum(mb.loss_mask[:, 1:].sum().item() for mb in micro_batches)
-    global_tokens = plumbing.all_reduce([local_tokens], device)[0]
-    nll_total = 0.0
-    for i, mb in enumerate(micro_batches):
-        last = i == len(micro_batches) - 1
-        with plumbing.grad_sync(model, enabled=last):
-            nll_sum, _ = response_nll(model, mb.to(device), tags, mode, chunk_tokens)
-            (nll_sum * (world_size / global_tokens)).backward()
-        nll_total += nll_sum.item()
-    return plumbing.all_reduce([nll_total], device)[0], global_tokens
-
-
-def sft_schedule(total_steps: int, warmup_ratio: float):
-    """SFT's lr multiplier: a warm-up over ceil(warmup_ratio * total) steps, then a cosine that
-    reaches 0 at the last step."""
-    warmup_steps = math.ceil(warmup_ratio * total_steps)
-    return lambda step: plumbing.lr_factor(step, warmup_steps, total_steps - 1)
+# The method: one SFT step, top to bottom (NOTES.md §6, stage 1)
 
 
 def sft_step(run: plumbing.Run, examples: list[Example], stream: plumbing.ShuffledStream) -> dict:
@@ -190,8 +114,88 @@ def sft_step(run: plumbing.Run, examples: list[Example], stream: plumbing.Shuffl
                 tokens_per_s=tokens / seconds)
 
 
+def shard_micro_batches(examples: list[Example], batch_indices: list[int], rank: int,
+                        world_size: int, micro_batch_size: int, pad_id: int) -> list[Batch]:
+    """This rank's contiguous share of a global batch, shortest first (less padding), cut into
+    micro-batches."""
+    per_rank = len(batch_indices) // world_size
+    mine = batch_indices[rank * per_rank:(rank + 1) * per_rank]
+    mine = sorted(mine, key=lambda i: len(examples[i].prompt_ids) + len(examples[i].response_ids))
+    return [collate([examples[i] for i in mine[j:j + micro_batch_size]], pad_id)
+            for j in range(0, per_rank, micro_batch_size)]
+
+
+def accumulate_gradients(model, micro_batches: list[Batch], tags: TagIds, mode: str,
+                         world_size: int = 1, device=None,
+                         chunk_tokens: int = LOGIT_CHUNK_TOKENS) -> tuple[float, float]:
+    """Backward over this rank's micro-batches so that the gradients (after the ranks' average)
+    are those of sum(NLL) / tokens of the global batch; they sync on the last one. Returns (the
+    global NLL sum, the global token count)."""
+    device = device or micro_batches[0].input_ids.device
+    local_tokens = sum(mb.loss_mask[:, 1:].sum().item() for mb in micro_batches)
+    global_tokens = plumbing.all_reduce([local_tokens], device)[0]
+    nll_total = 0.0
+    for i, mb in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with plumbing.grad_sync(model, enabled=last):
+            nll_sum, _ = response_nll(model, mb.to(device), tags, mode, chunk_tokens)
+            (nll_sum * (world_size / global_tokens)).backward()
+        nll_total += nll_sum.item()
+    return plumbing.all_reduce([nll_total], device)[0], global_tokens
+
+
+def response_nll(model, batch: Batch, tags: TagIds, mode: str,
+                 chunk_tokens: int = LOGIT_CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the summed NLL of the response tokens, their count): position t predicts input_ids[:, t+1]
+    (in sequence order), and the targets are the response tokens."""
+    targets = batch.loss_mask[:, 1:].bool()                            # (B, L-1)
+    logprobs, _ = token_scores(model, batch, tags, mode, targets, chunk_tokens=chunk_tokens)
+    return -logprobs.sum(), targets.sum()
+
+
 # ---------------------------------------------------------------------------------------------
-# The run
+# The run: presets, setup, the loop, the end-of-run samples (a reader of the method may stop
+# here)
+
+
+# The tiny model: 400 steps on the easy split (the curriculum: RL meets the longer lists); the
+# paper's: NOTES.md §5.
+TINY = dict(lr=1e-3, batch_size=32, micro_batch_size=8, warmup_ratio=0.05, max_time=0.0,
+            max_steps=400, grad_checkpointing=False)
+
+
+PAPER = dict(lr=1e-5, batch_size=128, micro_batch_size=1, warmup_ratio=0.1, max_time=0.0,
+             epochs=5.0, grad_checkpointing=True)
+
+
+DEFAULT_MAX_LENGTH = 4096       # when the model states no context
+
+
+def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
+    """The preset (--preset; auto: `model.resolve_preset`) in the None fields (max_length waits
+    for the model's context). The preset's step count only when neither max_steps nor epochs is
+    given."""
+    config.check(cfg)
+    preset, _ = resolve_preset(cfg.preset, cfg.model)
+    presets = {"tiny": dict(TINY), "paper": dict(PAPER)}
+    if cfg.max_steps is not None or cfg.epochs is not None:
+        for values in presets.values():
+            values.pop("max_steps", None)
+            values.pop("epochs", None)
+    cfg = config.apply_preset(dataclasses.replace(cfg, preset=preset), presets)
+    if cfg.max_steps is None and cfg.epochs is None:
+        raise ValueError("--preset=none: give --max_steps or --epochs")
+    if cfg.batch_size % world_size:
+        raise ValueError(f"--batch_size={cfg.batch_size} does not split evenly over {world_size} "
+                         "ranks")
+    return cfg
+
+
+def sft_schedule(total_steps: int, warmup_ratio: float):
+    """SFT's lr multiplier: a warm-up over ceil(warmup_ratio * total) steps, then a cosine that
+    reaches 0 at the last step."""
+    warmup_steps = math.ceil(warmup_ratio * total_steps)
+    return lambda step: plumbing.lr_factor(step, warmup_steps, total_steps - 1)
 
 
 def is_synthetic(data: str) -> bool:
@@ -201,9 +205,11 @@ def is_synthetic(data: str) -> bool:
 def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
     """(the run, its examples, the end-of-run problems and their name): the resolved config, the
     model, the tokenized data. Everything that can fail on input fails before the weights load."""
-    tokenizer = own_tokenizer(plumbing.resume_path(cfg) or cfg.model)   # a tiny checkpoint: tiny
-    tiny = tokenizer is None or len(tokenizer) < TINY_VOCAB_LIMIT
-    cfg = resolve_defaults(cfg, d.world_size, tiny=tiny)
+    own_tokenizer(cfg.model)                     # a --model that cannot load fails here
+    preset, why = resolve_preset(cfg.preset, cfg.model)
+    cfg = resolve_defaults(dataclasses.replace(cfg, preset=preset), d.world_size)
+    if d.is_main:
+        print(f"preset {preset} ({why})")
     load_kw = {}
     if cfg.model == "tiny":
         load_kw["tokenizer"] = cfg.tokenizer or None
@@ -218,7 +224,8 @@ def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
                             parallel_fraction=cfg.parallel_fraction, max_paths=cfg.max_paths)
     if cfg.limit:
         records = records[:cfg.limit]
-    examples = tokenize_records(records, run.tokenizer, cfg.style, cfg.max_length,
+    prompt = prompt_style_of(cfg.preset, cfg.style)
+    examples = tokenize_records(records, run.tokenizer, prompt, cfg.max_length,
                                 cfg.prompt_file or None, run.log)
     # the end-of-run samples: of cfg.eval_data, else synthetic data's test part, else the training
     eval_name = f"{cfg.data} (training problems)"
@@ -246,6 +253,7 @@ def end_of_run_samples(run: plumbing.Run, examples: list[Example], eval_set) -> 
     budget = min(cfg.max_length - longest_prompt, 2 * longest_response)
     mode = "sequential" if cfg.style == "sequential" else cfg.mode
     samples = quick_eval(run.model, run.tokenizer, eval_records, mode, cfg.eval_samples,
+                         prompt_style=prompt_style_of(cfg.preset, cfg.style),
                          prompt_file=cfg.prompt_file or None, seed=cfg.seed,
                          max_new_tokens=max(1, budget))
     return dict(samples, data=eval_name)

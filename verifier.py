@@ -161,6 +161,12 @@ LIST_WORD = re.compile(r"\s*,?\s*\b(?:and|or)\b\s*")                 # "19, 46, 
 MIXED_NUMBER_TEXT = re.compile(r"(?<![\w.,/^])(\d{1,12})\s+(\d{1,12})/(\d{1,12})(?![\w.,/])")
 THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 BRACED_THOUSANDS = re.compile(r"(?<!\\)\{([-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?)\}")   # {1,000}, not \{
+# "{a}_{n}", "{\\alpha}^{2}": braces around a one-letter (or one control word) base, as sympy's
+# printer writes an indexed base. Not after a letter (\vec{v}_1 would become \vecv_1), a literal
+# \{, or a subscript's own group (x_{a}_{b}); a \frac or \sqrt argument may lose its braces
+# (\frac{a}{b}_1 is \frac{a}b_1 to TeX), brace_tex_arguments puts them back.
+BRACED_BASE = re.compile(r"(?<![\\A-Za-z_^])\{([A-Za-z]|\\[A-Za-z]+)\}(?=[_^])")
+BRACED_SUBSCRIPT = re.compile(r"_\{([A-Za-z0-9])\}")   # x_{i} is x_i to TeX, not to the parser
 
 
 def strip_unit_words(s: str) -> str:
@@ -340,7 +346,8 @@ def normalize_answer(answer: str, keep_lhs: bool = False) -> str:
     r"""The canonical string of an answer: without $ \( \) \[ \], an outer \boxed, \left/\right,
     units after a number, degree and percent signs, a trailing period, thousands separators, a
     lone "x =" (also "x=2, x=3" -> "2,3"; kept with keep_lhs), spaces but between two letters;
-    \dfrac12 -> \frac{1}{2}, \sqrt2 -> \sqrt{2}, "1 1/4" -> 1\frac{1}{4}, "and"/"or" -> ",";
+    \dfrac12 -> \frac{1}{2}, \sqrt2 -> \sqrt{2}, "1 1/4" -> 1\frac{1}{4}, "and"/"or" -> ",",
+    {a}_{n} -> a_n;
     \text{1,000} -> 1000 anywhere; Python-style math as LaTeX (2*pi -> 2\cdot \pi).
         >>> normalize_answer(r"$\boxed{\dfrac12}$."), normalize_answer(r"x = 1{,}000 \text{ km}")
         ('\\frac{1}{2}', '1000')
@@ -360,6 +367,8 @@ def normalize_answer(answer: str, keep_lhs: bool = False) -> str:
     if "/" in s:
         s = MIXED_NUMBER_TEXT.sub(r"\1\\frac{\2}{\3}", s)
     s = SPACE_NOT_BETWEEN_LETTERS.sub("", s)
+    s = BRACED_BASE.sub(r"\1", s)
+    s = BRACED_SUBSCRIPT.sub(r"_\1", s)
     if not keep_lhs:
         s = LONE_VARIABLE_LHS.sub("", s)
         if "=" in s and ONE_VARIABLE_LIST.fullmatch(s):

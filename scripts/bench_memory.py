@@ -7,9 +7,10 @@ and backward of grpo.micro_batch_loss, two ways, each (path, L) in a subprocess 
 its peak RSS is clean:
 
 * full: the path the chunked head replaced, reproduced here: attention.structured_forward's
-  (B, L, V) logits -> the loss tokens' rows -> sample.token_logprobs -> the entropy from a full
+  (B, L, V) logits -> the loss tokens' rows -> attention.token_logprobs -> the entropy from a full
   softmax -> grpo.micro_batch_loss -> backward;
-* chunked: sft.scores (the LM head in chunks of --chunk_tokens, each recomputed in the backward)
+* chunked: attention.token_scores (the LM head in chunks of --chunk_tokens, each recomputed in
+  the backward)
   -> grpo.micro_batch_loss -> backward.
 
 Printed per L: the peak RSS above the baseline (the model, its batch, the imports) of each path and
@@ -75,14 +76,13 @@ def full_scores(model, mb, tags, mode: str, temperature: float):
     import torch
 
     import attention
-    import sample
 
     logits = attention.structured_forward(model, mb.input_ids, mb.attention_mask,
                                           mb.prompt_lengths, tags, mode, dtype=torch.float32)
     selected = mb.loss_mask.bool()
     chosen = logits[:, :-1][selected]                                       # (N, V)
     targets = mb.input_ids[:, 1:][selected]
-    logprobs = sample.token_logprobs(chosen, targets, temperature)
+    logprobs = attention.token_logprobs(chosen, targets, temperature)
     with torch.no_grad():
         z = (chosen / temperature).float()
         entropy = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
@@ -95,8 +95,8 @@ def child(path: str, length: int, chunk_tokens: int, repeats: int) -> dict:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    import attention
     import grpo
-    import sft
     from attention import TagIds
 
     torch.manual_seed(0)
@@ -104,8 +104,8 @@ def child(path: str, length: int, chunk_tokens: int, repeats: int) -> dict:
     model.set_attn_implementation("sdpa")
     model.train()
     tags = TagIds(*TAG_IDS, newline=(NEWLINE_ID,), eos=EOS_ID)
-    cfg = grpo.resolve_defaults(grpo.GRPOConfig(max_new_tokens=length - PROMPT_TOKENS),
-                                tiny=True)
+    cfg = grpo.resolve_defaults(grpo.GRPOConfig(max_new_tokens=length - PROMPT_TOKENS,
+                                                preset="tiny"))
     mb = micro_batch(length, THIN["vocab_size"])
     denominator = float(mb.loss_mask.sum())
     high = grpo.stage_at(cfg, 1).clip_ratio_high
@@ -117,7 +117,7 @@ def child(path: str, length: int, chunk_tokens: int, repeats: int) -> dict:
         if path == "full":
             logprobs, entropy = full_scores(model, mb, tags, cfg.mode, cfg.temperature)
         else:
-            logprobs, entropy = sft.batch_token_scores(model, mb, tags, cfg.mode,
+            logprobs, entropy = attention.token_scores(model, mb, tags, cfg.mode,
                                                        mb.loss_mask.bool(), cfg.temperature,
                                                        chunk_tokens)
         loss, _ = grpo.micro_batch_loss(logprobs, entropy, mb, cfg, high, denominator)

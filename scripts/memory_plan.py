@@ -1,23 +1,28 @@
-"""Memory plan (issue 28): what one GPU holds for a GRPO or SFT run of this code, line by line.
+"""Memory plan (issues 28, 34): what one GPU holds for a GRPO or SFT run of this code, line by line.
 
-    python scripts/memory_plan.py --model=qwen3-4b --world_size=8 --gpu_gb=80 --fsdp=True
-    python scripts/memory_plan.py --model=qwen3-4b --world_size=8 --gpu_gb=80 --fsdp=True \\
-        --eval_data= --largest=generate_batch_size      # the largest that fits, and its table
-    python scripts/memory_plan.py --model=qwen3-0.6b --trainer=sft --gpu_gb=24 --fsdp=True
+    python scripts/memory_plan.py          # the paper's run: Qwen3-4B, 8 x 80 GB, FSDP2 (README)
+    python scripts/memory_plan.py --eval_data= --largest=generate_batch_size   # the largest that
+                                                                               # fits, its table
+    python scripts/memory_plan.py --model=qwen3-0.6b --world_size=1 --gpu_gb=24 \\
+        --generate_batch_size=2                                    # a student's 24 GB card
+    python scripts/memory_plan.py --model=qwen3-0.6b --trainer=sft --world_size=1 --gpu_gb=24
 
 --model: qwen3-4b or qwen3-0.6b (built-in shapes, offline), a folder with a config.json (a
 checkpoint, or `huggingface-cli download <name> config.json --local-dir <folder>`), a config.json
 file, or a hub name already in the local Hugging Face cache. Every other --key=value is a field of
 the trainer's config (grpo.GRPOConfig, sft.SFTConfig: see `python grpo.py --help`) over its preset
 (--preset=paper or tiny: grpo.PAPER/TINY, sft.PAPER/TINY), resolved by the trainer's own
-resolve_defaults.
+resolve_defaults. Without flags: 8 ranks of 80 GB (--world_size=8 --gpu_gb=80) and
+--fsdp=True, the paper's run as the README plans it.
 
 Each line is a small function below that returns bytes; tests/test_memory_plan.py checks them
 against what the code allocates at small shapes on CPU. GB = 10^9 bytes. The peak is the largest
-of the phases (PyTorch's allocator reuses what one phase frees for the next): sampling (the KV
-cache), the in-run evaluation (its own cache), training (activations, the loss's logits) and, with
-FSDP, the rollout copy's refresh. `--margin` (default 10%) is left for the CUDA context, allocator
-fragmentation and what no line counts. Qwen3 (and Qwen2/Llama-style) dense models only.
+of the phases (PyTorch's allocator reuses what one phase frees for the next): setup (the model as
+loaded, whole, and the copies made from it), sampling (the KV cache), the in-run evaluation (its
+own cache), training (activations, the loss's logits, the gradients), the optimizer step (AdamW's
+temporary) and, with FSDP, the rollout copy's refresh. `--margin` (default 10%) is left for the
+CUDA context, allocator fragmentation and what no line counts. Qwen3 (and Qwen2/Llama-style)
+dense models only.
 """
 import argparse
 import dataclasses
@@ -39,7 +44,7 @@ INT64 = 8
 BOOL = 1
 ADAM_MOMENTS = 2               # AdamW's exp_avg and exp_avg_sq, fp32 each
 ADAM_STEP_BYTES = 4            # AdamW's `step`: one fp32 scalar tensor per parameter tensor
-LOGIT_BUFFERS = 5              # (chunk, vocab) fp32 tensors alive at once in a chunk's backward
+LOGIT_BUFFERS = 4              # (chunk, vocab) fp32 tensors alive at once in a chunk's backward
 DECODE_LOGIT_BYTES = 13        # per query and vocab entry in a decode step (fp32 model output)
 DECODE_LOGIT_BYTES_CUDA = 15   # ... under autocast: the bf16 output and its fp32 copy
 MASK_ALIGNMENT = 8             # CUDA memory-efficient SDPA copies a mask whose rows are not
@@ -51,6 +56,8 @@ DEFAULT_PROMPT_TOKENS = 512    # DAPO prompts (parallel template, Qwen3 tokenize
                                # the longest of 32 is <= 465 in 90% of draws (max 1,363)
 DEFAULT_MARGIN = 0.10
 DEFAULT_GPU_GB = 80.0
+DEFAULT_WORLD_SIZE = 8         # the paper's run: one node of 8 GPUs ...
+DEFAULT_FLAGS = ("--fsdp=True",)   # ... sharded by FSDP2 (a trainer flag the plan adds if unset)
 RMS_NORMS_PER_LAYER = 2        # input_layernorm, post_attention_layernorm
 LINEARS_PER_LAYER = 7          # q, k, v, o, gate, up, down
 QK_NORMS = 2                   # Qwen3: q_norm, k_norm (per head)
@@ -59,6 +66,7 @@ MLP_CASTS = 2                  # ... and gate, up
 MLP_SAVED = 4                  # SiLU's input, its output, up's output, the product (down's input)
 SDPA_SAVED = 4                 # query, repeated key, repeated value, output
 GATHERED_BYTES = FP32          # FSDP refresh: each parameter gathered whole, in fp32
+SINGLE_TENSOR_TEMPORARIES = 2  # AdamW on CPU, per parameter: sqrt(exp_avg_sq), then / bias corr.
 
 BUILTIN = {
     "qwen3-4b": dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
@@ -121,21 +129,25 @@ def shape_from_config(name: str, cfg) -> ModelShape:
         qkv_bias=model_type in QKV_BIAS_MODELS or bool(getattr(text, "attention_bias", False)))
 
 
-def load_shape(name: str) -> ModelShape:
-    """The shape of a built-in name, a folder with config.json, a config.json, or a hub name in the
-    local Hugging Face cache. OSError saying what to pass when there is none."""
+def load_config(name: str):
+    """The transformers config of a built-in name, a folder with config.json, a config.json, or a
+    hub name in the local Hugging Face cache. OSError saying what to pass when there is none."""
     from transformers import AutoConfig, Qwen3Config
 
     if name in BUILTIN:
-        return shape_from_config(name, Qwen3Config(**BUILTIN[name]))
+        return Qwen3Config(**BUILTIN[name])
     try:
-        cfg = AutoConfig.from_pretrained(name, local_files_only=True)
+        return AutoConfig.from_pretrained(name, local_files_only=True)
     except Exception:
         raise OSError(f"--model={name!r}: no config.json found (not a built-in name "
                       f"({', '.join(BUILTIN)}), a folder or file, or a hub name in the local "
                       "cache). Fetch only the config: huggingface-cli download <name> config.json "
                       "--local-dir <folder>, then pass the folder") from None
-    return shape_from_config(name, cfg)
+
+
+def load_shape(name: str) -> ModelShape:
+    """The shape of what load_config reads."""
+    return shape_from_config(name, load_config(name))
 
 
 def layer_linear_params(s: ModelShape) -> int:
@@ -192,8 +204,29 @@ def weights_bytes(s: ModelShape, world_size: int = 1, fsdp: bool = False) -> int
 
 
 def gradient_bytes(s: ModelShape, world_size: int = 1, fsdp: bool = False) -> int:
-    """fp32 gradients on one rank (from the first backward to the optimizer step), in bytes."""
+    """fp32 gradients on one rank (from the first backward to the optimizer step), in bytes:
+    sharded like the weights under FSDP2 also while micro-batches accumulate, since
+    plumbing.grad_sync reduce-scatters every micro-batch's (FSDP2's no-sync would hold
+    loaded_weights_bytes of them)."""
     return weights_bytes(s, world_size, fsdp)
+
+
+def loaded_weights_bytes(s: ModelShape) -> int:
+    """Setup: every rank loads the whole model in fp32 (plumbing.load_run) before FSDP2 shards
+    it, in bytes."""
+    return parameter_count(s) * FP32
+
+
+def adamw_temporary_bytes(s: ModelShape, world_size: int = 1, fsdp: bool = False,
+                          cuda: bool = True) -> int:
+    """AdamW's step beyond its state, in bytes: torch's multi-tensor (foreach) AdamW, the default
+    on CUDA, takes the square root of every exp_avg_sq at once (one fp32 tensor per parameter,
+    sharded like the weights); on CPU it goes one parameter at a time, holding the square root
+    and its quotient by the bias correction of the largest (the embedding)."""
+    if cuda:
+        return weights_bytes(s, world_size, fsdp)
+    shards = world_size if fsdp else 1
+    return SINGLE_TENSOR_TEMPORARIES * s.vocab * s.hidden * FP32 // shards
 
 
 def ddp_bucket_bytes(s: ModelShape, world_size: int = 1, fsdp: bool = False) -> int:
@@ -213,8 +246,9 @@ def adam_state_bytes(s: ModelShape, world_size: int = 1, fsdp: bool = False) -> 
 
 
 def rollout_copy_bytes(s: ModelShape, fsdp: bool, cuda: bool = True) -> int:
-    """grpo.setup's plain copy of the whole model for the sampler under FSDP (bf16 on CUDA), in
-    bytes; 0 without FSDP (the sampler runs on the training model)."""
+    """grpo.setup's plain copy of the whole model for the sampler under FSDP (model.frozen_copy:
+    bf16 on CUDA, cast parameter by parameter), in bytes; 0 without FSDP (the sampler runs on
+    the training model)."""
     if not fsdp:
         return 0
     per_param = FP32
@@ -223,11 +257,17 @@ def rollout_copy_bytes(s: ModelShape, fsdp: bool, cuda: bool = True) -> int:
     return parameter_count(s) * per_param
 
 
-def kl_reference_bytes(s: ModelShape, kl_coef: float) -> int:
-    """The frozen KL reference (kl_coef > 0): a whole, unsharded fp32 copy, in bytes."""
-    if kl_coef > 0:
-        return parameter_count(s) * FP32
-    return 0
+def kl_reference_bytes(s: ModelShape, kl_coef: float, fsdp: bool = False,
+                       cuda: bool = True) -> int:
+    """The frozen KL reference (kl_coef > 0): a whole, unsharded copy in the dtype the policy's
+    forward computes in (plumbing.compute_dtype: bf16 under FSDP on CUDA, else fp32), in
+    bytes."""
+    if kl_coef <= 0:
+        return 0
+    per_param = FP32
+    if fsdp and cuda:
+        per_param = BF16
+    return parameter_count(s) * per_param
 
 
 def gathered_parameter_bytes(s: ModelShape, fsdp: bool) -> int:
@@ -457,8 +497,9 @@ def autocast_weight_copy_bytes(s: ModelShape, regime: str) -> int:
 
 def logit_chunk_bytes(chunk_tokens: int, vocab: int) -> int:
     """The loss's logits: one chunk's (chunk, vocab) fp32 tensors at their peak, in the chunk's
-    backward: the recomputed logits, the gather's gradient and logsumexp's three (x - lse, its
-    exp, times the gradient), in bytes."""
+    backward (LOGIT_BUFFERS of them, as tests/test_memory_plan.py counts what attention.head_scores
+    holds: the recomputed logits, token_logprobs' scaled copy, and the gradients of logsumexp and
+    the gather), in bytes."""
     return LOGIT_BUFFERS * chunk_tokens * vocab * FP32
 
 
@@ -500,16 +541,31 @@ class Setting:
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS
 
 
+PHASES = ("setup", "sampling", "evaluation", "training", "optimizer step", "refresh")
+ALWAYS = PHASES
+AFTER_SETUP = PHASES[1:]               # what setup leaves: the sharded state
+GRADIENT_PHASES = ("training", "optimizer step")   # from the first backward to the step
+NOT_COUNTED = ()
+
+
 @dataclass
 class Line:
-    """One line of the plan: bytes on one GPU, and the phase that holds them."""
+    """One line of the plan: bytes on one GPU, and the phases that hold them."""
     what: str
-    phase: str                       # "always", "sampling", "evaluation", "training", "refresh"
+    phases: tuple                    # of PHASES; () = shown, not counted
     how: str                         # the numbers behind it
     bytes: int
 
-
-PHASES = ("sampling", "evaluation", "training", "refresh")
+    @property
+    def phase(self) -> str:
+        """The phases in words: "always", "after setup", "not counted", or their names."""
+        if self.phases == ALWAYS:
+            return "always"
+        if self.phases == AFTER_SETUP:
+            return "after setup"
+        if self.phases == NOT_COUNTED:
+            return "not counted"
+        return ", ".join(self.phases)
 
 
 def training_shape(st: Setting) -> tuple[int, int, int]:
@@ -542,11 +598,11 @@ def sampler_lines(st: Setting, regime: str, phase: str, prompts: int, group: int
               + decode_logit_bytes(s, prompts, rows, queries, regime))
     prefill = prefill_bytes(s, prompts, st.prompt_tokens, regime)
     return [
-        Line(f"KV cache ({phase})", phase,
+        Line(f"KV cache ({phase})", (phase,),
              f"{prompts} prompts x {group} = {rows} rows x {capacity:,} slots x "
              f"{per_slot / KIB:.0f} KiB", kv_cache_bytes(s, rows, capacity, key_bytes,
                                                          value_bytes)),
-        Line(f"decode step or prefill ({phase})", phase,
+        Line(f"decode step or prefill ({phase})", (phase,),
              f"max(decode {decode / GB:.2f}, prefill {prefill / GB:.2f}); {queries} "
              "query/row", max(decode, prefill)),
     ]
@@ -564,60 +620,73 @@ def plan(st: Setting) -> list[Line]:
     share = "whole"
     if fsdp:
         share = f"1/{ws}"
+    copy_dtype = "fp32"
+    if regime == "bf16":
+        copy_dtype = "bf16"
+    adam_how = "every parameter at once"
+    if not cuda:
+        adam_how = "the largest parameter, twice"
     lines = [
-        Line("weights (fp32)", "always", f"{n / 1e9:.3f}B x 4 B, {share}",
+        Line("the model as loaded (fp32)", ("setup",), f"{n / 1e9:.3f}B x 4 B, whole, each rank",
+             loaded_weights_bytes(s)),
+        Line("weights (fp32)", AFTER_SETUP, f"{n / 1e9:.3f}B x 4 B, {share}",
              weights_bytes(s, ws, fsdp)),
-        Line("AdamW exp_avg, exp_avg_sq (fp32)", "always", f"2 x 4 B x params, {share}",
+        Line("AdamW exp_avg, exp_avg_sq (fp32)", AFTER_SETUP, f"2 x 4 B x params, {share}",
              adam_state_bytes(s, ws, fsdp)),
-        Line("gradients (fp32)", "training", f"4 B x params, {share}",
+        Line("gradients (fp32)", GRADIENT_PHASES, f"4 B x params, {share}",
              gradient_bytes(s, ws, fsdp)),
-        Line("DDP gradient buckets", "training", "4 B x params (several ranks, no FSDP)",
+        Line("DDP gradient buckets", AFTER_SETUP, "4 B x params (several ranks, no FSDP)",
              ddp_bucket_bytes(s, ws, fsdp)),
+        Line("AdamW's temporary (optimizer step)", ("optimizer step",),
+             f"sqrt(exp_avg_sq), {adam_how}, {share}", adamw_temporary_bytes(s, ws, fsdp, cuda)),
     ]
     if st.trainer == "grpo":
-        lines.append(Line("rollout copy (FSDP)", "always", "the whole model, bf16 on CUDA",
+        lines.append(Line("rollout copy (FSDP)", ALWAYS, f"the whole model, {copy_dtype}",
                           rollout_copy_bytes(s, fsdp, cuda)))
-        lines.append(Line("KL reference", "always", f"kl_coef {cfg.kl_coef:g}: whole, fp32",
-                          kl_reference_bytes(s, cfg.kl_coef)))
+        lines.append(Line("KL reference", ALWAYS,
+                          f"kl_coef {cfg.kl_coef:g}: whole, {copy_dtype}",
+                          kl_reference_bytes(s, cfg.kl_coef, fsdp, cuda)))
         lines += sampler_lines(st, regime, "sampling", sampling_prompts(cfg, ws), cfg.group_size)
         if cfg.eval_data:
             lines += sampler_lines(st, regime, "evaluation", eval_prompts(cfg, ws), cfg.eval_k)
-        lines.append(Line("autocast's bf16 weights (sampling)", "sampling",
+        lines.append(Line("autocast's bf16 weights (sampling)", ("sampling", "evaluation"),
                           "fp32 model under autocast", autocast_weight_cache_bytes(s, regime)))
-        lines.append(Line("one gathered parameter (FSDP refresh)", "refresh",
+        lines.append(Line("one gathered parameter (FSDP refresh)", ("refresh",),
                           "the largest, the embedding, in fp32",
                           gathered_parameter_bytes(s, fsdp)))
     rows, length, loss_tokens = training_shape(st)
     ckpt = cfg.grad_checkpointing
     chunk = min(cfg.logit_chunk_tokens, loss_tokens)
     for on in (False, True):
-        counted = on == ckpt
+        phases = NOT_COUNTED
+        if on == ckpt:
+            phases = ("training",)
         label = "with" if on else "without"
-        lines.append(Line(f"activations, {label} grad checkpointing", "training" if counted
-                          else "not counted",
+        lines.append(Line(f"activations, {label} grad checkpointing", phases,
                           f"{rows} rows x {length:,} tokens, {regime}",
                           activation_bytes(s, rows, length, loss_tokens, regime, on)))
     lines += [
-        Line("autocast's bf16 weight copies (training)", "training",
+        Line("autocast's bf16 weight copies (training)", ("training",),
              "saved by the matmuls (no FSDP)", autocast_weight_copy_bytes(s, regime)),
-        Line("loss logits (one chunk)", "training",
+        Line("loss logits (one chunk)", ("training",),
              f"{LOGIT_BUFFERS} x {chunk:,} x {s.vocab:,} x 4 B", logit_chunk_bytes(chunk, s.vocab)),
-        Line("LM-head and embedding gradients", "training",
+        Line("LM-head and embedding gradients", ("training",),
              f"{s.vocab:,} x {s.hidden:,}, transient", head_gradient_bytes(s, regime)),
-        Line("FSDP unsharded buffers", "training", "root + 2 layers bf16, 1 layer's grads",
+        Line("FSDP unsharded buffers", ("training",), "root + 2 layers bf16, 1 layer's grads",
              fsdp_buffer_bytes(s, regime)),
     ]
-    return [line for line in lines if line.bytes or line.phase == "not counted"]
+    return [line for line in lines if line.bytes or line.phases == NOT_COUNTED]
 
 
 def phase_totals(lines: list[Line]) -> dict:
-    """Bytes per phase: what always stays plus the phase's own lines."""
-    always = sum(line.bytes for line in lines if line.phase == "always")
+    """Bytes per phase: the lines that hold memory in it. A phase is shown when a line of its
+    own (not one held after setup, or always) is in the plan."""
     totals = {}
     for phase in PHASES:
-        own = [line.bytes for line in lines if line.phase == phase]
+        held = [line for line in lines if phase in line.phases]
+        own = [line for line in held if not set(AFTER_SETUP) <= set(line.phases)]
         if own:
-            totals[phase] = always + sum(own)
+            totals[phase] = sum(line.bytes for line in held)
     return totals
 
 
@@ -653,18 +722,20 @@ def describe(st: Setting) -> str:
 
 
 def table(st: Setting) -> str:
-    """The plan as a Markdown table, the phases' totals and whether it fits."""
+    """The plan as two Markdown tables, its lines and what each phase holds, and whether it
+    fits."""
     lines = plan(st)
     out = [describe(st), "", "| what | phase | how | GB |", "|---|---|---|---|"]
     for line in lines:
         out.append(f"| {line.what} | {line.phase} | {line.how} | {line.bytes / GB:.2f} |")
     totals = phase_totals(lines)
+    out += ["", "| phase | per GPU, GB |", "|---|---|"]
     for phase, total in totals.items():
-        out.append(f"| **total, {phase}** | | always + {phase} | **{total / GB:.2f}** |")
+        out.append(f"| {phase} | {total / GB:.2f} |")
     peak_phase = max(totals, key=totals.get)
     peak = totals[peak_phase]
     budget = budget_bytes(st)
-    out.append(f"| budget | | {st.gpu_gb:g} GB less {st.margin:.0%} | {budget / GB:.2f} |")
+    out.append(f"| budget: {st.gpu_gb:g} GB less {st.margin:.0%} | {budget / GB:.2f} |")
     verdict = "fits"
     if peak > budget:
         verdict = "does NOT fit"
@@ -711,15 +782,17 @@ def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="memory_plan.py", description=__doc__.split("\n\n")[0],
         epilog="Any other --key=value is a field of the trainer's config (python grpo.py --help, "
-               "python sft.py --help), e.g. --fsdp=True --grad_checkpointing=True "
-               "--generate_batch_size=8 --micro_batch_size=2 --logit_chunk_tokens=1024.")
+               "python sft.py --help), e.g. --grad_checkpointing=True --generate_batch_size=8 "
+               "--micro_batch_size=2 --logit_chunk_tokens=1024; --fsdp=True unless given "
+               "(--fsdp=False plans DDP or one process).")
     parser.add_argument("--model", default="qwen3-4b",
                         help=f"{', '.join(BUILTIN)}, a folder with config.json, a config.json, or "
                              "a cached hub name (default: qwen3-4b)")
     parser.add_argument("--trainer", choices=("grpo", "sft"), default="grpo")
     parser.add_argument("--preset", choices=("paper", "tiny"), default="paper",
                         help="the trainer's preset for the fields left unset (default: paper)")
-    parser.add_argument("--world_size", type=int, default=1, help="ranks (GPUs) (default: 1)")
+    parser.add_argument("--world_size", type=int, default=DEFAULT_WORLD_SIZE,
+                        help=f"ranks (GPUs) (default: {DEFAULT_WORLD_SIZE}, the paper's run)")
     parser.add_argument("--gpu_gb", type=float, default=DEFAULT_GPU_GB,
                         help="one GPU's memory, GB of 10^9 bytes (default: 80)")
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
@@ -740,13 +813,14 @@ def make_setting(argv: list[str]) -> tuple[Setting, str | None]:
     if ours.world_size < 1 or not 0 <= ours.margin < 1 or ours.gpu_gb <= 0:
         raise ValueError("--world_size must be >= 1, --gpu_gb > 0 and --margin in [0, 1)")
     shape = load_shape(ours.model)
-    tiny = ours.preset == "tiny"
+    given = config.flags_given(rest)
+    rest = [*rest, *(flag for flag in DEFAULT_FLAGS if flag[2:].split("=")[0] not in given)]
     if ours.trainer == "grpo":
-        cfg = config.parse(grpo.GRPOConfig, rest)
-        cfg = grpo.resolve_defaults(cfg, tiny, ours.world_size)
+        cfg = config.parse(grpo.GRPOConfig, [*rest, f"--preset={ours.preset}"])
+        cfg = grpo.resolve_defaults(cfg, ours.world_size)
     else:
-        cfg = config.parse(sft.SFTConfig, rest)
-        cfg = sft.resolve_defaults(cfg, ours.world_size, tiny=tiny)
+        cfg = config.parse(sft.SFTConfig, [*rest, f"--preset={ours.preset}"])
+        cfg = sft.resolve_defaults(cfg, ours.world_size)
     st = Setting(shape, ours.trainer, cfg, ours.world_size, ours.device, ours.gpu_gb,
                  ours.margin, ours.prompt_tokens)
     return st, ours.largest

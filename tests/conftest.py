@@ -20,6 +20,28 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 torch.set_num_threads(1)
+TWO_RANK_TIMEOUT = 600      # seconds for a 2-rank gloo run (a deadlock fails its test)
+
+
+def torchrun_two_ranks(script: str, *args: str, timeout: float = TWO_RANK_TIMEOUT) -> str:
+    """Run `script` under torchrun as 2 gloo ranks (one thread each) and return its output; the
+    run must exit 0 in `timeout` seconds, else the test fails with the output's end. A hang kills
+    the whole process group (torchrun and both workers): nothing is left running."""
+    import signal
+    import subprocess
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.abspath(script), *args]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        output = f"timed out after {timeout}s (deadlock?)\n{output}"
+    assert proc.returncode == 0, output[-5000:]
+    return output
 
 
 # --------------------------------------------------------------------------------------------------
@@ -28,7 +50,7 @@ torch.set_num_threads(1)
 # exercise get it here (file -> test function -> exercises), so the test files stay as they are. A
 # test grades exercise k only if it needs nothing beyond exercises 1..k.
 
-NUM_EXERCISES = 8
+NUM_EXERCISES = 9
 EXERCISE_TESTS = {
     "test_attention.py": {
         "test_malformed_structures_recorded": (1,),
@@ -45,8 +67,9 @@ EXERCISE_TESTS = {
         "test_loss_agg_modes_on_a_hand_table": (6,),
     },
     "test_sample.py": {
-        # end to end: also needs exercises 1-3
-        "test_recorded_logprobs_equal_training_forward": (4,),
+        # end to end: the sampler (9) over the format, the masks and the log-probs (1-4)
+        "test_recorded_logprobs_equal_training_forward": (9,),
+        "test_unseen_paths_share_the_prefix_and_positions": (9,),
     },
     "test_eval.py": {
         "test_pass_at_k_hand_values": (7,),

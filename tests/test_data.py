@@ -16,6 +16,7 @@ from data import (
     gsm8k_answer,
     load_data,
     normalize_answer,
+    prompt_style_of,
     synthetic_problems,
 )
 
@@ -359,8 +360,11 @@ def test_errors(tmp_path, capfd):
 def test_tiny_prompt_is_short_plain_text(tiny, tmp_path):
     tok, _ = tiny
     problem = synthetic_problems("hard", "test", 1)[0].text
-    # asks for nothing
-    assert build_prompt(tok, problem) == build_prompt(tok, problem, "sequential") == problem + "\n"
+    # the tiny preset's prompt asks for nothing; no tokenizer makes it so by itself
+    assert build_prompt(tok, problem, "bare") == problem + "\n"
+    assert prompt_style_of("tiny", "parallel") == prompt_style_of("tiny", "sequential") == "bare"
+    assert prompt_style_of("paper", "sequential") == "sequential"
+    assert build_prompt(tok, problem).startswith("Solve the problem below step by step.")
     f = tmp_path / "paper.txt"
     f.write_text("Solve it.\nProblem: {Problem}")
     tricky = "Is {problem} a set? $\\frac{1}{2}$"

@@ -150,14 +150,13 @@ def records():
 def test_evaluate_is_the_sampler_scored_and_deterministic(tiny, records, mode, batch_size):
     model, tok = tiny
     model.train()
-    kw = dict(k=2, max_new_tokens=16, seed=3, batch_size=batch_size)
+    kw = dict(k=2, max_new_tokens=16, seed=3, batch_size=batch_size, prompt_style="bare")
     metrics, samples = ev.evaluate(model, tok, records, mode, **kw)
     assert model.training                                # the caller's train/eval state is restored
     model.eval()
     # what evaluate sampled is exactly sample.generate on the built prompts, batch b seeded with
     # seed + b
-    style = "sequential" if mode == "sequential" else "parallel"
-    prompts = [build_prompt(tok, r["problem"], style) for r in records]
+    prompts = [build_prompt(tok, r["problem"], "bare") for r in records]
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     # (sequential mode bans <Parallel>, as the sequential rollouts do)
     gen = dict(group_size=2, mode=mode, max_new_tokens=16, allow_parallel=mode != "sequential")
@@ -228,7 +227,8 @@ def test_run_writes_table_samples_and_summary(tmp_path, tiny):
     model, tok = tiny
     ckpt = str(tmp_path / "ckpt")
     save_checkpoint(ckpt, model, tok,
-                    trainer_state={"config": {"mode": "seen", "style": "parallel"}})
+                    trainer_state={"config": {"mode": "seen", "style": "parallel",
+                                              "preset": "tiny"}})
     out = tmp_path / "out"
     summary = ev.run(ev.EvalConfig(model=ckpt, data="synthetic:easy:test,synthetic:hard:test",
                                    limit=2, k=2, k_overrides="synthetic:hard:test=1",
@@ -349,8 +349,8 @@ def test_default_out_dirs_of_two_runs_checkpoints_differ(tmp_path, monkeypatch):
     out = []
     for run in ("a", "b"):
         save_checkpoint(ckpt := os.path.join("runs", run, "sft", "checkpoint-1"), model, tok)
-        out.append(ev.run(ev.EvalConfig(model=ckpt, data="synthetic:easy:test", limit=1,
-                                        k=1))["name"])
+        out.append(ev.run(ev.EvalConfig(model=ckpt, preset="tiny", data="synthetic:easy:test",
+                                        limit=1, k=1))["name"])
     assert sorted(os.listdir(tmp_path / "runs" / "eval")) == \
         ["runs_a_sft_checkpoint-1", "runs_b_sft_checkpoint-1"]
     assert out == [os.path.join("sft", "checkpoint-1")] * 2   # the table's Method cell stays short

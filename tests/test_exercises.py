@@ -17,12 +17,26 @@ from attention import (
     TagIds,
     build_mask_and_positions,
     parse_structure,
+    token_logprobs,
     unseen_positions,
 )
 from eval import pass_at_k
 from grpo import agg_loss, compute_advantages, loss_weights, policy_loss
+from model import load_model
 from rewards import RewardSchedule
-from sample import token_logprobs
+from sample import (
+    FIRST_PATH_OWNER,
+    HIDDEN,
+    MAIN,
+    PATH,
+    SHARED,
+    SUMMARY,
+    Engine,
+    Sample,
+    SamplingConfig,
+    SlotCache,
+    Stream,
+)
 
 EOS, NL = 1, 10
 P, EP, A, EA, S, ES = 100, 101, 102, 103, 104, 105
@@ -267,3 +281,74 @@ def test_ex8_s2_window_by_hand():
     assert r == [1.2, 1.0, -1.0, -1.0], \
         f"tiered rewards at step 9 (correct/parallel/format): expected " \
         f"[1.2, 1.0, -1.0, -1.0], got {r} (NOTES.md §4)"
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 9: the sampler: SlotCache.mask and Engine._close_block (NOTES.md §2-§3)
+
+@pytest.mark.exercise_9
+def test_ex9_decode_mask_from_the_slot_owners_by_hand():
+    """One row: slots 0-1 the prompt (shared), 2 and 4 path 1's, 3 path 2's, 5 hidden; three
+    queries: path 1's, path 2's and a main-chain one."""
+    cache = SlotCache(rows=1, capacity=8, device="cpu")
+    path_1 = FIRST_PATH_OWNER
+    path_2 = FIRST_PATH_OWNER + 1
+    cache.owner[0, :6] = torch.tensor([SHARED, SHARED, path_1, path_2, path_1, HIDDEN])
+    cache.attend_to(6)
+    codes = torch.tensor([[path_1, path_2, SHARED]])
+    mask = cache.mask(codes, torch.float32)
+    assert mask.shape == (1, 1, 3, 6) and mask.dtype == torch.float32, (mask.shape, mask.dtype)
+    low = torch.finfo(torch.float32).min
+    assert set(mask.unique().tolist()) <= {0.0, low}, \
+        "additive: 0 where visible, finfo(dtype).min where hidden (never -inf, never bool)"
+    seen = (mask[0, 0] == 0).int().tolist()
+    expected = [[1, 1, 1, 0, 1, 0],       # path 1: the prompt and its own slots
+                [1, 1, 0, 1, 0, 0],       # path 2: the prompt and its own slot
+                [1, 1, 0, 0, 0, 0]]       # the main chain: the shared slots only
+    assert seen == expected, \
+        f"owners {cache.owner[0, :6].tolist()}, query codes {codes[0].tolist()}: visible (1) " \
+        f"expected\n  {expected}\n  got\n  {seen} (NOTES.md §2-§3)"
+    assert (cache.mask(codes, torch.bfloat16) == torch.finfo(torch.bfloat16).min).any(), \
+        "the hidden value is finfo(dtype).min of the dtype asked for"
+
+
+@pytest.mark.exercise_9
+def test_ex9_closing_a_block_by_hand():
+    """A sample whose prompt and <Parallel> fill slots 0-3 (p = 3), then path 1 (<A> 7 </A>,
+    slots 4-6) and path 2 (<A> 8 9 </A>, slots 7-10); both have fed their </Path>."""
+    model, tok = load_model("tiny", seed=0)
+    tags = TagIds.from_tokenizer(tok)
+    engine = Engine(model, tags, "unseen", SamplingConfig(max_new_tokens=40), tok.pad_token_id,
+                    torch.Generator())
+    engine.cache = SlotCache(rows=1, capacity=16, device="cpu")
+    path_1 = FIRST_PATH_OWNER
+    path_2 = FIRST_PATH_OWNER + 1
+    owners = [SHARED] * 4 + [path_1] * 3 + [path_2] * 4
+    engine.cache.owner[0, :11] = torch.tensor(owners)
+    seven, eight, nine = (tok.convert_tokens_to_ids(c) for c in "789")
+    parallel = (tags.parallel, 1, -0.5)
+    first = [(tags.path, 0, 0.0), (seven, 1, -1.0), (tags.end_path, 1, -0.25)]
+    second = [(tags.path, 0, 0.0), (eight, 1, -2.0), (nine, 1, -0.5), (tags.end_path, 1, -0.75)]
+    main = Stream(MAIN, position=4, tokens=[parallel])          # p + 1: <Parallel> was fed
+    paths = [Stream(PATH, position=7, owner=path_1, tokens=list(first), path_len=3),
+             Stream(PATH, position=8, owner=path_2, tokens=list(second), path_len=4)]
+    s = Sample(0, [11, 12, 13], main, paths=paths, tokens_spent=8, steps_spent=1)
+    engine.rows = [s]
+    engine._close_block(s)
+    assert engine.cache.owner[0, :12].tolist() == [SHARED] * 11 + [HIDDEN], \
+        f"every path slot becomes SHARED, nothing else changes; got " \
+        f"{engine.cache.owner[0, :12].tolist()}"
+    expected = [parallel, *first, *second, (tags.end_parallel, 0, 0.0)]
+    assert main.tokens == expected, \
+        f"the response: <Parallel>, path 1, path 2, then an injected </Parallel>\n  expected " \
+        f"{expected}\n  got {main.tokens}"
+    assert main.position == 4 + 4, \
+        f"</Parallel> sits at p + longest + 1 = 3 + 4 + 1 = 8; the main chain's position is " \
+        f"{main.position}"
+    assert (s.steps_spent, s.tokens_spent) == (1 + 4 + 1, 8 + 1), \
+        f"decode steps: 1 + the longest path (4) + </Parallel>; tokens: 8 + 1; got " \
+        f"{(s.steps_spent, s.tokens_spent)}"
+    assert s.paths == [] and main.feed == tags.end_parallel and main.segment == SUMMARY, \
+        (s.paths, main.feed, main.segment)
+    assert main.forced == [*tags.newline, tags.summary], \
+        f"after </Parallel> the runtime forces the newline and <Summary>; got {main.forced}"

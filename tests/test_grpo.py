@@ -12,14 +12,13 @@ import json
 import math
 import os
 import pickle
-import signal
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import torchrun_two_ranks
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 # for the torchrun worker
@@ -28,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import config
 import grpo
 import plumbing
-from attention import TagIds, structured_forward
+from attention import TagIds, structured_forward, token_logprobs
 from grpo import (
     GRPOConfig,
     agg_loss,
@@ -42,8 +41,14 @@ from grpo import (
 )
 from model import add_parallel_tags, build_char_tokenizer
 from plumbing import save_checkpoint
-from sample import Rollout, generate, token_logprobs
+from sample import Rollout, generate
 from scripts.bench_sample import TagBias
+
+
+def tiny_run(**fields) -> GRPOConfig:
+    """A run's config under the tiny preset (the test models are not the embedded one)."""
+    return GRPOConfig(preset="tiny", **fields)
+
 
 # --------------------------------------------------------------------------------------------------
 # Advantages
@@ -262,13 +267,13 @@ def test_recipes_follow_the_paper():
 
 
 def test_defaults_and_modes(capsys):
-    real = grpo.resolve_defaults(GRPOConfig(recipe="unseen-s2"), tiny=False)
+    real = grpo.resolve_defaults(GRPOConfig(recipe="unseen-s2", preset="paper"))
     assert (real.mode, real.group_size, real.batch_size, real.lr, real.max_new_tokens,
             real.ppo_mini_batches) == ("unseen", 8, 256, 1e-6, 3000, 2)
-    assert grpo.resolve_defaults(GRPOConfig(recipe="baseline"), tiny=True).mode == "sequential"
-    assert grpo.resolve_defaults(GRPOConfig(recipe="seen"), tiny=True).mode == "seen"
+    assert grpo.resolve_defaults(GRPOConfig(recipe="baseline", preset="tiny")).mode == "sequential"
+    assert grpo.resolve_defaults(GRPOConfig(recipe="seen", preset="tiny")).mode == "seen"
     with pytest.raises(ValueError, match="split evenly"):
-        grpo.resolve_defaults(GRPOConfig(batch_size=5), tiny=True, world_size=2)
+        grpo.resolve_defaults(GRPOConfig(batch_size=5, preset="tiny"), world_size=2)
     for bad in (["--recipe=s3"], ["--loss_agg_mode=sum"], ["--kl_estimator=k2"], ["--mode=causal"],
                 ["--reward=x"]):
         # the typed command line refuses them, naming the choices
@@ -440,7 +445,7 @@ def test_filter_groups_trains_only_on_groups_with_variance(tmp_path, monkeypatch
     model, tok = tiny(seed=1)
     init = save_checkpoint(str(tmp_path / "init"), model, tok)
     records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
-    out = grpo.train(GRPOConfig(model=init, batch_size=2, group_size=3, max_new_tokens=12,
+    out = grpo.train(tiny_run(model=init, batch_size=2, group_size=3, max_new_tokens=12,
                                 max_steps=1, max_time=0.0, eval_data="", log_every=0,
                                 filter_groups=True, out_dir=str(tmp_path / "run")),
                      records=records)
@@ -457,7 +462,7 @@ def test_max_time_stops_after_a_step_and_says_so(tmp_path, monkeypatch, capsys):
     model, tok = tiny(seed=1)
     init = save_checkpoint(str(tmp_path / "init"), model, tok)
     records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
-    out = grpo.train(GRPOConfig(model=init, batch_size=2, group_size=2, max_new_tokens=12,
+    out = grpo.train(tiny_run(model=init, batch_size=2, group_size=2, max_new_tokens=12,
                                 max_steps=3, max_time=1e-9, eval_data="", log_every=0,
                                 out_dir=str(tmp_path / "run")),
                      records=records)
@@ -482,9 +487,9 @@ def test_same_seed_same_run_bit_for_bit(tmp_path, monkeypatch):
     base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=12, micro_batch_size=2,
                 lr=1e-3, kl_coef=0.1, max_steps=2, max_time=0.0, eval_data="", save_every=0,
                 log_every=0, recipe="unseen-s2")
-    runs = [grpo.train(GRPOConfig(**base, out_dir=str(tmp_path / d)), records=records)
+    runs = [grpo.train(tiny_run(**base, out_dir=str(tmp_path / d)), records=records)
             for d in "ab"]
-    runs.append(grpo.train(GRPOConfig(**base, out_dir=str(tmp_path / "c"), eval_every=1, eval_k=1),
+    runs.append(grpo.train(tiny_run(**base, out_dir=str(tmp_path / "c"), eval_every=1, eval_k=1),
                            records=records, eval_records=records[:2]))
     from safetensors.torch import load_file
     wa, wb, wc = (load_file(os.path.join(r["checkpoint"], "model.safetensors")) for r in runs)
@@ -512,9 +517,9 @@ def test_resume_continues_exactly(tmp_path, monkeypatch):
     records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(5)]
     base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=12, micro_batch_size=2,
                 lr=1e-3, max_time=0.0, eval_data="", save_every=2, log_every=0, recipe="unseen-s2")
-    full = grpo.train(GRPOConfig(**base, max_steps=4, out_dir=str(tmp_path / "a")), records=records)
-    grpo.train(GRPOConfig(**base, max_steps=2, out_dir=str(tmp_path / "b")), records=records)
-    resumed = grpo.train(GRPOConfig(**base, max_steps=4, out_dir=str(tmp_path / "b"),
+    full = grpo.train(tiny_run(**base, max_steps=4, out_dir=str(tmp_path / "a")), records=records)
+    grpo.train(tiny_run(**base, max_steps=2, out_dir=str(tmp_path / "b")), records=records)
+    resumed = grpo.train(tiny_run(**base, max_steps=4, out_dir=str(tmp_path / "b"),
                                     resume="True"),
                          records=records)
     assert full["steps"] == resumed["steps"] == 4
@@ -534,7 +539,6 @@ def test_resume_continues_exactly(tmp_path, monkeypatch):
 # 2 ranks (gloo) = 1 process on the union of their rollouts
 
 # Seconds the 2-rank run may take (~20 s on an idle 2-core machine): only a deadlock reaches it.
-TWO_RANK_TIMEOUT = 600
 
 
 def union_for_one_process(per_rank: list[list], advs: list[list], ppo_mini_batches: int):
@@ -607,23 +611,6 @@ def _scenarios(folder: str, info):
         dist.barrier()
 
 
-def run_two_ranks(folder, timeout=TWO_RANK_TIMEOUT) -> tuple[int, str]:
-    """torchrun this file as 2 gloo ranks. A deadlock fails the test after `timeout` seconds and
-    kills the whole process group (torchrun and both workers), so nothing is left running."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc_per_node=2", os.path.abspath(__file__), str(folder)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return -1, f"timed out after {timeout}s (deadlock?)\n{out}"
-
-
 def test_two_ranks_equal_one_process(tmp_path):
     model, tok = tiny()
     short = sampled_rollouts(model, tok, ["Hi", "Ann"], 2, max_new_tokens=10, seed=11)
@@ -635,8 +622,7 @@ def test_two_ranks_equal_one_process(tmp_path):
     torch.save(model.state_dict(), tmp_path / "init.pt")
     with open(tmp_path / "data.pkl", "wb") as f:
         pickle.dump((pool, advs), f)
-    returncode, output = run_two_ranks(tmp_path)
-    assert returncode == 0, output[-5000:]
+    torchrun_two_ranks(__file__, str(tmp_path))
     for name, (r0, r1, extra) in SCENARIOS.items():
         rollouts, adv = union_for_one_process([[pool[i] for i in r0], [pool[i] for i in r1]],
                                               [[advs[i] for i in r0], [advs[i] for i in r1]], 2)
@@ -660,7 +646,7 @@ def test_problems_longer_than_the_context_are_dropped(tmp_path, monkeypatch, cap
     long = [{"id": "long", "problem": "x" * 500, "answer": "1"}]   # ~520 prompt tokens: 520 + 12
     base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=12, max_steps=1,
                 max_time=0.0, log_every=0, eval_k=1, eval_every=0)
-    out = grpo.train(GRPOConfig(**base, out_dir=str(tmp_path / "run")), records=short + long,
+    out = grpo.train(tiny_run(**base, out_dir=str(tmp_path / "run")), records=short + long,
                      eval_records=short + long)
     printed = capsys.readouterr().out
     assert "train data: 1 of 3 problems have a prompt" in printed
@@ -668,7 +654,7 @@ def test_problems_longer_than_the_context_are_dropped(tmp_path, monkeypatch, cap
     assert "2 problems of the given records" in printed and out["steps"] == 1
     with pytest.raises(ValueError,
                        match=r"train data: 1 of 1 problems .* context \(512 tokens.* none is left"):
-        grpo.train(GRPOConfig(**base, out_dir=str(tmp_path / "run2")), records=long,
+        grpo.train(tiny_run(**base, out_dir=str(tmp_path / "run2")), records=long,
                    eval_records=short)
 
 
@@ -694,13 +680,13 @@ def test_resume_with_other_eval_settings_shows_no_before_after(tmp_path, monkeyp
     records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
     base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=12, max_time=0.0,
                 log_every=0, eval_every=0, out_dir=str(tmp_path / "run"))
-    first = grpo.train(GRPOConfig(**base, max_steps=1, eval_k=1), records=records,
+    first = grpo.train(tiny_run(**base, max_steps=1, eval_k=1), records=records,
                        eval_records=records)
     assert first["eval_before"]["settings"][2] == 1 and first["eval_after"]
-    same = grpo.train(GRPOConfig(**base, max_steps=2, eval_k=1, resume="True"), records=records,
+    same = grpo.train(tiny_run(**base, max_steps=2, eval_k=1, resume="True"), records=records,
                       eval_records=records)
     assert same["eval_before"] == first["eval_before"]                    # kept: same settings
-    other = grpo.train(GRPOConfig(**base, max_steps=3, eval_k=2, resume="True"), records=records,
+    other = grpo.train(tiny_run(**base, max_steps=3, eval_k=2, resume="True"), records=records,
                        eval_records=records)
     assert other["eval_before"] == {} and "shows no before/after table" in capsys.readouterr().out
 
@@ -709,7 +695,7 @@ def test_wandb_gets_the_rows_of_log_jsonl(tmp_path, monkeypatch, wandb_rows):
     monkeypatch.setattr(grpo, "score_batch", fake_scores)
     model, tok = tiny(seed=1)
     records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(3)]
-    out = grpo.train(GRPOConfig(model=save_checkpoint(str(tmp_path / "init"), model, tok),
+    out = grpo.train(tiny_run(model=save_checkpoint(str(tmp_path / "init"), model, tok),
                                 batch_size=2, group_size=2, max_new_tokens=12, max_steps=2,
                                 max_time=0.0, eval_data="", log_every=0,
                                 out_dir=str(tmp_path / "run"), wandb_project="test"),
@@ -730,10 +716,10 @@ def test_resuming_a_finished_run_names_its_checkpoint_and_adds_no_row(tmp_path, 
     records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
     base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=12, max_time=0.0,
                 log_every=0, eval_k=1, eval_every=0, max_steps=1, out_dir=str(tmp_path / "run"))
-    first = grpo.train(GRPOConfig(**base), records=records, eval_records=records)
+    first = grpo.train(tiny_run(**base), records=records, eval_records=records)
     rows = Path(first["log"]).read_text()
     capsys.readouterr()
-    again = grpo.train(GRPOConfig(**base, resume="yes"), records=records, eval_records=records)
+    again = grpo.train(tiny_run(**base, resume="yes"), records=records, eval_records=records)
     assert again["checkpoint"] == first["checkpoint"] and again["eval_after"] is None
     assert Path(first["log"]).read_text() == rows
     assert f"note: {first['checkpoint']} is at step 1 and this run has 1 steps: nothing is left " \
@@ -754,7 +740,7 @@ def test_a_diverging_grpo_run_stops_before_the_bad_step_and_keeps_its_checkpoint
     model, tok = tiny(seed=1)
     records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
     with pytest.raises(ValueError, match="the gradient norm is nan: the loss diverged"):
-        grpo.train(GRPOConfig(model=save_checkpoint(str(tmp_path / "init"), model, tok),
+        grpo.train(tiny_run(model=save_checkpoint(str(tmp_path / "init"), model, tok),
                               batch_size=2, group_size=2, max_new_tokens=12, max_steps=3,
                               max_time=0.0, eval_data="", log_every=0, save_every=1,
                               ppo_mini_batches=1, micro_batch_size=2,
@@ -773,11 +759,11 @@ def test_a_resume_refuses_a_kl_reference_inside_out_dir(tmp_path, monkeypatch):
     records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
     base = dict(batch_size=2, group_size=2, max_new_tokens=12, max_time=0.0, eval_data="",
                 log_every=0, save_every=1, out_dir=str(tmp_path / "run"))
-    grpo.train(GRPOConfig(model=save_checkpoint(str(tmp_path / "init"), model, tok), max_steps=2,
+    grpo.train(tiny_run(model=save_checkpoint(str(tmp_path / "init"), model, tok), max_steps=2,
                           **base),
                records=records)
     with pytest.raises(ValueError, match="is inside --out_dir"):
-        grpo.train(GRPOConfig(model=str(tmp_path / "run" / "checkpoint-1"), max_steps=4,
+        grpo.train(tiny_run(model=str(tmp_path / "run" / "checkpoint-1"), max_steps=4,
                               resume="True", **base),
                    records=records)
     assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-1", "checkpoint-2", "log.jsonl"]
@@ -787,7 +773,7 @@ def test_a_seen_run_that_never_leaves_the_easy_stage_says_so(tmp_path, monkeypat
     monkeypatch.setattr(grpo, "score_batch", fake_scores)
     model, tok = tiny(seed=1)
     records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
-    grpo.train(GRPOConfig(model=save_checkpoint(str(tmp_path / "init"), model, tok), recipe="seen",
+    grpo.train(tiny_run(model=save_checkpoint(str(tmp_path / "init"), model, tok), recipe="seen",
                           easy_steps=2, easy_data="synthetic:easy:test", batch_size=2,
                           group_size=2, max_new_tokens=12, max_steps=2, max_time=0.0,
                           eval_data="", log_every=0, save_every=0,
@@ -807,11 +793,11 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(tmp_path, monkeyp
     (tmp_path / "run" / "log.jsonl").write_text('{"step": 1}\n')
     for flag in ("batch_size", "group_size", "ppo_mini_batches", "micro_batch_size", "max_steps"):
         with pytest.raises(ValueError, match=f"--{flag}=0: must be at least 1"):
-            grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: 0}),
+            grpo.train(tiny_run(model=init, out_dir=str(tmp_path / "run"), **{flag: 0}),
                        records=[])
     for flag in ("generate_batch_size", "eval_samples"):
         with pytest.raises(ValueError, match=f"--{flag}=-1: must be at least 0"):
-            grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: -1}),
+            grpo.train(tiny_run(model=init, out_dir=str(tmp_path / "run"), **{flag: -1}),
                        records=[])
     # the sampler's own settings: a bad --top_k once failed only after the earlier run moved and
     # the first evaluation
@@ -819,7 +805,7 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(tmp_path, monkeyp
                         ("temperature", float("inf")), ("top_k", -1), ("top_p", 0.0),
                         ("max_blocks", -1), ("num_paths", 1)]:
         with pytest.raises(ValueError, match=f"--{flag}={value}: must be "):
-            grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: value}),
+            grpo.train(tiny_run(model=init, out_dir=str(tmp_path / "run"), **{flag: value}),
                        records=[])
     for flag, value, least in [("clip_ratio_low", -0.1, 0), ("kl_coef", -1.0, 0),
                                ("grad_clip", -1.0, 0), ("clip_ratio_low", float("nan"), 0),
@@ -829,22 +815,22 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(tmp_path, monkeyp
                                ("clip_ratio_c", 0.5, 1)]:
         finite = "" if math.isfinite(value) else "a finite number, "
         with pytest.raises(ValueError, match=f"--{flag}={value}: must be {finite}at least {least}"):
-            grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), **{flag: value}),
+            grpo.train(tiny_run(model=init, out_dir=str(tmp_path / "run"), **{flag: value}),
                        records=[])
     # learned nothing
     with pytest.raises(ValueError, match="--temperature=0: GRPO compares the responses of a group"):
-        grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), temperature=0.0),
+        grpo.train(tiny_run(model=init, out_dir=str(tmp_path / "run"), temperature=0.0),
                    records=[])
     with pytest.raises(ValueError, match="^--lr=inf: must be a finite number, above 0"):
-        grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), lr=float("inf")),
+        grpo.train(tiny_run(model=init, out_dir=str(tmp_path / "run"), lr=float("inf")),
                    records=[])
     # empty optimizer steps
     with pytest.raises(ValueError, match="--ppo_mini_batches=9 is more than the 8 rollouts"):
-        grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), batch_size=2, group_size=4,
+        grpo.train(tiny_run(model=init, out_dir=str(tmp_path / "run"), batch_size=2, group_size=4,
                               ppo_mini_batches=9), records=[])
     # it trained on zeros
     with pytest.raises(ValueError, match="--group_size=1: .* every advantage is 0"):
-        grpo.train(GRPOConfig(model=init, out_dir=str(tmp_path / "run"), group_size=1), records=[])
+        grpo.train(tiny_run(model=init, out_dir=str(tmp_path / "run"), group_size=1), records=[])
     assert os.listdir(tmp_path / "run") == ["log.jsonl"]
 
 

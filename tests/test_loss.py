@@ -12,10 +12,11 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForC
 
 import grpo
 import sft
-from attention import TagIds, structured_forward, token_scores
+from attention import TagIds, structured_forward, token_logprobs, token_scores
+from data import Batch, collate
 from grpo import GRPOConfig, collate_rollouts, micro_batch_loss
 from model import add_parallel_tags, build_char_tokenizer
-from sample import generate, token_logprobs
+from sample import generate
 
 RELATIVE = 1e-6          # the bound on a gradient's relative difference
 SMALL_CHUNK = 7          # several chunks per micro-batch, and a last one that is short
@@ -86,7 +87,7 @@ def test_grpo_loss_gradient_equals_the_full_logits_path(mode, loss_agg_mode, kl_
     reference = full_logits_scores(model, mb, tags, mode, cfg.temperature)
     loss_ref, stats_ref = micro_batch_loss(*reference, mb, cfg, 0.28, denominator)
     grad_ref = gradient(model, loss_ref)
-    chunked = sft.batch_token_scores(model, mb, tags, mode, mb.loss_mask.bool(), cfg.temperature,
+    chunked = token_scores(model, mb, tags, mode, mb.loss_mask.bool(), cfg.temperature,
                          cfg.logit_chunk_tokens)
     loss, stats = micro_batch_loss(*chunked, mb, cfg, 0.28, denominator)
     grad = gradient(model, loss)
@@ -105,7 +106,7 @@ def test_sft_nll_and_gradient_equal_the_full_logits_path(kind, mode):
     model, tok = tiny(kind)
     tags = TagIds.from_tokenizer(tok)
     rollouts = rollouts_of(model, tok, mode)
-    batch = sft.collate(rollouts, tok.pad_token_id)
+    batch = collate(rollouts, tok.pad_token_id)
     logits = structured_forward(model, batch.input_ids, batch.attention_mask,
                                 batch.prompt_lengths, tags, mode)
     targets = batch.input_ids[:, 1:]
@@ -126,7 +127,7 @@ def test_no_loss_token_still_reaches_every_parameter():
     model, tok = tiny()
     tags = TagIds.from_tokenizer(tok)
     mb = grpo.empty_micro_batch(tok.pad_token_id)
-    logprobs, entropy = sft.batch_token_scores(model, mb, tags, "unseen", mb.loss_mask.bool())
+    logprobs, entropy = token_scores(model, mb, tags, "unseen", mb.loss_mask.bool())
     loss, stats = micro_batch_loss(logprobs, entropy, mb, GRPOConfig(max_new_tokens=8), 0.2, 0.0)
     loss.backward()
     grads = [p.grad for p in model.parameters()]
@@ -159,13 +160,14 @@ def test_a_model_with_an_unknown_final_transform_is_refused():
     tags = TagIds.from_tokenizer(tok)
     ids = torch.tensor([tok.encode("Which two of 1 2 make 3?\n3+1")])
     with pytest.raises(ValueError, match="its logits are not its LM head applied to its last"):
-        token_scores(ScaledLogits(model), ids, torch.ones_like(ids), [4], tags, "seen",
+        batch = Batch(ids, torch.ones_like(ids), [4], torch.ones(ids.shape))
+        token_scores(ScaledLogits(model), batch, tags, "seen",
                      torch.ones(1, ids.shape[1] - 1, dtype=torch.bool))
 
 
 def test_the_chunk_setting_is_checked():
     with pytest.raises(ValueError, match="--logit_chunk_tokens=0: must be at least 1"):
-        grpo.resolve_defaults(GRPOConfig(logit_chunk_tokens=0), tiny=True)
+        grpo.resolve_defaults(GRPOConfig(logit_chunk_tokens=0, preset="tiny"))
     cfg = dataclasses.replace(sft.SFTConfig(), logit_chunk_tokens=0)
     with pytest.raises(ValueError, match="--logit_chunk_tokens=0: must be at least 1"):
         sft.resolve_defaults(cfg)

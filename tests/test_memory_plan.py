@@ -1,26 +1,36 @@
 """scripts/memory_plan.py: each formula against what the code really allocates at small shapes on
-CPU (within 5%), and the command line."""
+CPU (within 5%; FSDP2's gradients on 2 gloo ranks exactly), and the command line, whose plan
+without flags is the README's table.
+
+Run as a script (`torchrun --nproc_per_node=2 tests/test_memory_plan.py <dir>`) it is the worker
+of the 2-rank gradient test."""
+import copy
+import json
 import os
+import re
 import subprocess
 import sys
 import types
 import weakref
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)                     # also when torchrun runs this file as a script
+
 import pytest
 import torch
+from conftest import torchrun_two_ranks
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import attention
 import grpo
+import plumbing
 import sample
-import sft
 from attention import TagIds
-from model import load_model
+from model import frozen_copy, load_model
 from scripts import memory_plan as mp
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOLERANCE = 0.05              # a formula within 5% of the measured bytes
 SMALL = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, intermediate_size=160,
@@ -41,7 +51,7 @@ def small_model(dtype=torch.float32, **changes) -> Qwen3ForCausalLM:
 
 
 def training_batch(rows: int, length: int, vocab: int) -> types.SimpleNamespace:
-    """What sft.batch_token_scores reads of a batch: random ids, no padding, a PROMPT-token
+    """What attention.token_scores reads of a batch: random ids, no padding, a PROMPT-token
     prompt."""
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(20, vocab - 20, (rows, length), generator=generator)
@@ -88,6 +98,31 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
+class HeldBytes(TorchDispatchMode):
+    """Bytes held now by the storages of the tensors that ops produced while the mode was on
+    (each storage once, at its size now: FSDP2 frees buffers by resizing them to 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tensors = []
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.tensors.append(weakref.ref(t))
+        return out
+
+    def held(self) -> int:
+        sizes = {}
+        for ref in self.tensors:
+            t = ref()
+            if t is not None:
+                storage = t.untyped_storage()
+                sizes[storage.data_ptr()] = storage.nbytes()
+        return sum(sizes.values())
+
+
 # ---------------------------------------------------------------------------------------------
 # Shapes and the training state
 
@@ -100,6 +135,7 @@ def test_parameter_count_is_the_models(tied):
     assert mp.parameter_count(shape) == sum(p.numel() for p in params)
     assert mp.parameter_tensors(shape) == len(params)
     assert mp.weights_bytes(shape) == sum(p.numel() * p.element_size() for p in params)
+    assert mp.loaded_weights_bytes(shape) == mp.weights_bytes(shape)   # what load_run loads
 
 
 def test_builtin_shapes_are_the_real_models():
@@ -132,6 +168,133 @@ def test_adamw_state_after_one_step():
                 for t in s.values() if torch.is_tensor(t))
     assert close(mp.adam_state_bytes(shape), state)
     assert mp.adam_state_bytes(shape, world_size=4, fsdp=True) < state / 3
+
+
+def not_one_of(tensors: list):
+    """A LiveBytes filter: a tensor whose storage is none of `tensors`' (in-place ops return
+    their input, which a step does not allocate)."""
+    pointers = {t.untyped_storage().data_ptr() for t in tensors}
+
+    def keep(t: torch.Tensor) -> bool:
+        return t.untyped_storage().data_ptr() not in pointers
+
+    return keep
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+def test_adamw_temporary_is_what_a_step_allocates(foreach):
+    """The optimizer step's peak beyond AdamW's state (its second step: the state exists): the
+    multi-tensor path (CUDA's default) holds sqrt(exp_avg_sq) of every parameter, the
+    single-tensor one (CPU's) two tensors of the largest parameter."""
+    model = small_model()
+    shape = mp.shape_from_config("small", model.config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
+    for _ in range(2):
+        model(input_ids=torch.randint(0, 900, (2, 8))).logits.sum().backward()
+        existing = [*model.parameters(), *(p.grad for p in model.parameters())]
+        existing += [t for state in optimizer.state.values() for t in state.values()]
+        live = LiveBytes(not_one_of(existing))
+        with live:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    assert live.peak == mp.adamw_temporary_bytes(shape, cuda=foreach)
+    assert mp.adamw_temporary_bytes(shape, world_size=4, fsdp=True, cuda=foreach) == live.peak // 4
+
+
+def copy_peak(make_copy, model) -> int:
+    """The most bytes alive at once, of those made while `make_copy(model)` runs (views of the
+    model's own tensors left out)."""
+    live = LiveBytes(not_one_of([*model.parameters(), *model.buffers()]))
+    with live:
+        make_copy(model)
+    return live.peak
+
+
+def test_the_bf16_copies_never_hold_a_second_fp32_model():
+    """Setup: grpo.setup's sampler copy and KL reference (model.frozen_copy) cast each parameter
+    as it is copied: their peak is the bf16 copy (rollout_copy_bytes, kl_reference_bytes), not
+    the fp32 deepcopy that .to(bf16) then halved. Tied weights stay tied; the rotary frequencies
+    stay fp32."""
+    model = small_model()
+    shape = mp.shape_from_config("small", model.config)
+    peak = copy_peak(lambda m: frozen_copy(m, torch.bfloat16), model)
+    assert close(mp.rollout_copy_bytes(shape, fsdp=True, cuda=True), peak)
+    assert close(mp.kl_reference_bytes(shape, 0.1, fsdp=True, cuda=True), peak)
+    assert mp.kl_reference_bytes(shape, 0.1, fsdp=False, cuda=True) == mp.weights_bytes(shape)
+    assert mp.kl_reference_bytes(shape, 0.0, fsdp=True) == 0
+    old_way = copy_peak(lambda m: copy.deepcopy(m).to(torch.bfloat16), model)
+    embedding_in_bf16 = shape.vocab * shape.hidden * mp.BF16     # the fp32 copy, then its
+    assert close(mp.weights_bytes(shape) + embedding_in_bf16, old_way)   # largest tensor cast
+    copied = frozen_copy(model, torch.bfloat16)
+    assert copied.lm_head.weight is copied.model.embed_tokens.weight
+    assert copied.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert copied.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert not copied.training
+    assert not any(p.requires_grad for p in copied.parameters())
+
+
+def test_setup_and_the_optimizer_step_phases():
+    """Qwen3-4B, 8 ranks, FSDP on CUDA, kl_coef > 0. Setup: the whole fp32 model each rank loads,
+    the bf16 sampler copy and the bf16 reference, below the sampling peak. The optimizer step:
+    the sharded weights, AdamW's state and the two copies, the sharded gradients and AdamW's
+    temporary (one more sharded fp32 model)."""
+    st, _ = mp.make_setting(["--kl_coef=0.1"])
+    totals = mp.phase_totals(mp.plan(st))
+    n = mp.parameter_count(st.shape)
+    shard = n * mp.FP32 // 8
+    copies = 2 * n * mp.BF16
+    assert totals["setup"] == n * mp.FP32 + copies
+    assert totals["setup"] < totals["sampling"]
+    adam = 2 * shard + mp.parameter_tensors(st.shape) * mp.ADAM_STEP_BYTES
+    assert totals["optimizer step"] == shard + adam + copies + shard + shard
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP2's gradients while micro-batches accumulate, on 2 gloo ranks
+
+
+def gradient_worker(folder: str) -> None:
+    """Run by torchrun in 2 processes: SMALL wrapped as plumbing.wrap_model wraps it (FSDP2), a
+    backward with plumbing.grad_sync off (every micro-batch but the last) and one with it on; the
+    gradient bytes each rank holds after each, then after the same two with FSDP2's own no-sync.
+    Rank r writes folder/rank<r>.json."""
+    with plumbing.distributed() as d:
+        model = small_model()
+        cfg = types.SimpleNamespace(fsdp=True, grad_checkpointing=False)
+        run = types.SimpleNamespace(cfg=cfg, dist=d, model=model, train_model=None)
+        plumbing.wrap_model(run)
+        wrapped = run.train_model
+        generator = torch.Generator().manual_seed(d.rank)
+        ids = torch.randint(0, SMALL["vocab_size"], (2, 16), generator=generator)
+        held = {}
+        for way in ("grad_sync", "fsdp_no_sync"):
+            tracker = HeldBytes()
+            with tracker:
+                for last in (False, True):
+                    if way == "fsdp_no_sync":
+                        wrapped.set_requires_gradient_sync(last)
+                    with plumbing.grad_sync(wrapped, enabled=last):
+                        wrapped(input_ids=ids).logits.float().logsumexp(-1).sum().backward()
+                    held[f"{way}, last={last}"] = tracker.held()
+            wrapped.zero_grad(set_to_none=True)
+        with open(os.path.join(folder, f"rank{d.rank}.json"), "w") as f:
+            json.dump(held, f)
+
+
+def test_fsdp_ranks_hold_their_gradient_shard_while_accumulating(tmp_path):
+    """plumbing.grad_sync under FSDP2: after a backward with sync off each rank holds its half of
+    the fp32 gradients (gradient_bytes), not the whole (FSDP2's no-sync holds every parameter's
+    whole fp32 gradient until the synced backward: loaded_weights_bytes, 16.1 GB for Qwen3-4B)."""
+    torchrun_two_ranks(__file__, str(tmp_path))
+    shape = mp.shape_from_config("small", small_model().config)
+    shard = mp.gradient_bytes(shape, world_size=2, fsdp=True)
+    whole = mp.loaded_weights_bytes(shape)
+    assert shard * 2 == whole == 4 * mp.parameter_count(shape)
+    for rank in range(2):
+        with open(tmp_path / f"rank{rank}.json") as f:
+            held = json.load(f)
+        assert held == {"grad_sync, last=False": shard, "grad_sync, last=True": shard,
+                        "fsdp_no_sync, last=False": whole, "fsdp_no_sync, last=True": shard}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,7 +347,7 @@ def test_grpo_cache_rows_follow_generate_batch_size(slot_caches):
     generate_batch_size x group_size rows."""
     model, tok = load_model("tiny", device="cpu")
     cfg = grpo.resolve_defaults(grpo.GRPOConfig(batch_size=4, group_size=3, generate_batch_size=3,
-                                                max_new_tokens=8), tiny=True)
+                                                max_new_tokens=8, preset="tiny"))
     prompts = [tok.encode(f"{i} + {i}\n", add_special_tokens=False) for i in range(4)]
     grpo.sample_rollouts(model, tok, prompts, cfg, seed=0)
     rows = [c.owner_buffer.shape[0] for c in slot_caches]
@@ -236,12 +399,11 @@ def saved_for_backward(model, batch, regime: str, checkpointing: bool) -> tuple[
     selected = loss_positions(batch)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         if regime == "fp32":
-            logprobs, _ = sft.batch_token_scores(model, batch, TAGS, "unseen", selected)
-        else:                       # what sft.batch_token_scores does on CUDA, with CPU autocast
+            logprobs, _ = attention.token_scores(model, batch, TAGS, "unseen", selected)
+        else:                       # what attention.token_scores does on CUDA, with CPU autocast
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                logprobs, _ = attention.token_scores(
-                    model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, TAGS,
-                    "unseen", selected, dtype=torch.bfloat16)
+                logprobs, _ = attention.token_scores(model, batch, TAGS, "unseen", selected,
+                                                      dtype=torch.bfloat16)
     for hook in hooks:
         hook.remove()
     storages = {}
@@ -314,9 +476,8 @@ def test_loss_logits_are_one_chunk(regime):
     gradients = LiveBytes(is_head_gradient)
     with logits, gradients:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=regime != "fp32"):
-            logprobs, _ = attention.token_scores(
-                model, batch.input_ids, batch.attention_mask, batch.prompt_lengths, TAGS,
-                "seen", selected, chunk_tokens=chunk, dtype=dtype)
+            logprobs, _ = attention.token_scores(model, batch, TAGS, "seen", selected,
+                                                  chunk_tokens=chunk, dtype=dtype)
         logprobs.sum().backward()
     assert logits.largest == chunk * vocab * mp.FP32
     assert close(mp.logit_chunk_bytes(chunk, vocab), logits.peak)
@@ -339,17 +500,48 @@ def run_plan(*args) -> str:
 
 
 def test_help_and_a_qwen3_4b_paper_plan():
-    """The paper preset fits 8 x 80 GB; all of a rank's 32 prompts in one call would not."""
+    """Without flags: the paper's run (Qwen3-4B, 8 ranks of 80 GB, FSDP2), which fits; all of a
+    rank's 32 prompts in one call would not."""
     assert run_plan("--help").startswith("usage:")
-    out = run_plan("--model=qwen3-4b", "--world_size=8", "--gpu_gb=80", "--fsdp=True")
+    out = run_plan()
+    assert out == run_plan("--model=qwen3-4b", "--world_size=8", "--gpu_gb=80", "--fsdp=True")
     cache = "| KV cache (sampling) | sampling | 8 prompts x 8 = 64 rows x 3,513 slots x 144 KiB"
     assert cache in out
-    assert "| weights (fp32) | always | 4.022B x 4 B, 1/8 | 2.01 |" in out
+    assert "| weights (fp32) | after setup | 4.022B x 4 B, 1/8 | 2.01 |" in out
+    assert "| the model as loaded (fp32) | setup | 4.022B x 4 B, whole, each rank | 16.09 |" in out
     assert "fits in 72.00 GB" in out
-    out = run_plan("--model=qwen3-4b", "--world_size=8", "--gpu_gb=80", "--fsdp=True",
-                   "--generate_batch_size=32")
+    out = run_plan("--generate_batch_size=32")
     assert "32 prompts x 8 = 256 rows x 3,513 slots x 144 KiB" in out
     assert "does NOT fit" in out                      # 133 GB of cache
+    assert "no FSDP" in run_plan("--fsdp=False", "--world_size=1")
+
+
+def phase_table(text: str) -> list[str]:
+    """The lines of the first "| phase | per GPU, GB |" table in `text`."""
+    lines = text.splitlines()
+    table = []
+    for line in lines[lines.index("| phase | per GPU, GB |"):]:
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    return table
+
+
+MEMORY_HEADING = re.compile(r"^## The paper's run on paper: memory \(`python "
+                            r"scripts/memory_plan\.py([^`]*)`\)$", re.MULTILINE)
+
+
+def test_the_readme_table_is_what_its_command_prints():
+    """The README's memory section shows its command in the heading and, below, the table of
+    phases that command prints, line for line, and its peak."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    heading = MEMORY_HEADING.search(readme)
+    assert heading, "the README's memory heading names no memory_plan.py command"
+    out = run_plan(*heading[1].split())
+    assert phase_table(readme[heading.end():]) == phase_table(out)
+    peak = re.search(r"^peak ([0-9.]+ GB \(\w+\))", out, re.MULTILINE)[1]
+    assert f"peak {peak}" in readme[heading.end():]
 
 
 def test_a_search_and_an_sft_plan():
@@ -366,3 +558,7 @@ def test_a_search_and_an_sft_plan():
     assert "KV cache" not in out and "activations, without grad checkpointing" in out
     with pytest.raises(ValueError):
         mp.make_setting(["--world_size=0"])
+
+
+if __name__ == "__main__":           # torchrun worker of the 2-rank gradient test
+    gradient_worker(sys.argv[1])

@@ -30,7 +30,8 @@ def small_model(tmp_path_factory):
 
 
 def sft_config(model: str, out_dir, **kw) -> sft.SFTConfig:
-    fields = dict(model=model, out_dir=str(out_dir), max_steps=1, save_every=0, eval_samples=0,
+    fields = dict(model=model, preset="tiny", out_dir=str(out_dir), max_steps=1, save_every=0,
+                  eval_samples=0,
                   batch_size=4, micro_batch_size=4, limit=8, log_every=0)
     fields.update(kw)
     return sft.SFTConfig(**fields)
@@ -105,12 +106,12 @@ def test_eval_refuses_a_folder_a_live_run_writes(small_model, tmp_path):
     try:
         (out / ".lock").write_text(str(other.pid))
         with pytest.raises(ValueError, match=f"--out_dir={out} is being written by another run"):
-            ev.run(ev.EvalConfig(model=small_model, out_dir=str(out), limit=1, k=1))
+            ev.run(ev.EvalConfig(model=small_model, preset="tiny", out_dir=str(out), limit=1, k=1))
         assert sorted(os.listdir(out)) == [".lock"]
     finally:
         other.kill()
         other.wait()
-    ev.run(ev.EvalConfig(model=small_model, out_dir=str(out), limit=1, k=1,
+    ev.run(ev.EvalConfig(model=small_model, preset="tiny", out_dir=str(out), limit=1, k=1,
                          data="synthetic:easy:test", max_new_tokens=8))
     assert ".lock" not in os.listdir(out) and "summary.json" in os.listdir(out)
 
@@ -127,7 +128,8 @@ def test_an_out_dir_that_is_a_file_is_named(small_model, tmp_path):
     with pytest.raises(ValueError, match=f"--out_dir={not_a_folder} is a file, not a folder"):
         sft.train(sft_config(small_model, not_a_folder))
     with pytest.raises(ValueError, match=f"--out_dir={not_a_folder} is a file, not a folder"):
-        ev.run(ev.EvalConfig(model=small_model, out_dir=str(not_a_folder), limit=1, k=1))
+        ev.run(ev.EvalConfig(model=small_model, preset="tiny", out_dir=str(not_a_folder), limit=1,
+                             k=1))
     assert not_a_folder.read_text() == "mine"
 
 

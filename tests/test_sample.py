@@ -2,15 +2,19 @@
 crashes."""
 
 import itertools
+import os
 
 import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from attention import TagIds, parse_structure, structured_forward
+import sample
+from attention import TagIds, parse_structure, structured_forward, token_logprobs
 from model import add_parallel_tags, build_char_tokenizer
-from sample import generate, token_logprobs
+from sample import generate
 from scripts.bench_sample import TagBias
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROMPTS = ["Ava has 3 boxes of 7 pens.", "Hi", "Bob has 12 pens and 5 cups; how many?"]
 
@@ -394,3 +398,52 @@ def test_no_empty_path_even_when_the_logits_want_one(models, mode):
     assert len(spans) >= 9 and min(spans) == 3            # <Path> x </Path>: one token, never zero
     assert all("empty" not in r.structure.reason for r in rollouts)
     assert max_logprob_diff(wrapped, tok, rollouts, mode, 1.0) <= 1e-4
+
+
+def test_the_contract_with_transformers_that_slot_cache_relies_on(models):
+    """SlotCache works because the model (transformers as pinned in requirements.txt) takes
+    `cache=`, a 4D additive mask as it is, explicit position_ids and logits_to_keep, and each
+    attention layer calls cache.update(key, value, layer_idx) once per forward, in layer order,
+    with its new keys (rows, kv_heads, q, head_dim); nothing else of the cache is read. An upgrade
+    that changes this fails here, by name, before the log-prob tests fail without one."""
+    model, _, _ = models
+    with open(os.path.join(ROOT, "requirements.txt")) as f:
+        assert "transformers==5.24.0" in f.read().split()     # the version this was checked on
+    updates = []
+    read_from_outside = []
+
+    class Spy(sample.SlotCache):
+        inside = True                                    # our own set-up is not the model's
+
+        def __getattribute__(self, name):
+            if not object.__getattribute__(self, "inside"):
+                read_from_outside.append(name)
+            return object.__getattribute__(self, name)
+
+        def update(self, key, value, layer_idx, *args, **kwargs):
+            updates.append((layer_idx, tuple(key.shape)))
+            object.__setattr__(self, "inside", True)
+            try:
+                return super().update(key, value, layer_idx, *args, **kwargs)
+            finally:
+                object.__setattr__(self, "inside", False)
+
+    rows = 2
+    prompt = 5
+    cache = Spy(rows, capacity=16, device="cpu")
+    cache.owner[:, :prompt] = sample.SHARED
+    cache.slots = torch.arange(prompt).expand(rows, prompt)
+    cache.attend_to(prompt)
+    object.__setattr__(cache, "inside", False)
+    ids = torch.randint(3, 60, (rows, prompt))
+    mask = torch.zeros(rows, 1, prompt, prompt).masked_fill(
+        ~torch.ones(prompt, prompt, dtype=torch.bool).tril(), torch.finfo(torch.float32).min)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=torch.arange(prompt)[None],
+                cache=cache, use_cache=True, logits_to_keep=1)
+    config = model.config
+    new_keys = (rows, config.num_key_value_heads, prompt, config.head_dim)
+    assert updates == [(layer, new_keys) for layer in range(config.num_hidden_layers)]
+    assert set(read_from_outside) <= {"update", "__class__"}, read_from_outside
+    full = model(input_ids=ids, attention_mask=mask, position_ids=torch.arange(prompt)[None],
+                 use_cache=False).logits
+    torch.testing.assert_close(out.logits[:, -1], full[:, -1], rtol=0, atol=1e-5)

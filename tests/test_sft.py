@@ -34,6 +34,7 @@ sys.path.insert(0, ROOT)                     # also when run by torchrun as a sc
 
 import pytest
 import torch
+from conftest import torchrun_two_ranks
 from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -109,7 +110,8 @@ def max_diff(a: dict, b: dict) -> float:
 
 
 def config(model_dir, out_dir, **kw) -> sft.SFTConfig:
-    base = dict(model=model_dir, out_dir=str(out_dir), lr=1e-3, batch_size=8, micro_batch_size=4,
+    base = dict(model=model_dir, preset="tiny", out_dir=str(out_dir), lr=1e-3, batch_size=8,
+                micro_batch_size=4,
                 max_steps=6, warmup_ratio=0.2, max_length=256, max_time=0.0, save_every=3,
                 keep_last=0, eval_samples=0, log_every=0)
     return sft.SFTConfig(**{**base, **kw})
@@ -201,7 +203,7 @@ def test_loss_equals_hf_labels_loss():
     combined as a token mean: sum_i loss_i * n_i / sum_i n_i."""
     model, tok = small_model()
     tags = TagIds.from_tokenizer(tok)
-    ex = sft.tokenize_records(make_records(4), tok, "parallel", 256)
+    ex = sft.tokenize_records(make_records(4), tok, "bare", 256)
     nll_sum, n = sft.response_nll(model, sft.collate(ex, tok.pad_token_id), tags, "seen")
     ref_sum, ref_n = 0.0, 0
     for e in ex:
@@ -223,7 +225,7 @@ def test_accumulation_equals_one_batch(grad_checkpointing):
             activation_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     tags = TagIds.from_tokenizer(tok)
-    ex = sft.tokenize_records(make_records(8), tok, "parallel", 256)
+    ex = sft.tokenize_records(make_records(8), tok, "bare", 256)
     one = sft.shard_micro_batches(ex, list(range(8)), 0, 1, 8, tok.pad_token_id)
     four = sft.shard_micro_batches(ex, list(range(8)), 0, 1, 2, tok.pad_token_id)
     counts = [mb.loss_mask[:, 1:].sum().item() for mb in four]
@@ -257,7 +259,7 @@ def _worker(model_dir: str, out_dir: str):
                 for layer in model.model.layers:
                     fully_shard(layer)
                 wrapped = fully_shard(model)
-            ex = sft.tokenize_records(records[:8], tok, "parallel", 256)
+            ex = sft.tokenize_records(records[:8], tok, "bare", 256)
             mbs = sft.shard_micro_batches(ex, list(range(8)), info.rank, info.world_size, 2,
                                           tok.pad_token_id)
             nll, n = sft.accumulate_gradients(wrapped, mbs, TagIds.from_tokenizer(tok), "unseen",
@@ -319,10 +321,10 @@ def test_ctrl_c_is_one_line_that_says_the_checkpoints_are_kept(model_dir, tmp_pa
     (--max_steps=100000)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmds = {"sft.py": [f"--model={model_dir}", "--max_steps=100000", "--log_every=1",
-                       "--save_every=1"],
-            "grpo.py": [f"--model={model_dir}", "--batch_size=2", "--group_size=2", "--eval_data=",
-                        "--max_steps=100000", "--save_every=1"]}
+    cmds = {"sft.py": [f"--model={model_dir}", "--preset=tiny", "--max_steps=100000",
+                       "--log_every=1", "--save_every=1"],
+            "grpo.py": [f"--model={model_dir}", "--preset=tiny", "--batch_size=2", "--group_size=2",
+                        "--eval_data=", "--max_steps=100000", "--save_every=1"]}
     procs = {}
     with sigint_reaches_children():
         for n, args in cmds.items():
@@ -350,22 +352,11 @@ def test_ctrl_c_is_one_line_that_says_the_checkpoints_are_kept(model_dir, tmp_pa
 
 
 def test_two_ranks_equal_one_process(model_dir, tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           os.path.abspath(__file__), model_dir, str(tmp_path)]
-    # its own process group: a hang is killed whole
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=PROCESS_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-    assert proc.returncode == 0, output[-5000:]
+    torchrun_two_ranks(__file__, model_dir, str(tmp_path))
 
     model, tok = load_model(model_dir, device="cpu")
     model.train()
-    ex = sft.tokenize_records(make_records(8), tok, "parallel", 256)
+    ex = sft.tokenize_records(make_records(8), tok, "bare", 256)
     mbs = sft.shard_micro_batches(ex, list(range(8)), 0, 1, 2, tok.pad_token_id)
     nll, n = sft.accumulate_gradients(model, mbs, TagIds.from_tokenizer(tok), "unseen")
     ref = grads(model)
@@ -410,7 +401,7 @@ def test_resume_is_bit_exact(model_dir, tmp_path, capsys):
     args = [f"--model={model_dir}", f"--data={data}", f"--out_dir={a}", "--lr=1e-3",
             "--batch_size=8", "--micro_batch_size=4", "--max_steps=6", "--warmup_ratio=0.2",
             "--max_length=256", "--max_time=0", "--save_every=3", "--keep_last=0",
-            "--eval_samples=0", "--log_every=0"]
+            "--eval_samples=0", "--log_every=0", "--preset=tiny"]
     full = sft.main(args)
     assert sorted(os.listdir(a)) == ["checkpoint-3", "checkpoint-6", "log.jsonl"]
     state = torch.load(a / "checkpoint-3" / "trainer_state.pt", weights_only=False)
@@ -463,19 +454,19 @@ def test_bad_input_is_dropped_or_refused(model_dir, tmp_path):
                               "Final Answer: 6")                                      # 1 path
     records[2]["solution"] = "x" * 300                                                # too long
     printed = []
-    ex = sft.tokenize_records(records, tok, "parallel", 256, log=printed.append)
+    ex = sft.tokenize_records(records, tok, "bare", 256, log=printed.append)
     assert len(ex) == 2
     assert printed == [("dropped 1 of 4 examples longer than max_length=256 tokens and 1 with a "
                         "malformed parallel structure (first: t1: block at token 0 has 1 path(s), "
                         "needs >= 2)")]
     with pytest.raises(ValueError, match="no training examples left out of 1 records"):
-        sft.tokenize_records(records[2:3], tok, "parallel", 256, log=lambda *a: None)
+        sft.tokenize_records(records[2:3], tok, "bare", 256, log=lambda *a: None)
     with pytest.raises(ValueError, match="does not have '<Parallel>' as one token"):
-        sft.tokenize_records(records, build_char_tokenizer(), "parallel", 256)
+        sft.tokenize_records(records, build_char_tokenizer(), "bare", 256)
     with pytest.raises(ValueError, match="no solution"):
-        sft.tokenize_records([dict(records[0], solution=None)], tok, "parallel", 256)
+        sft.tokenize_records([dict(records[0], solution=None)], tok, "bare", 256)
     printed = []                              # one record without a solution aborted its whole file
-    assert len(sft.tokenize_records([dict(records[0], solution=None), records[3]], tok, "parallel",
+    assert len(sft.tokenize_records([dict(records[0], solution=None), records[3]], tok, "bare",
                                     256, log=printed.append)) == 1
     assert printed == ["dropped 1 of 2 records without a solution to train on"]
     # a bool word, not a folder
@@ -520,18 +511,45 @@ def test_a_run_keeps_the_users_folders_and_its_own_start(model_dir, tmp_path):
     assert sorted(os.listdir(run)) == kept
 
 
-def test_a_tiny_checkpoint_gets_the_tiny_preset(model_dir, monkeypatch):
-    """The preset followed the name "tiny" only: a tiny checkpoint got the real-model one (lr 1e-5,
-    batch 128)."""
+def test_the_preset_is_chosen_by_name_never_by_the_vocabulary(model_dir, tmp_path, monkeypatch,
+                                                               capsys):
+    """--preset=auto gives tiny for --model=tiny and for a checkpoint of a tiny-preset run; a model
+    with a small tokenizer of its own and no such run gets the paper's, and the run says which (a
+    vocabulary under 1,000 entries chose tiny before, silently); --preset names one; --preset=none
+    asks for what a preset would set."""
     class Resolved(Exception):
         pass
+
     def load(cfg, *args, **kw):
         raise Resolved(cfg)
+
     monkeypatch.setattr(plumbing, "load_run", load)
-    with pytest.raises(Resolved) as e:
-        sft.train(sft.SFTConfig(model=model_dir), records=make_records(4))
-    cfg = e.value.args[0]
-    assert (cfg.lr, cfg.batch_size, cfg.max_steps) == (sft.TINY["lr"], sft.TINY["batch_size"], 400)
+
+    def resolved(**fields) -> sft.SFTConfig:
+        with pytest.raises(Resolved) as e:
+            sft.train(sft.SFTConfig(**fields), records=make_records(4))
+        return e.value.args[0]
+
+    cfg = resolved(model=model_dir)
+    assert (cfg.preset, cfg.lr, cfg.batch_size, cfg.epochs) == ("paper", 1e-5, 128, 5.0)
+    assert "preset paper (auto: not the embedded model" in capsys.readouterr().out
+    cfg = resolved(model=model_dir, preset="tiny")
+    assert (cfg.preset, cfg.lr, cfg.batch_size, cfg.max_steps) == ("tiny", 1e-3, 32, 400)
+    assert "preset tiny (--preset=tiny)" in capsys.readouterr().out
+    model, tok = small_model()
+    trained = save_checkpoint(str(tmp_path / "ckpt"), model, tok,
+                              trainer_state={"config": {"preset": "tiny"}})
+    assert resolved(model=trained).preset == "tiny"
+    assert "preset tiny (auto: the run that wrote" in capsys.readouterr().out
+    assert resolved(model="tiny").lr == 1e-3
+    with pytest.raises(ValueError, match="--preset=none sets nothing: give --batch_size, "
+                                         "--grad_checkpointing, --lr, --max_time, "
+                                         "--micro_batch_size, --warmup_ratio"):
+        sft.resolve_defaults(sft.SFTConfig(preset="none", max_steps=3))
+    with pytest.raises(ValueError, match="--preset=none: give --max_steps or --epochs"):
+        sft.resolve_defaults(sft.SFTConfig(preset="none", lr=1e-3, batch_size=8,
+                                           micro_batch_size=8, warmup_ratio=0.0, max_time=0.0,
+                                           grad_checkpointing=False))
 
 
 def test_quick_eval_skips_problems_longer_than_the_context():
@@ -542,7 +560,8 @@ def test_quick_eval_skips_problems_longer_than_the_context():
                {"problem": "y" * 496, "answer": "3"}, {"problem": "Ben has 3 pens.", "answer": "3"}]
     # prompts: 500 + 1 = 501 and 496 + 1 = 497 tokens; with 16 new tokens only the two short ones
     # fit
-    out = sft.quick_eval(model, tok, records, "unseen", n=2, max_new_tokens=16)
+    out = sft.quick_eval(model, tok, records, "unseen", n=2, max_new_tokens=16,
+                         prompt_style="bare")
     assert out["n"] == 2
     assert len(out["notes"]) == 1 and "2 of 4 problems have a prompt + max_new_tokens (16) " \
         "longer than the model's context (512 tokens" in out["notes"][0]

@@ -18,6 +18,9 @@ the root cause of each, and 5 of the 18 rows added later (a pmatrix with spaces 
 breaks, four responses without a braced marker). Issue 26 added 30 rows (148 in all): 13 were wrong
 at f8f95cd (commit 045d848 marks them, with the root cause of each), and one older row changed its
 expected value with the rule for Python-style math (Math-Verify#69, "-1 + exp(16)": now True).
+Issue 32 added 7 rows (155 in all) for a braced base with a subscript ("{a}_{n}") and a braced
+one-letter subscript ("y_{A}"): 5 were wrong before (normalize_answer unbraces both now; the two
+that passed must stay as they are).
 Every row passes now.
 
 Conventions this project takes (see the comments at the rows):
@@ -43,7 +46,10 @@ Conventions this project takes (see the comments at the rows):
 * TeX's one-token macro arguments are read as TeX reads them: \\frac12 is \\frac{1}{2}, \\frac a b
   is \\frac{a}{b}, \\sqrt[3]8 is \\sqrt[3]{8}, and so \\frac123 is \\frac{1}{2}3;
 * a number in \\text{}, \\mathrm{}, \\textbf{} is that number, and a comma in it groups thousands
-  ("\\frac{\\mathrm{1,000}}{2}" is 500).
+  ("\\frac{\\mathrm{1,000}}{2}" is 500);
+* a brace group holding one letter or one control word before a subscript or a power is that letter
+  ("{a}_{n}" is a_n, "{\\alpha}_{1}" is \\alpha_1), unless a control word owns the group
+  (\\vec{v}_1); a one-character subscript is the same with or without braces ("y_{A}" is y_A).
 """
 
 import pytest
@@ -391,6 +397,26 @@ ANSWER_CASES = [
     ("python", "sqrt(__import__('os').getpid())", "5", False,
      ("source: THUDM/slime#1586 — the math grader's parse_expr runs model text (code execution): "
       "the translation must never evaluate")),
+    # --- a braced base with a subscript: {a}_{n} is a_n (issue 32) ------------------------------
+    ("braced base", "{a}_{n}=2n-1", "a_n=2n-1", True,
+     ("source: sympy/sympy#10048 — sympy's LaTeX printer writes an indexed base in braces, "
+      "{a}_{n}; the braces hide the subscript's base from the parser")),
+    ("braced base", "2{a}_{1}+{a}_{2}", "2a_1+a_2", True,
+     "source: sympy/sympy#10048 — the printer's {base}_{index}, inside an expression"),
+    ("braced base", "{x}_{i}+{x}_{j}", "x_i+x_j", True,
+     ("source: purdue-tlt/latex2sympy#28 — '{x}_{i,j} for example': a braced base the grammar "
+      "must read as a subscripted variable")),
+    ("braced base", "{x}_{0}+{x}_{1}", "2x", False,
+     ("source: augustt198/latex2sympy#12 — 'x_0 + x_1 shouldn't equal 2x': unbracing the base "
+      "must keep its subscript")),
+    ("braced base", "\\frac{{\\alpha}_{1}}{2}", "\\frac{\\alpha_1}{2}", True,
+     ("source: sympy/sympy#24290 — Greek letters with indices; here in braces, inside a "
+      "fraction")),
+    ("braced base", "{x}^{2}+1", "x^2+1", True,
+     "source: augustt198/latex2sympy#9 — braces around single terms are only for consistency"),
+    ("braced base", "y_{A}+1", "y_A+1", True,
+     ("source: augustt198/latex2sympy#45 — 'sympy can't parse y_{A}': a one-letter subscript in "
+      "braces is the same symbol as without")),
 ]
 
 

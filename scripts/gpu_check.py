@@ -1,0 +1,437 @@
+"""The check to run on one GPU before renting eight (issue 34): the real model's shapes with random
+weights (nothing downloaded), each phase's peak memory beside the memory plan's, the attention
+kernel the masked calls ran, whether the gradients are finite, and the sampler's log-prob gap
+against the training forward; a few minutes on one 80 GB GPU.
+
+    python scripts/gpu_check.py                      # Qwen3-4B as one rank of the paper's run
+    python scripts/gpu_check.py --model=qwen3-0.6b --world_size=1 --gpu_gb=24 \\
+        --generate_batch_size=2 --prompt_tokens=1400  # a student's 24 GB card
+    python scripts/gpu_check.py --tiny               # a small Qwen3 on the CPU (make test runs it)
+
+Every flag is scripts/memory_plan.py's (--model: qwen3-4b, qwen3-0.6b, a folder with a
+config.json or a config.json; any GRPO field), and the check runs what one rank of that plan runs:
+
+1. setup: the model built in fp32 from its config, and (FSDP) the sampler's bf16 copy
+   (model.frozen_copy, as grpo.setup makes it);
+2. training: the model wrapped as plumbing.wrap_model wraps it (FSDP2 over this one GPU, so its
+   bf16 compute), one micro-batch of micro_batch_size rows of the plan's length (the longest prompt
+   + max_new_tokens) holding an Unseen block of num_paths paths, its GRPO loss and backward;
+3. sampling: a sample.SlotCache of the plan's size, the prefill of a generate call's prompts and
+   one decode step at the cache's full width with num_paths queries a row (an Unseen block's);
+4. the gap: GAP_PROMPTS x group_size responses of GAP_TOKENS tokens sampled as GRPO samples them
+   (grpo.sample_rollouts), and the log-probs the training forward gives the same tokens
+   (grpo.response_logprobs): max and mean |difference| over the sampled tokens, and the share of
+   them whose ratio lies outside [1 - clip, 1 + clip] although nothing was trained yet.
+
+Printed: per phase, torch.cuda.max_memory_allocated above what the phase started with beside the
+plan's lines of that phase for one GPU (its gradients whole; no AdamW state: the check takes no
+optimizer step), the SDPA kernels seen, the gradient norm, the gap. Random weights give flat
+distributions, so the gap of a trained model is larger (results/LOG.md: scripts/bf16_gap.py).
+Exit status 1 when the gradients are not finite, a masked call on CUDA ran another kernel than
+the memory-efficient one, or a phase takes more than the plan's margin above its figure. --tiny: a
+small Qwen3 on the CPU (nothing measured there), so the script cannot rot.
+"""
+import argparse
+import dataclasses
+import os
+import sys
+import time
+import types
+from contextlib import contextmanager
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
+
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM, Qwen3Config
+
+import grpo
+import plumbing
+import sample
+from attention import (
+    TagIds,
+    autocast,
+    build_mask_and_positions,
+    masked_sdpa,
+    token_logprobs,
+    token_scores,
+)
+from model import TAGS, frozen_copy
+from scripts import memory_plan as mp
+
+TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, intermediate_size=128,
+            max_position_embeddings=256, tie_word_embeddings=True)
+TINY_FLAGS = ("--device=cpu", "--world_size=1", "--prompt_tokens=24", "--max_new_tokens=40",
+              "--generate_batch_size=2", "--group_size=2", "--batch_size=2",
+              "--logit_chunk_tokens=16")
+RESERVED_IDS = 8               # the vocabulary's last ids: the six tags, a newline and an EOS
+GAP_PROMPTS = 4
+GAP_PROMPT_TOKENS = 32
+GAP_TOKENS = 64                # a response's budget in the gap measurement
+SEED = 0
+GB = mp.GB
+SDPA_EVENT = "aten::scaled_dot_product_attention"
+CUDA_KERNEL = "_scaled_dot_product_efficient_attention"   # attention.masked_sdpa's choice
+
+
+# ---------------------------------------------------------------------------------------------
+# A model with no tokenizer: ids only
+
+
+class IdTokenizer:
+    """What sample.generate and grpo read of a tokenizer, for random weights: the six tags, a
+    newline and the EOS are the vocabulary's last RESERVED_IDS ids, and text is ids."""
+
+    def __init__(self, vocab_size: int):
+        first = vocab_size - RESERVED_IDS
+        names = [*TAGS, "\n", "<eos>"]
+        self.ids = {name: first + i for i, name in enumerate(names)}
+        self.eos_token_id = self.ids["<eos>"]
+        self.pad_token_id = self.eos_token_id
+        self.unk_token_id = None
+        self.text_ids = first                     # ids below this are ordinary tokens
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [self.ids[text]]
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return " ".join(str(i) for i in ids)
+
+
+def random_ids(tokenizer: IdTokenizer, rows: int, length: int, seed: int) -> torch.Tensor:
+    """(rows, length) long: ordinary tokens, no tag."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, tokenizer.text_ids, (rows, length), generator=generator)
+
+
+def unseen_rows(tokenizer: IdTokenizer, tags: TagIds, rows: int, prompt: int, length: int,
+                num_paths: int) -> torch.Tensor:
+    """(rows, length) long: a random prompt, then a response that opens an Unseen block of
+    num_paths paths of a quarter of the response each, its summary, and ordinary tokens to the
+    end."""
+    ids = random_ids(tokenizer, rows, length, SEED)
+    response = length - prompt
+    path_tokens = max(1, response // 4)
+    block = [tags.parallel]
+    for _ in range(num_paths):
+        block += [tags.path] + [0] * path_tokens + [tags.end_path]
+    block += [tags.end_parallel, *tags.newline, tags.summary, 0, tags.end_summary]
+    if len(block) >= response:
+        raise ValueError(f"a {response}-token response cannot hold a block of {num_paths} paths: "
+                         "raise --max_new_tokens")
+    for position, token in enumerate(block):
+        if token:
+            ids[:, prompt + position] = token
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------
+# What each phase measures
+
+
+@contextmanager
+def peak_above_start(device: torch.device, measured: dict, phase: str):
+    """measured[phase]: the most bytes allocated at once above the allocation at the start (CUDA;
+    None on the CPU)."""
+    cuda = device.type == "cuda"
+    start = 0
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+    yield
+    measured[phase] = None
+    if cuda:
+        torch.cuda.synchronize(device)
+        measured[phase] = torch.cuda.max_memory_allocated(device) - start
+
+
+@contextmanager
+def sdpa_kernels(seen: set):
+    """Adds to `seen` the kernel each scaled_dot_product_attention call inside ran (the op torch's
+    profiler records under it: _scaled_dot_product_efficient_attention, ..._attention_math for the
+    math kernel). A profiler, not a dispatch mode: a Python dispatch mode changes the choice."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        yield
+    for event in profiler.events():
+        if event.name == SDPA_EVENT:
+            for child in event.cpu_children:
+                seen.add(child.name.removeprefix("aten::"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The phases
+
+
+def one_gpu_setting(st: mp.Setting) -> mp.Setting:
+    """The plan of what this check runs: one rank of `st` on one GPU (its state unsharded), each
+    generate call as large as one of `st`'s ranks makes it."""
+    cfg = dataclasses.replace(st.cfg, generate_batch_size=mp.sampling_prompts(st.cfg,
+                                                                              st.world_size))
+    return dataclasses.replace(st, cfg=cfg, world_size=1)
+
+
+def planned(st: mp.Setting, phase: str) -> int:
+    """The plan's bytes for what the check runs of `phase`: the phase's own lines (not the state
+    every phase after setup holds)."""
+    total = 0
+    for line in mp.plan(st):
+        held_after_setup = set(mp.AFTER_SETUP) <= set(line.phases)
+        if phase in line.phases and (phase == "setup" or not held_after_setup):
+            total += line.bytes
+    return total
+
+
+def build_models(model_config, st: mp.Setting, device: torch.device):
+    """Setup as grpo.setup does it: the model in fp32 (random weights) and, under FSDP, the
+    sampler's copy (and with kl_coef > 0 the reference) in the policy's compute dtype. Returns
+    (model, sampler model, reference or None)."""
+    torch.manual_seed(SEED)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
+    model.set_attn_implementation("sdpa")
+    dtype = plumbing.compute_dtype(device, st.cfg.fsdp)
+    reference = None
+    if st.cfg.kl_coef > 0:
+        reference = frozen_copy(model, dtype)
+    sampler = model
+    if st.cfg.fsdp:
+        sampler = frozen_copy(model, dtype)
+    return model, sampler, reference
+
+
+def wrap(model, st: mp.Setting, device: torch.device):
+    """The training model as plumbing.wrap_model makes it, for one rank."""
+    cfg = types.SimpleNamespace(fsdp=st.cfg.fsdp, grad_checkpointing=st.cfg.grad_checkpointing)
+    run = types.SimpleNamespace(cfg=cfg, dist=plumbing.Dist(0, 1, device), model=model,
+                                train_model=None)
+    plumbing.wrap_model(run)
+    return run.train_model
+
+
+def training_step(train_model, tokenizer: IdTokenizer, tags: TagIds, st: mp.Setting,
+                  device: torch.device) -> float:
+    """One micro-batch of the plan's largest shape through GRPO's loss and backward; the global
+    gradient norm (inf or nan when a gradient is not finite)."""
+    cfg = st.cfg
+    rows, length, _ = mp.training_shape(st)
+    ids = unseen_rows(tokenizer, tags, rows, st.prompt_tokens, length, cfg.num_paths)
+    response = torch.zeros(rows, length - 1)
+    response[:, st.prompt_tokens - 1:] = 1.0
+    batch = grpo.RolloutBatch(input_ids=ids, attention_mask=torch.ones_like(ids),
+                              prompt_lengths=[st.prompt_tokens] * rows, response_mask=response,
+                              sampled_mask=response.clone(), loss_mask=response.clone(),
+                              old_logprobs=torch.zeros(rows, length - 1),
+                              advantages=torch.ones(rows, 1)).to(device)
+    denominator = grpo.loss_weights(batch.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[1]
+    logprobs, entropy = token_scores(train_model, batch, tags, cfg.mode, batch.loss_mask.bool(),
+                                     cfg.temperature, cfg.logit_chunk_tokens)
+    clip_ratio_high = grpo.stage_at(cfg, 1).clip_ratio_high
+    loss, _ = grpo.micro_batch_loss(logprobs, entropy, batch, cfg, clip_ratio_high, denominator)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), float("inf"))
+    if hasattr(norm, "full_tensor"):            # FSDP2: a DTensor
+        norm = norm.full_tensor()
+    train_model.zero_grad(set_to_none=True)
+    return norm.item()
+
+
+@torch.inference_mode()
+def decode_step(sampler, tokenizer: IdTokenizer, tags: TagIds, st: mp.Setting,
+                device: torch.device) -> None:
+    """What sample.Engine does at its largest: the prefill of a generate call's prompts into a
+    SlotCache of the plan's size, the fan-out to group_size rows, then one decode step at the
+    cache's full width with num_paths queries a row (every slot visible), its logits drawn from
+    as Engine._choose_and_advance draws them."""
+    cfg = st.cfg
+    prompts = mp.sampling_prompts(cfg, st.world_size)
+    rows = prompts * cfg.group_size
+    capacity = mp.cache_capacity(st.prompt_tokens, cfg.max_new_tokens)
+    queries = mp.decode_queries(cfg.mode, cfg.num_paths)
+    dtype = next(sampler.parameters()).dtype
+    ids = random_ids(tokenizer, prompts, st.prompt_tokens, SEED)
+    real = torch.ones_like(ids)
+    mask, positions = build_mask_and_positions(ids, [st.prompt_tokens] * prompts, real, tags,
+                                               "seen", dtype)
+    cache = sample.SlotCache(rows, capacity, device, active_rows=prompts)
+    cache.owner[:, :st.prompt_tokens] = sample.SHARED
+    cache.slots = torch.arange(st.prompt_tokens, device=device).expand(prompts, -1)
+    cache.attend_to(st.prompt_tokens)
+    was_training = sampler.training              # without FSDP the sampler is the training model
+    sampler.eval()
+    with sample.sdpa_shares_kv_heads(device), autocast(device), masked_sdpa(device):
+        out = sampler(input_ids=ids.to(device), attention_mask=mask.to(device),
+                      position_ids=positions.to(device), cache=cache, use_cache=True,
+                      logits_to_keep=1)
+        cache.fan_out(cfg.group_size)
+        first_logits = out.logits[:, -1].float().repeat_interleave(cfg.group_size, dim=0)  # kept,
+        # as Engine.run keeps them, through the step
+        cache.owner_buffer.fill_(sample.SHARED)
+        cache.slots = torch.arange(capacity - queries, capacity, device=device).expand(rows, -1)
+        cache.attend_to(capacity)
+        codes = sample.FIRST_PATH_OWNER + torch.arange(queries, device=device).expand(rows, -1)
+        cache.owner[cache.row_ids, cache.slots] = codes
+        step_ids = random_ids(tokenizer, rows, queries, SEED + 1).to(device)
+        step_positions = torch.full((rows, queries), capacity - queries, device=device)
+        out = sampler(input_ids=step_ids, attention_mask=cache.mask(codes, dtype),
+                      position_ids=step_positions, cache=cache, use_cache=True)
+    logits = out.logits.flatten(0, 1).float()
+    bans = sample.ban_masks(tags, logits.shape[-1], True, device)
+    banned = bans[sample.PATH].expand(logits.shape[0], -1)
+    chosen = sample.draw_tokens(logits, banned, cfg.sampling(), torch.Generator())
+    token_logprobs(logits, chosen, cfg.temperature)
+    sampler.train(was_training)
+    del first_logits
+
+
+def logprob_gap(sampler, train_model, tokenizer, tags: TagIds, cfg, prompts: list[list[int]],
+                device: torch.device) -> dict:
+    """The sampler's recorded log-probs against the training forward's for the same tokens, over
+    every sampled token of group_size responses to each prompt, sampled as GRPO samples them and
+    scored as grpo.response_logprobs scores them (--recompute_logprobs): "tokens", "max" and
+    "mean" |difference|, and "outside_clip", the share of tokens whose ratio
+    exp(training - sampler) lies outside [1 - clip_ratio_low, 1 + clip_ratio_low]."""
+    rollouts = grpo.sample_rollouts(sampler, tokenizer, prompts, cfg, seed=SEED)
+    zeros = torch.zeros(len(rollouts))
+    batch = grpo.collate_rollouts(rollouts, zeros, tokenizer.pad_token_id).to(device)
+    recomputed = grpo.response_logprobs(train_model, batch, cfg, tags, cfg.mode)
+    sampled = batch.sampled_mask.bool()
+    difference = (recomputed - batch.old_logprobs)[sampled].float()
+    ratio = difference.exp()
+    low = 1.0 - cfg.clip_ratio_low
+    high = 1.0 + cfg.clip_ratio_low
+    outside = (ratio < low) | (ratio > high)
+    return {"tokens": int(sampled.sum()), "max": difference.abs().max().item(),
+            "mean": difference.abs().mean().item(), "outside_clip": outside.float().mean().item()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__.split("\n\n")[0],
+                                     epilog="Any other flag is scripts/memory_plan.py's.")
+    parser.add_argument("--tiny", action="store_true",
+                        help="a small Qwen3 on the CPU: runs every step, measures nothing")
+    return parser
+
+
+def make_setting(argv: list[str]):
+    """(the plan's setting, the transformers config of the model) of the command line."""
+    ours, rest = arguments().parse_known_args(argv)
+    if ours.tiny:
+        rest = [*TINY_FLAGS, *rest]
+        model_config = Qwen3Config(**TINY)
+    st, _ = mp.make_setting(rest)
+    if not ours.tiny:
+        return st, mp.load_config(st.shape.name)
+    return dataclasses.replace(st, shape=mp.shape_from_config("tiny", model_config)), model_config
+
+
+def gb(value) -> str:
+    if value is None:
+        return "n/a (CPU)"
+    return f"{value / GB:.2f}"
+
+
+def report(st: mp.Setting, measured: dict, kernels: dict, norm: float, gap: dict,
+           seconds: float) -> bool:
+    """Print the check's table and lines; whether every check passed (on CUDA also: every masked
+    call ran the memory-efficient kernel)."""
+    cuda = st.device == "cuda"
+    one_gpu = one_gpu_setting(st)
+    print(mp.describe(st))
+    print(f"\none GPU runs one rank of it ({one_gpu.cfg.generate_batch_size} prompts a generate "
+          "call, its gradients whole, no optimizer step):\n")
+    print("| phase | measured peak above the phase's start, GB | plan, GB |")
+    print("|---|---|---|")
+    passed = True
+    for phase, value in measured.items():
+        plan_bytes = planned(one_gpu, phase)
+        print(f"| {phase} | {gb(value)} | {gb(plan_bytes)} |")
+        if value is not None and value > plan_bytes * (1 + st.margin):
+            passed = False
+            print(f"  {phase}: more than the plan's {st.margin:.0%} margin above its figure")
+    for phase, seen in kernels.items():
+        print(f"SDPA kernel under the masks, {phase}: {', '.join(sorted(seen))}")
+        if cuda and seen != {CUDA_KERNEL}:
+            passed = False
+            print(f"  {phase}: a masked call ran another kernel than {CUDA_KERNEL}")
+    finite = torch.isfinite(torch.tensor(norm)).item()
+    verdict = "finite"
+    if not finite:
+        verdict = "NOT FINITE"
+        passed = False
+    print(f"gradients: norm {norm:.4g}, {verdict}")
+    print(f"log-prob gap, sampler vs training forward, {gap['tokens']} sampled tokens: "
+          f"max {gap['max']:.3g}, mean {gap['mean']:.3g}, outside the "
+          f"{st.cfg.clip_ratio_low:g} clip at ratio 1: {100 * gap['outside_clip']:.2f}%")
+    outcome = "passed"
+    if not passed:
+        outcome = "FAILED"
+    print(f"{outcome} in {seconds:.0f} s")
+    return passed
+
+
+def run_check(st: mp.Setting, model_config, device: torch.device) -> bool:
+    """The four phases (module docstring); whether every check passed."""
+    t0 = time.monotonic()
+    tokenizer = IdTokenizer(st.shape.vocab)
+    tags = TagIds.from_tokenizer(tokenizer)
+    measured = {}
+    kernels = {"training": set(), "sampling": set()}
+    with peak_above_start(device, measured, "setup"):
+        model, sampler, _ = build_models(model_config, st, device)
+    train_model = wrap(model, st, device)
+    with peak_above_start(device, measured, "training"), sdpa_kernels(kernels["training"]):
+        norm = training_step(train_model, tokenizer, tags, st, device)
+    with peak_above_start(device, measured, "sampling"), sdpa_kernels(kernels["sampling"]):
+        decode_step(sampler, tokenizer, tags, st, device)
+    gap_cfg = dataclasses.replace(st.cfg, max_new_tokens=GAP_TOKENS, generate_batch_size=0)
+    prompts = random_ids(tokenizer, GAP_PROMPTS, GAP_PROMPT_TOKENS, SEED + 2).tolist()
+    gap = logprob_gap(sampler, train_model, tokenizer, tags, gap_cfg, prompts, device)
+    return report(st, measured, kernels, norm, gap, time.monotonic() - t0)
+
+
+@contextmanager
+def one_rank_group(fsdp: bool, device: torch.device):
+    """A process group of this one process (FSDP2 needs one), torn down at the end."""
+    if not fsdp or dist.is_initialized():
+        yield
+        return
+    backend = "gloo"
+    if device.type == "cuda":
+        backend = "nccl"
+    device_id = None
+    if device.type == "cuda":
+        device_id = device
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                            device_id=device_id)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str]) -> int:
+    st, model_config = make_setting(argv)
+    device = torch.device(st.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("no CUDA device here: run it on the GPU, or pass --tiny for the CPU check")
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+        device = torch.device("cuda", 0)
+    with one_rank_group(st.cfg.fsdp, device):
+        passed = run_check(st, model_config, device)
+    if passed:
+        return 0
+    return 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except (OSError, ValueError) as e:
+        sys.exit(f"gpu_check.py: error: {e}")

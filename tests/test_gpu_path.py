@@ -1,0 +1,198 @@
+"""The CUDA path, checked on the CPU (issue 34): every masked model call (the training forward, its
+recompute under gradient checkpointing, the sampler's prefill and decode steps) runs inside
+attention.masked_sdpa, which picks SDPA's memory-efficient kernel on CUDA and says what to do when
+it refuses; the sampler never passes enable_gqa on CUDA; grpo.setup's copies compute in the
+policy's dtype with fp32 rotary frequencies; scripts/gpu_check.py --tiny runs."""
+import os
+import subprocess
+import sys
+import types
+from contextlib import contextmanager
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend
+
+import attention
+import grpo
+import plumbing
+import sample
+from attention import TagIds
+from data import Batch
+from grpo import GRPOConfig
+from model import load_model
+from plumbing import save_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CUDA = torch.device("cuda")                  # only a name here: nothing is put on it
+CPU = torch.device("cpu")
+GQA_FLAG = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+
+def tiny_batch(tok, rows: int = 2):
+    """A Batch of the tiny model: `rows` copies of one parallel trace, its response in the loss."""
+    text = "<Parallel><Path>1+2=3</Path><Path>4+1=5</Path></Parallel>\n<Summary>5</Summary>"
+    prompt = tok.encode("Which two make 5?\n", add_special_tokens=False)
+    response = tok.encode(text, add_special_tokens=False)
+    ids = torch.tensor([prompt + response] * rows)
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[:, len(prompt):] = 1
+    return Batch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=loss_mask,
+                     prompt_lengths=[len(prompt)] * rows)
+
+
+class MaskedCalls:
+    """Records, in order, each attention.masked_sdpa entered (its device; recorded, not run) and
+    each attention layer's call of the hooked models (whether it ran inside one)."""
+
+    def __init__(self):
+        self.depth = 0
+        self.devices = set()
+        self.inside = []
+
+    @contextmanager
+    def masked_sdpa(self, device):
+        self.depth += 1
+        self.devices.add(device)
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+    def note(self, module, args, kwargs):
+        self.inside.append(self.depth > 0)
+
+    def hook(self, model) -> None:
+        for layer in model.model.layers:
+            layer.self_attn.register_forward_pre_hook(self.note, with_kwargs=True)
+
+
+@pytest.fixture
+def masked_calls(monkeypatch) -> MaskedCalls:
+    calls = MaskedCalls()
+    monkeypatch.setattr(attention, "masked_sdpa", calls.masked_sdpa)
+    monkeypatch.setattr(sample, "masked_sdpa", calls.masked_sdpa)
+    return calls
+
+
+def test_the_training_forward_and_its_recompute_run_inside_masked_sdpa(masked_calls):
+    """attention.token_scores (the loss's forward), and with --grad_checkpointing each layer's
+    recompute in the backward: every attention call inside masked_sdpa of the batch's device."""
+    model, tok = load_model("tiny", device="cpu")
+    masked_calls.hook(model)
+    cfg = types.SimpleNamespace(fsdp=False, grad_checkpointing=True)
+    run = types.SimpleNamespace(cfg=cfg, dist=plumbing.Dist(0, 1, CPU), model=model,
+                                train_model=None)
+    plumbing.wrap_model(run)
+    batch = tiny_batch(tok)
+    tags = TagIds.from_tokenizer(tok)
+    logprobs, _ = attention.token_scores(run.train_model, batch, tags, "unseen",
+                                         batch.loss_mask[:, 1:].bool())
+    logprobs.sum().backward()
+    layers = model.config.num_hidden_layers
+    assert masked_calls.inside == [True] * (2 * layers)     # the forward, then the recompute
+    assert masked_calls.devices == {CPU}
+
+
+def test_the_sampler_runs_inside_masked_sdpa(masked_calls):
+    """sample.generate: the prefill and every decode step."""
+    model, tok = load_model("tiny", device="cpu")
+    masked_calls.hook(model)
+    sample.generate(model, tok, ["Which two of 1 2 3 make 5?\n"], group_size=2, max_new_tokens=8,
+                    seed=0)
+    layers = model.config.num_hidden_layers
+    assert len(masked_calls.inside) >= 2 * layers           # the prefill and a decode step or more
+    assert all(masked_calls.inside)
+
+
+def test_masked_sdpa_picks_the_memory_efficient_kernel_on_cuda_only(monkeypatch):
+    chosen = []
+
+    @contextmanager
+    def recording(backends):
+        chosen.append(list(backends))
+        yield
+
+    monkeypatch.setattr(attention, "sdpa_kernel", recording)
+    with attention.masked_sdpa(CPU):
+        pass
+    assert chosen == []                             # CPU: torch's choice, nothing changes
+    with attention.masked_sdpa(CUDA):
+        pass
+    assert chosen == [[SDPBackend.EFFICIENT_ATTENTION]]
+
+
+def test_no_fused_kernel_is_a_clear_error(monkeypatch):
+    """The CPU has no memory-efficient kernel, so a masked forward inside masked_sdpa(cuda) meets
+    what a GPU would when the kernel refuses: a ValueError that says what to do (and names a
+    TRANSFORMERS_SDPA_FORCE_GQA=1 left in the environment), never the math kernel. Other errors
+    pass through."""
+    model, tok = load_model("tiny", device="cpu")
+    batch = tiny_batch(tok, rows=1)
+    tags = TagIds.from_tokenizer(tok)
+    mask, positions = attention.build_mask_and_positions(
+        batch.input_ids, batch.prompt_lengths, batch.attention_mask, tags, "unseen")
+    refused = pytest.raises(ValueError, match="memory-efficient kernel only")
+    with refused as error, attention.masked_sdpa(CUDA):
+        model(input_ids=batch.input_ids, attention_mask=mask, position_ids=positions)
+    assert GQA_FLAG not in str(error.value)
+    monkeypatch.setenv(GQA_FLAG, "1")
+    refused = pytest.raises(ValueError, match=f"{GQA_FLAG}=1 is set: .* unset it")
+    with refused, attention.masked_sdpa(CUDA):
+        model(input_ids=batch.input_ids, attention_mask=mask, position_ids=positions)
+    with pytest.raises(RuntimeError, match="^something else$"), attention.masked_sdpa(CUDA):
+        raise RuntimeError("something else")
+
+
+def test_the_sampler_never_passes_enable_gqa_on_cuda(monkeypatch):
+    """On CUDA the flag is 0 inside generate (the memory-efficient kernel takes no enable_gqa at
+    torch 2.13), also when the environment sets it; on the CPU 1 (no copy of the heads); the
+    environment's value comes back after."""
+    monkeypatch.setenv(GQA_FLAG, "1")
+    with sample.sdpa_shares_kv_heads(CUDA):
+        assert os.environ[GQA_FLAG] == "0"
+    assert os.environ[GQA_FLAG] == "1"
+    monkeypatch.delenv(GQA_FLAG)
+    with sample.sdpa_shares_kv_heads(CPU):
+        assert os.environ[GQA_FLAG] == "1"
+    assert GQA_FLAG not in os.environ
+
+
+def test_grpo_setup_makes_the_reference_in_the_policys_compute_dtype(tmp_path, monkeypatch):
+    """kl_coef > 0: the reference is a frozen copy in plumbing.compute_dtype (bf16 stands in for
+    FSDP on CUDA here), its rotary frequencies fp32, its weights the model's, rounded."""
+    monkeypatch.setattr(plumbing, "compute_dtype", lambda device, fsdp: torch.bfloat16)
+    model, tok = load_model("tiny", device="cpu")
+    init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
+    cfg = GRPOConfig(model=init, preset="tiny", batch_size=2, group_size=2, max_new_tokens=8,
+                     max_steps=1, eval_data="", kl_coef=0.1, out_dir=str(tmp_path / "run"))
+    run = grpo.setup(cfg, plumbing.Dist(0, 1, CPU), records, None)
+    run.close()
+    reference = run.ref_model
+    assert reference.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert reference.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert not reference.training and not any(p.requires_grad for p in reference.parameters())
+    expected = run.model.model.embed_tokens.weight.detach().to(torch.bfloat16)
+    assert torch.equal(reference.model.embed_tokens.weight, expected)
+    assert run.rollout_model is run.model                 # no FSDP: the sampler is the model
+
+
+def test_gpu_check_tiny_runs_every_phase():
+    """scripts/gpu_check.py --tiny: setup, one FSDP2 micro-batch (one rank, gloo) with gradient
+    checkpointing, a full-size decode step and the log-prob gap, on the CPU; fp32 there, so the
+    gap is rounding."""
+    script = os.path.join(ROOT, "scripts", "gpu_check.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, script, "--tiny"], capture_output=True, text=True,
+                         timeout=300, env=env, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "| training | n/a (CPU) |" in "\n".join(lines)
+    for phase in ("training", "sampling"):       # the CPU's own choice: nothing is forced there
+        kernel = "_scaled_dot_product_flash_attention_for_cpu"
+        assert f"SDPA kernel under the masks, {phase}: {kernel}" in lines
+    gap = next(line for line in lines if line.startswith("log-prob gap"))
+    largest = float(gap.split("max ")[1].split(",")[0])
+    assert largest < 1e-4
+    assert lines[-1].startswith("passed in")
