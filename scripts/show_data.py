@@ -3,17 +3,17 @@
     python scripts/show_data.py --show=synthetic:hard --n=2
     python scripts/show_data.py --show=synthetic:easy --style=sequential
     python scripts/show_data.py --show=carry:hard --max_paths=4 --parallel_fraction=1.0
-    python scripts/show_data.py --show=parallel_gsm8k --n=1
+    python scripts/show_data.py --show=parallel_gsm8k --n=1 --preset=paper
 """
 import os
 import sys
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
 
 import config
-from data import Style, build_prompt, load_data
+from data import Style, build_prompt, load_data, prompt_style_of
 from model import TAGS, build_char_tokenizer
 
 SYNTHETIC_STATS_LIMIT = 2000     # synthetic records counted for the lengths when --limit=0
@@ -24,6 +24,7 @@ class ShowConfig:
     """show_data.py --show=synthetic:hard --n=2: problems, prompts, traces, lengths."""
     show: str = "synthetic:easy"       # a load_data spec
     style: Style = "parallel"
+    preset: Literal["tiny", "paper"] = "tiny"   # whose prompt: tiny's is the bare problem
     parallel_fraction: config.UnitInterval = 0.5   # synthetic traces: the chance of a block
     max_paths: Annotated[int, config.Range(low=2)] = 2   # synthetic: the widest block
     n: config.NonNegativeInt = 3       # records printed
@@ -45,12 +46,15 @@ def main(argv: list[str]) -> None:
     records = load_data(cfg.show, style=cfg.style, limit=cfg.limit or default_limit, seed=cfg.seed,
                         data_dir=cfg.data_dir or None, parallel_fraction=cfg.parallel_fraction,
                         max_paths=cfg.max_paths)
+    prompt_style = prompt_style_of(cfg.preset, cfg.style)
     for r in records[:cfg.n]:
-        print(f"--- {r['id']}  (answer {r['answer']})\n{build_prompt(tok, r['problem'], cfg.style)}"
-              + (r["solution"] or "(no solution)"))
+        prompt = build_prompt(tok, r["problem"], prompt_style)
+        solution = r["solution"] or "(no solution)"
+        print(f"--- {r['id']}  (answer {r['answer']})\n{prompt}{solution}")
     solved = [r for r in records if r["solution"]]
     resp = [tiny_tokens(r["solution"]) for r in solved]
-    full = [tiny_tokens(build_prompt(tok, r["problem"], cfg.style) + r["solution"]) for r in solved]
+    full = [tiny_tokens(build_prompt(tok, r["problem"], prompt_style) + r["solution"])
+            for r in solved]
     lengths = ""
     if resp:
         lengths = (f"; tiny-tokenizer tokens per response mean {sum(resp) / len(resp):.1f} max "

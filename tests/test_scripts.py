@@ -185,6 +185,10 @@ def test_show_data(capsys):
     show_data.main(["--show", "synthetic:hard", "--n=1", "--limit=20"])
     out = capsys.readouterr().out
     assert out.startswith("--- synthetic:hard-0") and "Final Answer:" in out and "20 records" in out
+    # the tiny preset's prompt (what the embedded runs train on) is the bare problem
+    assert out.split("\n")[1].startswith("Which two of ")
+    show_data.main(["--show", "synthetic:hard", "--n=1", "--limit=20", "--preset=paper"])
+    assert "Final Answer: <answer>" in capsys.readouterr().out      # the paper's instruction
     for bad in ("--n=-1", "--limit=-1"):
         with pytest.raises(ValueError, match=f"^{bad}: must be at least 0$"):
             show_data.main(["--show", "synthetic:hard", bad])
