@@ -262,6 +262,6 @@ def test_show_data_shows_the_carry_task(capsys):
     show_data.main(["--show", "carry:hard", "--n=1", "--limit=20", "--max_paths=4",
                     "--parallel_fraction=1.0"])
     out = capsys.readouterr().out
-    # a path of the trace closes into the next path or the block's end (the prompt names the tags)
+    # each path of the trace closes into the next path or the end of its block
     assert out.startswith("--- carry:hard-0") and out.count("</Path><") == 4
     assert " carry " in out and "20 records" in out
