@@ -678,6 +678,17 @@ def load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
     return records[:limit] if limit is not None else records
 
 
+def embedded_test_parts(spec: str) -> str | None:
+    """The held-out test parts of a spec of embedded problems ("carry:hard:rl,carry:easy" ->
+    "carry:hard:test,carry:easy:test"): where a run on them is evaluated. None if some name of
+    the spec is not one of the embedded tasks' training or RL parts."""
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    trainable = [n for n in SYNTHETIC_NAMES + CARRY_NAMES if not n.endswith(":test")]
+    if not names or any(name not in trainable for name in names):
+        return None
+    return ",".join(name.removesuffix(":rl") + ":test" for name in names)
+
+
 def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: int | None = None,
               seed: int = 0, data_dir: str | None = None, tokenizer=None,
               parallel_fraction: float = 0.5, max_paths: int = 2) -> list[dict]:

@@ -39,7 +39,7 @@ from tqdm import tqdm
 import config
 import plumbing
 from attention import LOGIT_CHUNK_TOKENS, TagIds, autocast, token_scores
-from data import load_data, prompt_style_of
+from data import embedded_test_parts, load_data, prompt_style_of
 from eval import evaluate, fit_context, own_tokenizer, summarize
 from model import (
     Mode,
@@ -101,7 +101,7 @@ class GRPOConfig(SamplingFlags):
     grad_checkpointing: bool | None = None   # recompute activations in the backward (memory)
     logit_chunk_tokens: config.PositiveInt = LOGIT_CHUNK_TOKENS   # loss tokens per LM-head chunk
     resume: str = ""                     # a checkpoint folder, or True = the latest in out_dir
-    eval_data: str | None = None         # held-out problems, a benchmark per source; "" = none
+    eval_data: str | None = None         # held-out problems ("" = none); embedded --data: its test
     eval_every: config.NonNegativeInt | None = None    # steps between evaluations (0: first, last)
     eval_samples: config.NonNegativeInt | None = None  # first problems of each part (0 = all)
     eval_k: config.PositiveInt | None = None           # responses per problem (Mean@k, Pass@k)
@@ -568,6 +568,10 @@ def resolve_defaults(cfg: GRPOConfig, world_size: int = 1) -> GRPOConfig:
     mode; the checks that teach."""
     config.check(cfg)
     preset, _ = resolve_preset(cfg.preset, cfg.model)
+    if cfg.data is not None and cfg.eval_data is None:
+        # the given training problems' own test part (carry:hard:rl -> carry:hard:test), not the
+        # preset's benchmarks
+        cfg = dataclasses.replace(cfg, eval_data=embedded_test_parts(cfg.data))
     cfg = config.apply_preset(dataclasses.replace(cfg, preset=preset), PRESETS)
     if cfg.temperature == 0:
         raise ValueError("--temperature=0: GRPO compares the responses of a group, and greedy ones "

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from data import (
     Example,
     Style,
     collate,
+    embedded_test_parts,
     load_data,
     prompt_style_of,
     tokenize_records,
@@ -84,7 +84,7 @@ class SFTConfig:
     save_every: config.NonNegativeInt = 100   # checkpoint every N steps (0 = only at the end)
     keep_last: config.NonNegativeInt = 2      # checkpoints kept in out_dir (0 = all)
     eval_samples: config.NonNegativeInt = 16  # greedy samples in the end-of-run summary (0 = none)
-    eval_data: str = ""                  # "" = "<data>:test" for synthetic data, else the training
+    eval_data: str = ""                  # "" = the test part of an embedded task, else the training
     wandb_project: str = ""              # also log log.jsonl's rows to Weights & Biases (wandb)
 
 
@@ -198,10 +198,6 @@ def sft_schedule(total_steps: int, warmup_ratio: float):
     return lambda step: plumbing.lr_factor(step, warmup_steps, total_steps - 1)
 
 
-def is_synthetic(data: str) -> bool:
-    return all(re.fullmatch(r"synthetic:\w+", name.strip()) for name in data.split(","))
-
-
 def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
     """(the run, its examples, the end-of-run problems and their name): the resolved config, the
     model, the tokenized data. Everything that can fail on input fails before the weights load."""
@@ -217,7 +213,9 @@ def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
     context = getattr(run.model.config, "max_position_embeddings", None) or DEFAULT_MAX_LENGTH
     max_length = cfg.max_length or min(DEFAULT_MAX_LENGTH, context)
     run.cfg = cfg = dataclasses.replace(cfg, max_length=max_length)
-    synthetic = records is None and is_synthetic(cfg.data)
+    test_parts = None
+    if records is None:
+        test_parts = embedded_test_parts(cfg.data)
     if records is None:
         records = load_data(cfg.data, style=cfg.style, limit=cfg.limit or None, seed=cfg.seed,
                             data_dir=cfg.data_dir or None, tokenizer=run.tokenizer,
@@ -227,11 +225,11 @@ def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
     prompt = prompt_style_of(cfg.preset, cfg.style)
     examples = tokenize_records(records, run.tokenizer, prompt, cfg.max_length,
                                 cfg.prompt_file or None, run.log)
-    # the end-of-run samples: of cfg.eval_data, else synthetic data's test part, else the training
+    # the end-of-run samples: of cfg.eval_data, else an embedded task's test part, else the training
     eval_name = f"{cfg.data} (training problems)"
     eval_records = records
-    if cfg.eval_samples and (cfg.eval_data or synthetic):
-        eval_name = cfg.eval_data or ",".join(n.strip() + ":test" for n in cfg.data.split(","))
+    if cfg.eval_samples and (cfg.eval_data or test_parts):
+        eval_name = cfg.eval_data or test_parts
         eval_records = load_data(eval_name, style=cfg.style, limit=cfg.eval_samples,
                                  data_dir=cfg.data_dir or None,
                                  tokenizer=run.tokenizer if cfg.eval_data else None)

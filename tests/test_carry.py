@@ -265,3 +265,20 @@ def test_show_data_shows_the_carry_task(capsys):
     # each path of the trace closes into the next path or the end of its block
     assert out.startswith("--- carry:hard-0") and out.count("</Path><") == 4
     assert " carry " in out and "20 records" in out
+
+
+def test_a_run_on_an_embedded_task_is_evaluated_on_its_test_part():
+    from data import embedded_test_parts
+    import grpo
+    assert embedded_test_parts("carry:hard:rl") == "carry:hard:test"
+    assert embedded_test_parts("synthetic:easy, carry:medium:rl") == \
+        "synthetic:easy:test,carry:medium:test"
+    assert embedded_test_parts("carry:hard:test") is None     # already held out
+    assert embedded_test_parts("gsm8k:train") is None
+    tiny = dict(model="tiny", preset="tiny")
+    assert grpo.resolve_defaults(grpo.GRPOConfig(data="carry:hard:rl", **tiny)).eval_data == \
+        "carry:hard:test"
+    assert grpo.resolve_defaults(grpo.GRPOConfig(**tiny)).eval_data == \
+        "synthetic:easy:test,synthetic:medium:test,synthetic:hard:test"
+    given = grpo.GRPOConfig(data="carry:hard:rl", eval_data="", **tiny)
+    assert grpo.resolve_defaults(given).eval_data == ""
