@@ -268,8 +268,8 @@ def test_show_data_shows_the_carry_task(capsys):
 
 
 def test_a_run_on_an_embedded_task_is_evaluated_on_its_test_part():
-    from data import embedded_test_parts
     import grpo
+    from data import embedded_test_parts
     assert embedded_test_parts("carry:hard:rl") == "carry:hard:test"
     assert embedded_test_parts("synthetic:easy, carry:medium:rl") == \
         "synthetic:easy:test,carry:medium:test"
