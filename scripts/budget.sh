@@ -30,6 +30,7 @@
 # OUT; RESULTS= chooses); then results/budget.md holds both tasks' tables and results/budget.png
 # a row per task.
 set -euo pipefail
+set -f                 # no file-name expansion: TASKS='*' is a setting, not the folder's files
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 DEFAULT_TASKS="pair carry"
@@ -38,6 +39,7 @@ DEFAULT_SEEDS="0 1 2"
 SEEDS=$(echo ${SEEDS-$DEFAULT_SEEDS})      # one space between words
 LANES=${LANES:-2}
 # The pair task
+PAIR_DEFAULTS="OUT=runs/budget BUDGET=48 GRPO_STEPS=100 EVAL_BUDGET=128"
 OUT=${OUT:-runs/budget}
 BUDGET=${BUDGET:-48}
 GRPO_STEPS=${GRPO_STEPS:-100}
@@ -45,10 +47,13 @@ EVAL_BUDGET=${EVAL_BUDGET:-128}
 KNOWN_METHODS="parallel-4-all parallel-4 parallel-2 sequential"
 DEFAULT_METHODS="parallel-4-all parallel-2 sequential"     # longest chains first
 METHODS=$(echo ${METHODS-$DEFAULT_METHODS})
-CAPS=${CAPS:-32,40,44,48,56,64,80,96,128}
+DEFAULT_CAPS=32,40,44,48,56,64,80,96,128
+CAPS=${CAPS:-$DEFAULT_CAPS}
 SFT_STEPS=400          # the tiny preset's SFT steps: its last checkpoint
 PAIR_TARGET=5          # issue 27's target lead (points)
 # The carry task
+CARRY_DEFAULTS="CARRY_OUT=runs/budget-carry CARRY_BUDGET=104 CARRY_GRPO_STEPS=100"
+CARRY_DEFAULTS+=" CARRY_EVAL_BUDGET=448 CARRY_EVAL_LIMIT=500"
 CARRY_OUT=${CARRY_OUT:-runs/budget-carry}
 CARRY_METHODS="sequential parallel-4"                       # the SFT's chain first
 CARRY_BUDGET=${CARRY_BUDGET:-104}
@@ -56,7 +61,8 @@ CARRY_GRPO_STEPS=${CARRY_GRPO_STEPS:-100}
 CARRY_GRPO_BATCH=16    # prompts per GRPO step (the tiny preset's 32 halved: the responses are long)
 CARRY_EVAL_BUDGET=${CARRY_EVAL_BUDGET:-448}
 CARRY_EVAL_LIMIT=${CARRY_EVAL_LIMIT:-500}
-CARRY_CAPS=${CARRY_CAPS:-64,80,96,104,112,128,160,192,256,320,384,448}
+DEFAULT_CARRY_CAPS=64,80,96,104,112,128,160,192,256,320,384,448
+CARRY_CAPS=${CARRY_CAPS:-$DEFAULT_CARRY_CAPS}
 CARRY_SFT_STEPS=1000
 CARRY_SFT_LR=2e-3      # the tiny preset's 1e-3 learned the columns, not the neighbours, in 1,000
 CARRY_PARALLEL_FRACTION=0.5   # the SFT traces that open with a block
@@ -78,10 +84,39 @@ for task in $TASKS; do
 done
 for seed in $SEEDS; do
   if ! [[ $seed =~ ^[0-9]+$ ]]; then
-    echo "budget.sh: SEEDS holds '$seed': give whole numbers, e.g. SEEDS=\"0 1 2\"" >&2
+    echo "budget.sh: SEEDS holds '$seed': give whole numbers separated by spaces," \
+      "e.g. SEEDS=\"0 1 2\"" >&2
+    exit 2
+  fi
+  if [ "$(echo "$SEEDS" | tr ' ' '\n' | grep -cx "$seed")" -gt 1 ]; then
+    echo "budget.sh: SEEDS=\"$SEEDS\" names seed $seed twice: give each seed once" >&2
     exit 2
   fi
 done
+# A comma list of budgets, each from 1 to the evaluation's: $1 = its setting's name, $2 = the
+# list, $3 = the evaluation budget's setting, $4 = its value.
+check_caps() {
+  if ! [[ $2 =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+    echo "budget.sh: $1=$2: give whole numbers separated by commas, e.g. $1=48,64,128" >&2
+    exit 2
+  fi
+  local cap
+  for cap in ${2//,/ }; do
+    if [ "$cap" -lt 1 ] || [ "$cap" -gt "$4" ]; then
+      echo "budget.sh: $1 holds $cap: give budgets from 1 to $3=$4 (the evaluation cuts" \
+        "longer responses itself)" >&2
+      exit 2
+    fi
+  done
+}
+for name in EVAL_BUDGET CARRY_EVAL_BUDGET; do
+  if ! [[ ${!name} =~ ^[1-9][0-9]*$ ]]; then
+    echo "budget.sh: $name=${!name}: give a whole number of decode steps, 1 or more" >&2
+    exit 2
+  fi
+done
+check_caps CAPS "$CAPS" EVAL_BUDGET "$EVAL_BUDGET"
+check_caps CARRY_CAPS "$CARRY_CAPS" CARRY_EVAL_BUDGET "$CARRY_EVAL_BUDGET"
 if ! [[ $LANES =~ ^[1-9][0-9]*$ ]]; then
   echo "budget.sh: LANES=$LANES: give the number of jobs at once, 1 or more (2 on 2 cores)" >&2
   exit 2
@@ -92,17 +127,35 @@ for method in $METHODS; do
     exit 2
   fi
 done
-if [ "$SEEDS" = "$DEFAULT_SEEDS" ] && [ "$METHODS" = "$DEFAULT_METHODS" ]; then
+# results/ (the README's tables and figure) is written only by a run with every default setting;
+# any other run writes its report into its own OUT folder (or RESULTS=).
+# $1 = the task's "NAME=default" list; true if each of those settings has its default.
+all_defaults() {
+  local pair
+  for pair in $1; do
+    local name=${pair%%=*}
+    if [ "${!name}" != "${pair#*=}" ]; then
+      return 1
+    fi
+  done
+  [ "$SEEDS" = "$DEFAULT_SEEDS" ]
+}
+PAIR_RESULTS=${RESULTS:-$OUT}
+if all_defaults "$PAIR_DEFAULTS" && [ "$METHODS" = "$DEFAULT_METHODS" ] \
+    && [ "$CAPS" = "$DEFAULT_CAPS" ]; then
   PAIR_RESULTS=${RESULTS:-results}
-else
-  PAIR_RESULTS=${RESULTS:-$OUT}
 fi
-if [ "$SEEDS" = "$DEFAULT_SEEDS" ]; then
+CARRY_RESULTS=${RESULTS:-$CARRY_OUT}
+if all_defaults "$CARRY_DEFAULTS" && [ "$CARRY_CAPS" = "$DEFAULT_CARRY_CAPS" ]; then
   CARRY_RESULTS=${RESULTS:-results}
-else
-  CARRY_RESULTS=${RESULTS:-$CARRY_OUT}
 fi
-mkdir -p "$OUT" "$CARRY_OUT" "$PAIR_RESULTS" "$CARRY_RESULTS"
+for task in $TASKS; do
+  if [ "$task" = pair ]; then
+    mkdir -p "$OUT" "$PAIR_RESULTS"
+  else
+    mkdir -p "$CARRY_OUT" "$CARRY_RESULTS"
+  fi
+done
 start=$(date +%s)
 
 # One command of a chain, timed; a failure says so and fails the chain.

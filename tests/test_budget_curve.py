@@ -92,3 +92,22 @@ def test_json_rows_make_one_plot_row_per_task_and_print_both_reports(tmp_path):
                          capture_output=True, text=True, check=True).stdout
     assert out.index("## Pair task: accuracy") < out.index("## Carry task: accuracy")
     assert (tmp_path / "budget.png").stat().st_size > 0
+
+
+def test_budget_sh_refuses_bad_settings_before_it_trains(tmp_path):
+    """Every setting is checked before the first job (hours of training) starts; PY=false makes a
+    job that did start fail at once, and OUT is a scratch folder."""
+    cases = {(("TASKS", "*"),): "unknown task '*' in TASKS",
+             (("SEEDS", "0,1,2"),): "give whole numbers separated by spaces",
+             (("SEEDS", "0 1 0"),): 'SEEDS="0 1 0" names seed 0 twice',
+             (("CAPS", "foo"),): "CAPS=foo: give whole numbers separated by commas",
+             (("EVAL_BUDGET", "64"),): "CAPS holds 80: give budgets from 1 to EVAL_BUDGET=64",
+             (("CARRY_CAPS", "0,64"),): "CARRY_CAPS holds 0: give budgets from 1 to",
+             (("LANES", "0"),): "LANES=0: give the number of jobs at once"}
+    for settings, message in cases.items():
+        env = dict(os.environ, PY="false", OUT=str(tmp_path / "pair"),
+                   CARRY_OUT=str(tmp_path / "carry"), **dict(settings))
+        out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "budget.sh")], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and message in out.stderr, (settings, out.stderr)
+    assert not os.listdir(tmp_path)                   # nothing was started or created
