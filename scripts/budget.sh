@@ -26,7 +26,7 @@
 # Jobs run on $LANES one-thread lanes; a failed chain does not stop the others, and a rerun skips
 # every step whose output exists. TASKS (default "pair carry") picks the tasks; a task left out
 # keeps its earlier table and curves (results/budget-<task>.json). Per task, budget_curve.py writes
-# its curves to results/budget-<task>.json for the default SEEDS and METHODS (else to the task's
+# its curves to results/budget-<task>.json when every setting is the default (else to the task's
 # OUT; RESULTS= chooses); then results/budget.md holds both tasks' tables and results/budget.png
 # a row per task.
 set -euo pipefail

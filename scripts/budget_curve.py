@@ -27,6 +27,7 @@ D <= T (a response with T <= c also has D <= c, so it was never cut).
 import argparse
 import collections
 import json
+import math
 import os
 import re
 import sys
@@ -303,6 +304,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("give a folder of scripts/budget.sh runs, or --plot with --rows")
     if args.folder and not os.path.isdir(args.folder):
         parser.error(f"{args.folder} is not a folder: give the OUT folder of scripts/budget.sh")
+    if args.failures_at < 1:
+        parser.error(f"--failures_at={args.failures_at}: give a decode-step cap, 1 or more")
+    if not math.isfinite(args.target_lead):
+        parser.error(f"--target_lead={args.target_lead}: give a number of points, e.g. 5")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        folder = os.path.dirname(path) or "."
+        if path and not os.path.isdir(folder):
+            parser.error(f"{flag}={path}: the folder {folder} does not exist; create it or name "
+                         "another")
+    for path in filter(None, args.rows.split(",")):
+        if not os.path.isfile(path):
+            parser.error(f"--rows names {path}, which is not a file: give the --json files of "
+                         "earlier calls (scripts/budget.sh writes results/budget-<task>.json)")
     if max(args.caps) > args.eval_budget or min(args.caps) < 1:
         caps = ",".join(str(c) for c in args.caps)
         parser.error(f"--caps={caps}: give caps from 1 to --eval_budget={args.eval_budget} (the "
