@@ -44,5 +44,7 @@ demo: $(STAMP) $(EXTRA)
 reproduce: $(STAMP)
 	bash scripts/reproduce.sh
 
+# clean keeps runs/ (trained models are a user's work): remove it by hand when you mean to
 clean:
-	rm -rf runs results/*.tmp
+	rm -rf results/*.tmp .pytest_cache .ruff_cache
+	@echo "make clean: runs/ kept (rm -rf runs deletes every trained run)"
