@@ -125,8 +125,15 @@ def lines_of(path: str) -> list[str]:
 
 
 if __name__ == "__main__":
-    if not sys.argv[1:] or {"-h", "--help"} & set(sys.argv[1:]):
+    if {"-h", "--help"} & set(sys.argv[1:]):
         sys.exit(print(__doc__))
+    options = [arg for arg in sys.argv[1:] if arg.startswith("-")]
+    if options:
+        sys.exit(f"carry_stats.py: error: {' '.join(options)}: it takes no options, only eval.py "
+                 "output folders")
+    if not sys.argv[1:]:
+        print(__doc__, file=sys.stderr)
+        sys.exit("carry_stats.py: error: give eval.py output folders")
     try:
         for arg in sys.argv[1:]:
             print("\n".join(lines_of(arg)))
