@@ -108,6 +108,6 @@ def test_budget_sh_refuses_bad_settings_before_it_trains(tmp_path):
         env = dict(os.environ, PY="false", OUT=str(tmp_path / "pair"),
                    CARRY_OUT=str(tmp_path / "carry"), **dict(settings))
         out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "budget.sh")], env=env,
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=60, check=False)
         assert out.returncode == 2 and message in out.stderr, (settings, out.stderr)
     assert not os.listdir(tmp_path)                   # nothing was started or created
