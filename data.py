@@ -154,11 +154,17 @@ def synthetic_problems(split: str, part: str = "train", n: int | None = None,
     rng = random.Random(f"synthetic:{split}:{part}:{seed}")
     size = SYNTHETIC_SIZES[part]
     count = size if n is None else min(n, size)
+    return draw_in_part(lambda: make_problem(rng, SYNTHETIC_SPLITS[split]), problem_part, part,
+                        count)
+
+
+def draw_in_part(draw, part_of, part: str, count: int) -> list:
+    """`count` problems from `draw()` whose number pattern hashes (`part_of`) into `part`."""
     out = []
     while len(out) < count:
-        p = make_problem(rng, SYNTHETIC_SPLITS[split])
-        if problem_part(p) == part:
-            out.append(p)
+        problem = draw()
+        if part_of(problem) == part:
+            out.append(problem)
     return out
 
 
@@ -280,12 +286,8 @@ def carry_problems(split: str, part: str = "train", n: int | None = None,
     rng = random.Random(f"carry:{split}:{part}:{seed}")
     limit = SYNTHETIC_SIZES[part]
     count = limit if n is None else min(n, limit)
-    out = []
-    while len(out) < count:
-        p = make_carry_problem(rng, CARRY_SPLITS[split])
-        if carry_part(p) == part:
-            out.append(p)
-    return out
+    return draw_in_part(lambda: make_carry_problem(rng, CARRY_SPLITS[split]), carry_part, part,
+                        count)
 
 
 def carry_attempt(a: int, b: int, target: int) -> str:
