@@ -50,7 +50,8 @@ def main(argv: list[str]) -> None:
     for r in records[:cfg.n]:
         prompt = build_prompt(tok, r["problem"], prompt_style)
         solution = r["solution"] or "(no solution)"
-        print(f"--- {r['id']}  (answer {r['answer']})\n{prompt}{solution}")
+        separator = "" if prompt.endswith("\n") else "\n"      # the paper's template ends bare
+        print(f"--- {r['id']}  (answer {r['answer']})\n{prompt}{separator}{solution}")
     solved = [r for r in records if r["solution"]]
     resp = [tiny_tokens(r["solution"]) for r in solved]
     full = [tiny_tokens(build_prompt(tok, r["problem"], prompt_style) + r["solution"])
