@@ -276,7 +276,6 @@ def masked_sdpa(device: torch.device):
 # The training forward: the log-prob of every loss token under its row's mask (NOTES.md §3, §8)
 
 LOGIT_CHUNK_TOKENS = 256       # loss tokens per chunk through the LM head (memory: chunk x vocab)
-HEAD_CHECK_TOLERANCE = 1e-2    # our LM head against the model's own logits at the last position
 
 
 def autocast(device: torch.device):
@@ -361,12 +360,10 @@ def token_scores(model, batch, tag_ids: TagIds, mode: str, selected: torch.Tenso
     gradient): (N,) and (N,) float32.
 
     On a GPU the forward runs under bf16 autocast (`autocast`) with the mask in bf16 (`dtype`:
-    another mask dtype). The forward stops at the last hidden states (the model itself runs only
-    its last position through the LM head, which checks that our head is the model's); the
-    selected positions go through the LM head in chunks of `chunk_tokens`, each recomputed in the
-    backward (torch.utils.checkpoint), so no (N, V) logits tensor outlives one chunk. `model` may
-    be wrapped in DDP or sharded by FSDP2: everything runs inside its own forward and backward.
-    ValueError for a model whose logits are not its LM head's (`final_logit_transform`)."""
+    another mask dtype). The forward stops at the last hidden states; the selected positions go
+    through the LM head in chunks of `chunk_tokens`, each recomputed in the backward
+    (torch.utils.checkpoint), so no (N, V) logits tensor outlives one chunk. `model` may be
+    wrapped in DDP or sharded by FSDP2: everything runs inside its own forward and backward."""
     if mode == "sequential":
         mode = "seen"
     device = batch.input_ids.device
@@ -383,30 +380,22 @@ def token_scores(model, batch, tag_ids: TagIds, mode: str, selected: torch.Tenso
 
 def chunked_head_scores(model, input_ids, mask, positions, selected, temperature: float,
                         chunk_tokens: int):
-    """`token_scores` after the mask: the decoder's forward, then the LM head chunk by chunk."""
+    """`token_scores` after the mask: the decoder's forward, then the LM head chunk by chunk.
+
+    The forward goes through `model` itself, not its decoder (`model.model`): DDP syncs the
+    gradients and FSDP2 gathers the root's weights (embeddings, norm, head) only in the wrapped
+    model's forward. It returns the last hidden states (after the final norm) as the last of
+    `hidden_states`, and runs only the last position through the model's own head. That our head
+    (`final_logit_transform`) is the model's is checked in tests/test_attention.py, and in every
+    run by the first steps' log-prob check (grpo.py, --logprob_check_steps)."""
     inner = getattr(model, "module", model)                  # DDP's wrapped model
-    captured = {}
-
-    def keep_hidden(module, args, output):
-        captured["hidden"] = output[0]                        # (B, L, H), after the final norm
-
-    hook = inner.get_decoder().register_forward_hook(keep_hidden)
-    try:
-        with masked_sdpa(input_ids.device):
-            out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                        use_cache=False, logits_to_keep=1)
-    finally:
-        hook.remove()
-    hidden = captured["hidden"]
+    with masked_sdpa(input_ids.device):
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                    use_cache=False, logits_to_keep=1, output_hidden_states=True)
+    hidden = out.hidden_states[-1]                           # (B, L, H), after the final norm
     head = inner.get_output_embeddings()
     transform = final_logit_transform(inner.config)
     t = temperature if temperature > 0 else 1.0
-    last = transform(F.linear(hidden[:, -1], head.weight, head.bias).float())
-    if not torch.allclose(last, out.logits[:, -1].float(), rtol=HEAD_CHECK_TOLERANCE,
-                          atol=HEAD_CHECK_TOLERANCE):
-        raise ValueError(f"{type(inner).__name__}: its logits are not its LM head applied to "
-                         "its last hidden states (a final transform this code does not know): "
-                         "add it to attention.final_logit_transform")
     hidden = hidden[:, :-1][selected]                                      # (N, H)
     targets = input_ids[:, 1:][selected]                                   # (N,)
     logprobs = []

@@ -11,7 +11,7 @@
 checkpoint, or `huggingface-cli download <name> config.json --local-dir <folder>`), a config.json
 file, or a hub name already in the local Hugging Face cache. Every other --key=value is a field of
 the trainer's config (grpo.GRPOConfig, sft.SFTConfig: see `python grpo.py --help`) over its preset
-(--preset=paper or tiny: grpo.PAPER/TINY, sft.PAPER/TINY), resolved by the trainer's own
+(--preset=paper or tiny: config.GRPO_PRESETS, config.SFT_PRESETS), resolved by the trainer's own
 resolve_defaults. Without flags: 8 ranks of 80 GB (--world_size=8 --gpu_gb=80) and
 --fsdp=True, the paper's run as the README plans it.
 
@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import config
 import grpo
 import sft
+from eval import prompts_per_call
 
 GB = 1e9
 KIB = 1024
@@ -271,7 +272,7 @@ def kl_reference_bytes(s: ModelShape, kl_coef: float, fsdp: bool = False,
 
 
 def gathered_parameter_bytes(s: ModelShape, fsdp: bool) -> int:
-    """FSDP's refresh of the rollout copy (grpo.sync_rollout_model): every rank gathers one fp32
+    """FSDP's refresh of the rollout copy (plumbing.sync_rollout_model): every rank gathers one fp32
     parameter at a time and copies it in; the largest is the embedding. In bytes."""
     if not fsdp:
         return 0
@@ -329,8 +330,8 @@ def sampling_prompts(cfg, world_size: int) -> int:
 
 def eval_prompts(cfg, world_size: int) -> int:
     """Problems in one of the in-run evaluation's generate calls: as many rows as a rollout call
-    (grpo.prompts_per_call x group_size) // eval_k, at least 1; each gets eval_k rows."""
-    rows = grpo.prompts_per_call(cfg, world_size) * cfg.group_size
+    (eval.prompts_per_call x group_size) // eval_k, at least 1; each gets eval_k rows."""
+    rows = prompts_per_call(cfg, world_size) * cfg.group_size
     return max(1, rows // cfg.eval_k)
 
 
