@@ -37,7 +37,8 @@ the recorded log-probs equal the training forward's (NOTES.md §8).
 
 The budget counts every response token (paths, summaries and injected tags; the paper's), or
 with budget="steps" the decode steps D (a block spends its longest path, not the sum of its
-paths), and keeps one token free for each open path's </Path>. Finished rows leave the cache
+paths), and keeps one token free for each open path's </Path>: the rule, with its reasons, is
+`Engine._fits` and the comment above it. Finished rows leave the cache
 once half the batch is done.
 """
 import dataclasses
@@ -421,7 +422,27 @@ class Engine:
             return "main_after_max_blocks"
         return st.segment
 
-    # ---- the budget: max_new_tokens bounds T (tokens), or D (decode steps)
+    # ---- the budget: max_new_tokens bounds T (every response token), or D (decode steps)
+    #
+    # What a token costs: 1. In decode steps (budget="steps") the paths of an Unseen block decode
+    # side by side, so a path's token costs only what it adds to the block's longest path; Seen
+    # writes one token a step, so there D = T. What a path reserves: its </Path>, kept free from
+    # its <Path> on, so that a path the budget cuts still closes and the response parses (the
+    # path budget, max_path_tokens, closes it the same way). So opening paths needs room for
+    # every new path's <Path> and </Path>, 2 tokens a path; in decode steps an Unseen block's
+    # paths open side by side: 2 steps for all of them. Whatever does not fit ends the sample
+    # ("budget"); the token drawn for it is dropped.
+
+    def _committed(self, s: Sample, growing: Stream | None = None) -> int:
+        """What the sample has spent and reserved: T (or D) plus a </Path> for every open path;
+        in decode steps, an open Unseen block counts as its longest path, an open path with its
+        </Path>. `growing`: with one more token of that stream."""
+        if self.sampling.budget == "steps" and s.paths:
+            return s.steps_spent + self._block_steps(s, growing)
+        spent = s.tokens_spent
+        if self.sampling.budget == "steps":
+            spent = s.steps_spent
+        return spent + s.open_paths + (growing is not None)
 
     def _block_steps(self, s: Sample, growing: Stream | None = None) -> int:
         """The decode steps the open Unseen block takes at least: its longest path, an open path
@@ -432,24 +453,15 @@ class Engine:
             steps = max(steps, length)
         return steps
 
-    def _room(self, s: Sample) -> int:
-        """What the sample may still spend: tokens (every token counts, and one is kept free for
-        each open path's </Path>), or decode steps (an open Unseen block counts as its longest
-        path)."""
-        if self.sampling.budget == "tokens":
-            committed = s.tokens_spent + s.open_paths
-        elif s.paths:
-            committed = s.steps_spent + self._block_steps(s)
-        else:
-            committed = s.steps_spent + s.open_paths            # Seen: D = T
-        return self.sampling.max_new_tokens - committed
-
-    def _cost(self, s: Sample, st: Stream) -> int:
-        """What one more token of the stream spends: 1, but in decode steps a path of an Unseen
-        block spends only what it adds to the block's longest path."""
-        if self.sampling.budget == "steps" and st in s.paths:
-            return self._block_steps(s, growing=st) - self._block_steps(s)
-        return 1
+    def _fits(self, s: Sample, growing: Stream | None = None, new_paths: int = 0) -> bool:
+        """Whether the budget holds one more token of `growing`, or the opening of `new_paths`
+        paths (each <Path> with its </Path>; see above)."""
+        committed = self._committed(s, growing)
+        if new_paths and self.sampling.budget == "steps" and self.mode == "unseen":
+            committed += 2
+        elif new_paths:
+            committed += 2 * new_paths
+        return committed <= self.sampling.max_new_tokens
 
     def _append(self, s: Sample, st: Stream, token: int, sampled: int, logprob: float,
                 closing: bool = False) -> bool:
@@ -457,7 +469,7 @@ class Engine:
         spent. A closing </Path> spends the token kept free for it."""
         if closing:
             s.open_paths -= 1
-        elif self._room(s) < self._cost(s, st):
+        elif not self._fits(s, growing=st):        # the sample ends; this token is dropped
             s.done = "budget"
             return False
         s.tokens_spent += 1
@@ -473,24 +485,24 @@ class Engine:
     def _advance(self, s: Sample, st: Stream, token: int, logprob: float):
         """The stream's `feed` is in the cache: make its pending transition, or give it its next
         token: a forced one, or `token` (sampled, with `logprob`)."""
-        if st.pending == OPEN_BLOCK:              # the token drawn after <Parallel> is not used:
+        if st.pending == OPEN_BLOCK:              # `token` (drawn after <Parallel>) is dropped:
             st.pending = None                     # the paths begin with an injected <Path>
             return self._open_block(s)
-        if st.pending == PATH_DONE:
+        if st.pending == PATH_DONE:               # `token` (drawn after </Path>) is dropped:
             st.feed = None                         # the path waits for the others
             if all(p.feed is None for p in s.paths):
                 self._close_block(s)
             return
-        if st.forced:
+        if st.forced:                              # `token` is dropped: the runtime's comes next
             return self._inject(s, st)
         if st.segment == PATH:
             out_of_path_budget = st.path_len + 1 >= self.max_path_tokens
-            if out_of_path_budget or token == self.tags.eos:       # </Path> injected
+            if out_of_path_budget or token == self.tags.eos:       # dropped: </Path> injected
                 return self._end_path(s, st, sampled=0, logprob=0.0)
             if token == self.tags.end_path:
                 return self._end_path(s, st, sampled=1, logprob=logprob)
         sampled = 1
-        if st.segment == SUMMARY and token == self.tags.eos:       # </Summary> injected
+        if st.segment == SUMMARY and token == self.tags.eos:       # dropped: </Summary> injected
             token = self.tags.end_summary
             sampled = 0
             logprob = 0.0
@@ -510,7 +522,7 @@ class Engine:
         """Give the stream its next forced token (injected, not sampled)."""
         token = st.forced.pop(0)
         if token == self.tags.path:                # Seen: a new path; keep its </Path> free
-            if self._room(s) < 2:
+            if not self._fits(s, new_paths=1):
                 s.done = "budget"
                 return
             s.open_paths += 1
@@ -534,10 +546,7 @@ class Engine:
         injected <Path>, each writing slots only it sees."""
         s.main.feed = None
         num_paths = self.sampling.num_paths
-        needed = 2 * num_paths                     # N x <Path></Path>, side by side in D
-        if self.sampling.budget == "steps":
-            needed = 2
-        if self._room(s) < needed:
+        if not self._fits(s, new_paths=num_paths):   # a malformed response: <Parallel> unclosed
             s.done = "budget"
             return
         s.open_paths += num_paths
