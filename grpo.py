@@ -8,16 +8,18 @@
 
 One step (`grpo_step`): draw prompts -> `sample_rollouts` -> `score_batch` (the recipe's reward at
 this step, `stage_at`) -> `compute_advantages` -> `ppo_update` (ppo_mini_batches optimizer steps of
-the PPO-clip loss, plus kl_coef times a KL estimate against the initial weights). The file is the
-method first (`grpo_step`, then what it calls in the order it calls it), then the run: presets,
-setup, evaluation during training, statistics and `train`, which logs, evaluates and saves around
-the steps; plumbing.py does the ranks, checkpoints and the exact resume.
+the PPO-clip loss, plus kl_coef times a KL estimate against the initial weights). The file is its
+config, the method (`grpo_step`, then what it calls in the order it calls it), then `setup` and
+`train`, a short loop. Around the method, elsewhere: the presets (config.GRPO_PRESETS), the
+evaluations and the rollout statistics (eval.py), the loop's bookkeeping, ranks, checkpoints and
+the exact resume (plumbing.py).
 
 Simplified on purpose, unlike the official code (NOTES.md §8): logp_old is the sampler's own
-log-prob (in fp32 the ratio starts at 1, in bf16 up to rounding, and a forward is saved;
---recompute_logprobs=True measures the gap); injected tokens are not trained (--train_injected=True
-trains them); the loss is normalised per mini-batch; every rank runs as many micro-batches (empty
-ones pad), so collectives never hang.
+log-prob (in fp32 the ratio starts at 1, in bf16 up to rounding, and a forward is saved; the first
+--logprob_check_steps steps measure the gap, --recompute_logprobs=True uses the training
+forward's); injected tokens are not trained (--train_injected=True trains them); the loss is
+normalised per mini-batch; every rank runs as many micro-batches (empty ones pad), so collectives
+never hang.
 """
 from __future__ import annotations
 
@@ -274,14 +276,13 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
     g = dict(zip(STAT_SUMS, plumbing.all_reduce([sums[k] for k in STAT_SUMS], device)))
     tokens = max(g["tokens"], 1.0)
     steps = len(grad_norms)
-    out = {"loss": g["loss"] / max(steps, 1), "pg_loss": g["pg_loss"] / max(steps, 1),
-           "kl": g["kl"] / tokens, "clip_frac": g["clipped"] / tokens,
-           "dual_clip_frac": g["dual"] / tokens, "entropy": g["entropy"] / tokens,
-           "ratio_mean": g["ratio"] / tokens,
-           "grad_norm": sum(grad_norms) / steps if steps else 0.0,
-           "loss_tokens": int(g["tokens"]), "optimizer_steps": steps,
-           "micro_batches": sum(len(m.micro_batches) for m in minis), **gap}
-    return out
+    return {"loss": g["loss"] / max(steps, 1), "pg_loss": g["pg_loss"] / max(steps, 1),
+            "kl": g["kl"] / tokens, "clip_frac": g["clipped"] / tokens,
+            "dual_clip_frac": g["dual"] / tokens, "entropy": g["entropy"] / tokens,
+            "ratio_mean": g["ratio"] / tokens,
+            "grad_norm": sum(grad_norms) / steps if steps else 0.0,
+            "loss_tokens": int(g["tokens"]), "optimizer_steps": steps,
+            "micro_batches": sum(len(m.micro_batches) for m in minis), **gap}
 
 
 @dataclass
@@ -295,12 +296,12 @@ class MiniBatch:
 
 def mini_batches(rollouts: list[Rollout], advantages, cfg: GRPOConfig, pad_id: int,
                  device) -> list[MiniBatch]:
-    """This rank's mini-batches, each as many micro-batches as the longest rank's (the others
-    add empty micro-batches), on `device`, with their loss weights and denominator."""
+    """This rank's mini-batches on `device`, with their loss weights and denominator; as many
+    micro-batches each as the longest rank's (the others add empty ones)."""
     lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rollouts]
     micro_batch_size = cfg.micro_batch_size or max(len(rollouts), 1)
     plan = plumbing.plan_micro_batches(lengths, cfg.ppo_mini_batches, micro_batch_size,
-                              cfg.micro_batch_tokens)
+                                       cfg.micro_batch_tokens)
     counts = plumbing.all_reduce([len(m) for m in plan], device, op="max")
     minis = []
     for micro, count in zip(plan, counts):

@@ -224,7 +224,8 @@ def training_step(train_model, tokenizer: IdTokenizer, tags: TagIds, st: mp.Sett
                               sampled_mask=response.clone(), loss_mask=response.clone(),
                               old_logprobs=torch.zeros(rows, length - 1),
                               advantages=torch.ones(rows, 1)).to(device)
-    denominator = grpo.loss_weights(batch.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[1]
+    batch.loss_weights, denominator = grpo.loss_weights(batch.loss_mask, cfg.loss_agg_mode,
+                                                        cfg.max_new_tokens)
     logprobs, entropy = token_scores(train_model, batch, tags, cfg.mode, batch.loss_mask.bool(),
                                      cfg.temperature, cfg.logit_chunk_tokens)
     clip_ratio_high = grpo.stage_at(cfg, 1).clip_ratio_high
@@ -295,7 +296,7 @@ def logprob_gap(sampler, train_model, tokenizer, tags: TagIds, cfg, prompts: lis
     rollouts = grpo.sample_rollouts(sampler, tokenizer, prompts, cfg, seed=SEED)
     zeros = torch.zeros(len(rollouts))
     batch = grpo.collate_rollouts(rollouts, zeros, tokenizer.pad_token_id).to(device)
-    recomputed = grpo.response_logprobs(train_model, batch, cfg, tags, cfg.mode)
+    recomputed = grpo.response_logprobs(train_model, batch, cfg, tags)
     sampled = batch.sampled_mask.bool()
     difference = (recomputed - batch.old_logprobs)[sampled].float()
     ratio = difference.exp()

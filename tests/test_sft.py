@@ -38,6 +38,7 @@ from conftest import torchrun_two_ranks
 from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+import eval as ev
 import plumbing
 import sft
 from attention import TagIds
@@ -573,7 +574,7 @@ def test_quick_eval_skips_problems_longer_than_the_context():
                {"problem": "y" * 496, "answer": "3"}, {"problem": "Ben has 3 pens.", "answer": "3"}]
     # prompts: 500 + 1 = 501 and 496 + 1 = 497 tokens; with 16 new tokens only the two short ones
     # fit
-    out = sft.quick_eval(model, tok, records, "unseen", n=2, max_new_tokens=16,
+    out = ev.quick_eval(model, tok, records, "unseen", n=2, max_new_tokens=16,
                          prompt_style="bare")
     assert out["n"] == 2
     assert len(out["notes"]) == 1 and "2 of 4 problems have a prompt + max_new_tokens (16) " \
