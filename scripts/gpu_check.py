@@ -32,6 +32,7 @@ the memory-efficient one, or a phase takes more than the plan's margin above its
 small Qwen3 on the CPU (nothing measured there), so the script cannot rot.
 """
 import argparse
+import ctypes
 import dataclasses
 import os
 import sys
@@ -73,6 +74,11 @@ SEED = 0
 GB = mp.GB
 SDPA_EVENT = "aten::scaled_dot_product_attention"
 CUDA_KERNEL = "_scaled_dot_product_efficient_attention"   # attention.masked_sdpa's choice
+# The attention kernels an SDPA call may run (math, flash, memory-efficient, cuDNN, the CPU's)
+ATTENTION_KERNEL_PREFIXES = ("_scaled_dot_product_", "_efficient_attention_", "_cudnn_attention_",
+                             "_flash_attention_")
+STDOUT_FD = 1
+STDERR_FD = 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,17 +153,60 @@ def peak_above_start(device: torch.device, measured: dict, phase: str):
         measured[phase] = torch.cuda.max_memory_allocated(device) - start
 
 
+def attention_kernels(events) -> set[str]:
+    """The attention kernels among the children of every scaled_dot_product_attention event in
+    `events` (torch's profiler's: each has .name and .cpu_children), their "aten::" prefix
+    removed. Only the kernels count: on CUDA the memory-efficient path also calls aten::expand
+    on the mask, and aten::pad and aten::slice when the key length is not a multiple of 8 (a
+    decode step at 3,513 slots), which the profiler records as children too."""
+    seen = set()
+    for event in events:
+        if event.name != SDPA_EVENT:
+            continue
+        for child in event.cpu_children:
+            name = child.name.removeprefix("aten::")
+            if name.startswith(ATTENTION_KERNEL_PREFIXES):
+                seen.add(name)
+    return seen
+
+
+@contextmanager
+def quiet_file_descriptors():
+    """stdout and stderr sent to /dev/null below Python: torch's profiler library (kineto) writes
+    a line to them, from C++, each time a profile starts and stops, which would drown the
+    table. Only around the start and the stop, so that torch's warnings (why a kernel refused)
+    still show."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(STDOUT_FD), os.dup(STDERR_FD)]
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), STDOUT_FD)
+        os.dup2(devnull.fileno(), STDERR_FD)
+    try:
+        yield
+    finally:
+        ctypes.CDLL(None).fflush(None)          # C's buffered stdout, before it is put back
+        os.dup2(saved[0], STDOUT_FD)
+        os.dup2(saved[1], STDERR_FD)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
 @contextmanager
 def sdpa_kernels(seen: set):
     """Adds to `seen` the kernel each scaled_dot_product_attention call inside ran (the op torch's
     profiler records under it: _scaled_dot_product_efficient_attention, ..._attention_math for the
-    math kernel). A profiler, not a dispatch mode: a Python dispatch mode changes the choice."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+    math kernel; `attention_kernels`). A profiler, not a dispatch mode: a Python dispatch mode
+    changes the choice."""
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    with quiet_file_descriptors():
+        profiler.start()
+    try:
         yield
-    for event in profiler.events():
-        if event.name == SDPA_EVENT:
-            for child in event.cpu_children:
-                seen.add(child.name.removeprefix("aten::"))
+    finally:
+        with quiet_file_descriptors():
+            profiler.stop()
+    seen.update(attention_kernels(profiler.events()))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from data import Batch
 from grpo import GRPOConfig
 from model import load_model
 from plumbing import save_checkpoint
+from scripts import gpu_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = torch.device("cuda")                  # only a name here: nothing is put on it
@@ -181,12 +182,13 @@ def test_grpo_setup_makes_the_reference_in_the_policys_compute_dtype(tmp_path, m
 def test_gpu_check_tiny_runs_every_phase():
     """scripts/gpu_check.py --tiny: setup, one FSDP2 micro-batch (one rank, gloo) with gradient
     checkpointing, a full-size decode step and the log-prob gap, on the CPU; fp32 there, so the
-    gap is rounding."""
+    gap is rounding. The profiler's own lines stay out of the output."""
     script = os.path.join(ROOT, "scripts", "gpu_check.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, script, "--tiny"], capture_output=True, text=True,
                          timeout=300, env=env, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
+    assert "profiler_st" not in out.stdout + out.stderr      # kineto's start and stop lines
     lines = out.stdout.splitlines()
     assert "| training | n/a (CPU) |" in "\n".join(lines)
     for phase in ("training", "sampling"):       # the CPU's own choice: nothing is forced there
@@ -196,3 +198,24 @@ def test_gpu_check_tiny_runs_every_phase():
     largest = float(gap.split("max ")[1].split(",")[0])
     assert largest < 1e-4
     assert lines[-1].startswith("passed in")
+
+
+def profiled(name: str, children=()) -> types.SimpleNamespace:
+    """One event as torch's profiler records it: a name and the events it called."""
+    return types.SimpleNamespace(name=name, cpu_children=list(children))
+
+
+def test_gpu_check_counts_only_the_attention_kernels():
+    """A masked SDPA call on CUDA, as the profiler records it at a decode step of 3,513 slots:
+    the mask's expand, pad and slice beside the kernel. Only the kernel counts; a math fallback
+    still shows; events outside an SDPA call are not read."""
+    efficient = profiled("aten::scaled_dot_product_attention", [
+        profiled("aten::expand"), profiled("aten::pad"), profiled("aten::slice"),
+        profiled("aten::_scaled_dot_product_efficient_attention",
+                 [profiled("aten::_efficient_attention_forward")])])
+    math = profiled("aten::scaled_dot_product_attention", [
+        profiled("aten::expand"), profiled("aten::_scaled_dot_product_attention_math")])
+    elsewhere = profiled("aten::mm", [profiled("aten::_scaled_dot_product_attention_math")])
+    assert gpu_check.attention_kernels([efficient, elsewhere]) == {gpu_check.CUDA_KERNEL}
+    assert gpu_check.attention_kernels([efficient, math]) == {
+        gpu_check.CUDA_KERNEL, "_scaled_dot_product_attention_math"}
