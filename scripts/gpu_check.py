@@ -53,6 +53,7 @@ from attention import (
     TagIds,
     autocast,
     build_mask_and_positions,
+    folded_query_attention_for_sdpa,
     masked_sdpa,
     token_logprobs,
     token_scores,
@@ -309,7 +310,7 @@ def decode_step(sampler, tokenizer: IdTokenizer, tags: TagIds, st: mp.Setting,
     cache.attend_to(st.prompt_tokens)
     was_training = sampler.training              # without FSDP the sampler is the training model
     sampler.eval()
-    with sample.sdpa_shares_kv_heads(device), autocast(device), masked_sdpa(device):
+    with folded_query_attention_for_sdpa(), autocast(device), masked_sdpa(device):
         out = sampler(input_ids=ids.to(device), attention_mask=mask.to(device),
                       position_ids=positions.to(device), cache=cache, use_cache=True,
                       logits_to_keep=1)

@@ -1,8 +1,9 @@
 """The CUDA path, checked on the CPU (issue 34): every masked model call (the training forward, its
 recompute under gradient checkpointing, the sampler's prefill and decode steps) runs inside
 attention.masked_sdpa, which picks SDPA's memory-efficient kernel on CUDA and says what to do when
-it refuses; the sampler never passes enable_gqa on CUDA; grpo.setup's copies compute in the
-policy's dtype with fp32 rotary frequencies; scripts/gpu_check.py --tiny runs."""
+it refuses; the sampler's attention copies no key or value (attention.folded_query_attention);
+grpo.setup's copies compute in the policy's dtype with fp32 rotary frequencies;
+scripts/gpu_check.py --tiny runs."""
 import os
 import subprocess
 import sys
@@ -12,6 +13,9 @@ from contextlib import contextmanager
 import pytest
 import torch
 from torch.nn.attention import SDPBackend
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import attention
 import grpo
@@ -23,11 +27,13 @@ from grpo import GRPOConfig
 from model import load_model
 from plumbing import save_checkpoint
 from scripts import gpu_check
+from scripts.bench_sample import TagBias
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = torch.device("cuda")                  # only a name here: nothing is put on it
 CPU = torch.device("cpu")
 GQA_FLAG = "TRANSFORMERS_SDPA_FORCE_GQA"
+PARALLEL_BIAS = 4.0                          # a logit bias that makes <Parallel> likely
 
 
 def tiny_batch(tok, rows: int = 2):
@@ -145,18 +151,81 @@ def test_no_fused_kernel_is_a_clear_error(monkeypatch):
         raise RuntimeError("something else")
 
 
-def test_the_sampler_never_passes_enable_gqa_on_cuda(monkeypatch):
-    """On CUDA the flag is 0 inside generate (the memory-efficient kernel takes no enable_gqa at
-    torch 2.13), also when the environment sets it; on the CPU 1 (no copy of the heads); the
-    environment's value comes back after."""
-    monkeypatch.setenv(GQA_FLAG, "1")
-    with sample.sdpa_shares_kv_heads(CUDA):
-        assert os.environ[GQA_FLAG] == "0"
-    assert os.environ[GQA_FLAG] == "1"
-    monkeypatch.delenv(GQA_FLAG)
-    with sample.sdpa_shares_kv_heads(CPU):
-        assert os.environ[GQA_FLAG] == "1"
-    assert GQA_FLAG not in os.environ
+def test_folded_query_attention_equals_transformers_sdpa(monkeypatch):
+    """attention.folded_query_attention against transformers' own "sdpa" function with its
+    repeated keys and values (the CUDA choice under a mask), in fp32: keys and values a slice of
+    a wider cache as SlotCache returns them, masks that hide slots, one query and several, a
+    mask broadcast over rows; and a mask per head (which the fold cannot take) goes to
+    transformers' function."""
+    monkeypatch.delenv(GQA_FLAG, raising=False)
+    generator = torch.Generator().manual_seed(0)
+    rows, heads, kv_heads, head_dim, capacity, width = 3, 6, 2, 16, 40, 29
+    module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
+    cache = torch.randn(2, rows, kv_heads, capacity, head_dim, generator=generator)
+    key = cache[0, :, :, :width]
+    value = cache[1, :, :, :width]
+    hidden = torch.finfo(torch.float32).min
+    for queries, mask_rows, mask_heads in ((1, rows, 1), (3, rows, 1), (3, 1, 1), (3, rows, heads)):
+        query = torch.randn(rows, queries, heads, head_dim, generator=generator).transpose(1, 2)
+        mask = torch.zeros(mask_rows, mask_heads, queries, width)
+        hide = torch.rand(mask.shape, generator=generator) < 0.3
+        hide[..., 0] = False                             # every query sees a slot
+        mask.masked_fill_(hide, hidden)
+        folded, _ = attention.folded_query_attention(module, query, key, value, mask,
+                                                     scaling=0.25)
+        expected, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+        assert folded.shape == (rows, queries, heads, head_dim)
+        assert torch.allclose(folded, expected, atol=1e-6, rtol=0)
+
+
+class LargeCopies(TorchDispatchMode):
+    """Counts the new tensors (no view, not written in place) of at least `elements` elements
+    that the ops of a model's decode steps produce: every forward of `model` but its first (the
+    prefill)."""
+
+    def __init__(self, model, elements: int):
+        super().__init__()
+        self.elements = elements
+        self.count = 0
+        self.forwards = 0
+        model.register_forward_pre_hook(self.note_forward)
+
+    def note_forward(self, module, args):
+        self.forwards += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        copy = not func.is_view and not func._schema.is_mutable
+        large = isinstance(out, torch.Tensor) and out.numel() >= self.elements
+        if self.forwards > 1 and copy and large:
+            self.count += 1
+        return out
+
+
+def test_a_decode_step_copies_no_key_or_value(monkeypatch):
+    """The sampler on the CPU as on CUDA (no enable_gqa: transformers' choice under a mask on
+    both), Unseen blocks forced so that decode steps carry two queries a row: no op of a decode
+    step makes a tensor as large as one layer's keys at the prompt's width (repeat_kv makes
+    twice that, for keys and for values, every layer, every step); the function transformers
+    runs for "sdpa" is its own again after."""
+    monkeypatch.delenv(GQA_FLAG, raising=False)
+    model, tok = load_model("tiny", device="cpu")
+    tags = TagIds.from_tokenizer(tok)
+    bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
+    bias[tags.parallel] = PARALLEL_BIAS
+    forced = TagBias(model, bias).eval()
+    prompt = "Which two of 1 2 3 make 5?\n"
+    group_size = 2
+    config = model.config
+    head_dim = config.head_dim
+    one_layer_keys = group_size * config.num_key_value_heads * len(prompt) * head_dim
+    copies = LargeCopies(model, one_layer_keys)
+    with copies:
+        rollouts = sample.generate(forced, tok, [prompt], group_size=group_size, mode="unseen",
+                                   max_new_tokens=24, seed=0)
+    assert any(r.structure.blocks for r in rollouts)
+    assert copies.count == 0
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa_attention_forward
 
 
 def test_grpo_setup_makes_the_reference_in_the_policys_compute_dtype(tmp_path, monkeypatch):
