@@ -179,9 +179,9 @@ def test_folded_query_attention_equals_transformers_sdpa(monkeypatch):
 
 
 class LargeCopies(TorchDispatchMode):
-    """Counts the new tensors (no view, not written in place) of at least `elements` elements
-    that the ops of a model's decode steps produce: every forward of `model` but its first (the
-    prefill)."""
+    """Counts the new tensors (not a view of an input, not an input written in place) of at least
+    `elements` elements that the ops of a model's decode steps produce: every forward of `model`
+    but its first (the prefill)."""
 
     def __init__(self, model, elements: int):
         super().__init__()
@@ -195,10 +195,11 @@ class LargeCopies(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        copy = not func.is_view and not func._schema.is_mutable
-        large = isinstance(out, torch.Tensor) and out.numel() >= self.elements
-        if self.forwards > 1 and copy and large:
-            self.count += 1
+        if self.forwards > 1 and isinstance(out, torch.Tensor) and out.numel() >= self.elements:
+            inputs = [a for a in args if isinstance(a, torch.Tensor)]
+            storage = out.untyped_storage().data_ptr()     # reshape may copy or not: compare
+            if all(a.untyped_storage().data_ptr() != storage for a in inputs):
+                self.count += 1
         return out
 
 
