@@ -2,19 +2,24 @@
 
 One Markdown table: plain sampling (EOS masked) against `transformers` generate() at the same
 budget, and Unseen against Seen with blocks forced by a logit bias (`TagBias`), best of 2 runs
-each, random weights.
+each, random weights. A second table: one Unseen decode step (two queries a row, the whole cache
+visible) of the same 20M model (grouped-query attention: 6 heads, 2 key/value heads) under the
+sampler's folded queries (attention.folded_query_attention), under SDPA's enable_gqa (the
+sampler's CPU path before the fold) and under transformers' repeat_kv (its choice under a mask
+on CUDA, the sampler's GPU path before), best of DECODE_REPEATS, interleaved.
 """
 import os
 import sys
 import time
+from contextlib import contextmanager
 from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
 
 import torch
 
-from attention import TagIds
-from sample import generate
+from attention import TagIds, folded_query_attention_for_sdpa
+from sample import FIRST_PATH_OWNER, SHARED, SlotCache, generate
 
 # The logit bias that forces blocks: <Parallel> likely, paths that run to their budget, summaries
 # that end soon.
@@ -22,6 +27,11 @@ PARALLEL_BIAS = 2.0
 END_PATH_BIAS = -30.0
 END_SUMMARY_BIAS = 3.0
 PROFILE_TOKENS = 128        # new tokens of the run that times the model's forward alone
+DECODE_ROWS = 16            # the decode-step table: rows, queries a row (an Unseen block's paths),
+DECODE_QUERIES = 2
+DECODE_WIDTHS = (1_153, 3_513)   # cache widths: this bench's longest rows; the paper's 3,513 slots
+DECODE_REPEATS = 5
+GQA_FLAG = "TRANSFORMERS_SDPA_FORCE_GQA"    # 1: transformers passes enable_gqa; 0: repeat_kv
 
 
 class TagBias(torch.nn.Module):
@@ -124,6 +134,71 @@ def bench(batch: int = 16, repeats: int = 2):
         total = time.perf_counter() - t0
         print(f"20M, {PROFILE_TOKENS} new tokens, {label}: {total:.2f} s, of which the model's "
               f"forward {clock['forward']:.2f} s ({clock['forward'] / total:.0%})", flush=True)
+    bench_decode_attention(big)
+
+
+@contextmanager
+def transformers_gqa_flag(value: str):
+    """TRANSFORMERS_SDPA_FORCE_GQA set to `value` inside: transformers' "sdpa" attention then
+    passes enable_gqa to SDPA ("1") or repeats the key/value heads under a mask ("0")."""
+    saved = os.environ.get(GQA_FLAG)
+    os.environ[GQA_FLAG] = value
+    try:
+        yield
+    finally:
+        del os.environ[GQA_FLAG]
+        if saved is not None:
+            os.environ[GQA_FLAG] = saved
+
+
+def decode_step_inputs(model, width: int) -> dict:
+    """The keyword arguments of one Unseen decode step's forward: DECODE_ROWS rows of
+    DECODE_QUERIES queries (one per path), each seeing the `width` - DECODE_QUERIES shared slots of
+    a SlotCache (random keys and values, as a prefill would leave them) and its own."""
+    config = model.config
+    shape = (DECODE_ROWS, config.num_key_value_heads, width, config.head_dim)
+    cache = SlotCache(DECODE_ROWS, width, "cpu")
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(config.num_hidden_layers):
+        cache.keys.append(torch.randn(shape, generator=generator))
+        cache.values.append(torch.randn(shape, generator=generator))
+    cache.owner.fill_(SHARED)
+    cache.slots = torch.arange(width - DECODE_QUERIES, width).expand(DECODE_ROWS, -1)
+    cache.attend_to(width)
+    codes = FIRST_PATH_OWNER + torch.arange(DECODE_QUERIES).expand(DECODE_ROWS, -1)
+    cache.owner[cache.row_ids, cache.slots] = codes
+    ids = torch.randint(0, config.vocab_size, (DECODE_ROWS, DECODE_QUERIES), generator=generator)
+    positions = torch.full((DECODE_ROWS, DECODE_QUERIES), width - DECODE_QUERIES)
+    return dict(input_ids=ids, attention_mask=cache.mask(codes, torch.float32),
+                position_ids=positions, cache=cache, use_cache=True)
+
+
+@torch.inference_mode()
+def bench_decode_attention(model):
+    """Print the decode-step table (module docstring): milliseconds a step under each attention
+    choice (best of DECODE_REPEATS, the choices interleaved), and the folded queries' time over
+    enable_gqa's."""
+    choices = {"folded": folded_query_attention_for_sdpa,
+               "enable_gqa": partial(transformers_gqa_flag, "1"),
+               "repeat_kv": partial(transformers_gqa_flag, "0")}
+    config = model.config
+    print(f"\n20M decode step, {DECODE_ROWS} rows x {DECODE_QUERIES} queries, "
+          f"{config.num_attention_heads} heads / {config.num_key_value_heads} key-value heads, "
+          f"best of {DECODE_REPEATS}, ms:")
+    print("| cache width | folded (now) | enable_gqa (CPU before) | repeat_kv (CUDA before) "
+          "| folded / enable_gqa |\n|---|---|---|---|---|")
+    for width in DECODE_WIDTHS:
+        inputs = decode_step_inputs(model, width)
+        seconds = {name: float("inf") for name in choices}
+        for _ in range(DECODE_REPEATS):
+            for name, choice in choices.items():
+                with choice():
+                    t0 = time.perf_counter()
+                    model(**inputs)
+                    seconds[name] = min(seconds[name], time.perf_counter() - t0)
+        ratio = seconds["folded"] / seconds["enable_gqa"]
+        print(f"| {width:,} | {1000 * seconds['folded']:.1f} | {1000 * seconds['enable_gqa']:.1f} "
+              f"| {1000 * seconds['repeat_kv']:.1f} | {ratio:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
