@@ -341,20 +341,24 @@ def decode_queries(mode: str, num_paths: int) -> int:
     return 1
 
 
-def gqa_repeat_bytes(s: ModelShape, rows: int, capacity: int, queries: int,
-                     regime: str) -> int:
-    """On CUDA, a decode step with several queries per row (an Unseen block) under a mask makes
-    transformers copy one layer's cached keys and values to every query head (repeat_kv; one
-    query uses no copy, and on CPU sample.sdpa_shares_kv_heads avoids it), plus autocast's bf16
-    copy of fp32 keys; at the full width, in bytes."""
-    if regime == "fp32" or queries < 2 or s.heads == s.kv_heads:
+def decode_attention_copy_bytes(s: ModelShape, rows: int, capacity: int, queries: int,
+                                regime: str) -> int:
+    """On CUDA, what one layer's attention copies at a decode step at the full width, in bytes:
+    the mask folded for the query groups of grouped-query attention (rows x heads/kv_heads x
+    queries x width, attention.folded_query_attention; no key or value is repeated) and the
+    memory-efficient kernel's aligned copy of it (mask_copy_bytes), plus autocast's bf16 copy
+    of fp32 keys. Not tested (CPU SDPA copies neither; the fold is: tests/test_gpu_path.py)."""
+    if regime == "fp32":
         return 0
-    key_bytes, value_bytes = cache_element_bytes(regime)
-    repeated = rows * s.heads * capacity * s.head_dim
+    groups = s.heads // s.kv_heads
+    mask_bytes = FP32                    # the mask in the sampler's dtype: the fp32 model's
+    if regime == "bf16":
+        mask_bytes = BF16
+    folded_mask = rows * groups * queries * capacity * mask_bytes
     cast = 0
-    if key_bytes != BF16:
-        cast = repeated * BF16
-    return repeated * (key_bytes + value_bytes) + cast
+    if regime == "autocast":
+        cast = rows * s.kv_width * capacity * BF16
+    return 2 * folded_mask + cast
 
 
 def decode_logit_bytes(s: ModelShape, prompts: int, rows: int, queries: int,
@@ -372,15 +376,17 @@ def decode_logit_bytes(s: ModelShape, prompts: int, rows: int, queries: int,
 
 def prefill_bytes(s: ModelShape, prompts: int, prompt_tokens: int, regime: str) -> int:
     """The prompts' forward without gradients, one layer at a time (an estimate, not tested): the
-    residual stream, q, k, v and the heads' repeated keys and values, the MLP's three
-    intermediates, and the (prompts, 1, L, L) mask, in bytes."""
+    residual stream, q (and its folded copy), k, v and the attention's output, the MLP's three
+    intermediates, the (prompts, 1, L, L) mask and its copy folded for the query groups
+    (attention.folded_query_attention), in bytes."""
     act = BF16
     if regime == "fp32":
         act = FP32
     tokens = prompts * prompt_tokens
-    attention = (2 * s.q_width + 2 * s.kv_width + 2 * s.q_width) * act
+    attention = (3 * s.q_width + 2 * s.kv_width) * act
     mlp = 3 * s.intermediate * act
-    mask = prompts * prompt_tokens * prompt_tokens * act
+    groups = s.heads // s.kv_heads
+    mask = (1 + groups) * prompts * prompt_tokens * prompt_tokens * act
     return tokens * (2 * s.hidden * FP32 + attention + mlp) + mask
 
 
@@ -594,7 +600,7 @@ def sampler_lines(st: Setting, regime: str, phase: str, prompts: int, group: int
     key_bytes, value_bytes = cache_element_bytes(regime)
     per_slot = s.layers * s.kv_width * (key_bytes + value_bytes)
     queries = decode_queries(cfg.mode, cfg.num_paths)
-    decode = (gqa_repeat_bytes(s, rows, capacity, queries, regime)
+    decode = (decode_attention_copy_bytes(s, rows, capacity, queries, regime)
               + decode_logit_bytes(s, prompts, rows, queries, regime))
     prefill = prefill_bytes(s, prompts, st.prompt_tokens, regime)
     return [
