@@ -34,16 +34,19 @@ small Qwen3 on the CPU (nothing measured there), so the script cannot rot.
 import argparse
 import ctypes
 import dataclasses
+import json
+import math
 import os
 import sys
+import tempfile
 import time
-import types
 from contextlib import contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
 
 import torch
 import torch.distributed as dist
+import transformers
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 import grpo
@@ -73,6 +76,7 @@ GAP_PROMPT_TOKENS = 32
 GAP_TOKENS = 64                # a response's budget in the gap measurement
 SEED = 0
 GB = mp.GB
+TOKENIZER_FILE = "id_tokenizer.json"
 SDPA_EVENT = "aten::scaled_dot_product_attention"
 CUDA_KERNEL = "_scaled_dot_product_efficient_attention"   # attention.masked_sdpa's choice
 # The attention kernels an SDPA call may run (math, flash, memory-efficient, cuDNN, the CPU's)
@@ -104,6 +108,11 @@ class IdTokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return " ".join(str(i) for i in ids)
+
+    def save_pretrained(self, folder: str) -> None:
+        """What a checkpoint save writes of a tokenizer: here its ids, as JSON."""
+        with open(os.path.join(folder, TOKENIZER_FILE), "w", encoding="utf-8") as f:
+            json.dump(self.ids, f)
 
 
 def random_ids(tokenizer: IdTokenizer, rows: int, length: int, seed: int) -> torch.Tensor:
@@ -214,22 +223,27 @@ def sdpa_kernels(seen: set):
 # The phases
 
 
-def one_gpu_setting(st: mp.Setting) -> mp.Setting:
-    """The plan of what this check runs: one rank of `st` on one GPU (its state unsharded), each
-    generate call as large as one of `st`'s ranks makes it."""
+def checked_setting(st: mp.Setting, ranks: int) -> mp.Setting:
+    """The plan of what this check runs: `ranks` ranks (1: one GPU, its state unsharded; under
+    torchrun, the processes), each generate call as large as one of `st`'s ranks makes it."""
     cfg = dataclasses.replace(st.cfg, generate_batch_size=mp.sampling_prompts(st.cfg,
                                                                               st.world_size))
-    return dataclasses.replace(st, cfg=cfg, world_size=1)
+    return dataclasses.replace(st, cfg=cfg, world_size=ranks)
 
 
 def planned(st: mp.Setting, phase: str) -> int:
     """The plan's bytes for what the check runs of `phase`: the phase's own lines (not the state
-    every phase after setup holds)."""
+    every phase after setup holds; for the optimizer step, not the gradients the training phase
+    made)."""
     total = 0
     for line in mp.plan(st):
+        if phase not in line.phases:
+            continue
         held_after_setup = set(mp.AFTER_SETUP) <= set(line.phases)
-        if phase in line.phases and (phase == "setup" or not held_after_setup):
-            total += line.bytes
+        held_from_training = phase == "optimizer step" and "training" in line.phases
+        if phase != "setup" and (held_after_setup or held_from_training):
+            continue
+        total += line.bytes
     return total
 
 
@@ -251,19 +265,25 @@ def build_models(model_config, st: mp.Setting, device: torch.device):
     return model, sampler, reference
 
 
-def wrap(model, st: mp.Setting, device: torch.device):
-    """The training model as plumbing.wrap_model makes it, for one rank."""
-    cfg = types.SimpleNamespace(fsdp=st.cfg.fsdp, grad_checkpointing=st.cfg.grad_checkpointing)
-    run = types.SimpleNamespace(cfg=cfg, dist=plumbing.Dist(0, 1, device), model=model,
-                                train_model=None)
+def prepared_run(model, tokenizer, tags: TagIds, st: mp.Setting, d: plumbing.Dist,
+                 out_dir: str) -> plumbing.Run:
+    """This rank's plumbing.Run as plumbing.prepare makes it: the model wrapped
+    (plumbing.wrap_model: FSDP2, DDP over several ranks, or itself), AdamW and a constant
+    schedule; checkpoints go to `out_dir`."""
+    cfg = dataclasses.replace(st.cfg, out_dir=out_dir)
+    run = plumbing.Run(cfg=cfg, dist=d, model=model, tokenizer=tokenizer, tags=tags)
     plumbing.wrap_model(run)
-    return run.train_model
+    run.optimizer = torch.optim.AdamW(run.train_model.parameters(), lr=cfg.lr,
+                                      weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
+    run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, lambda step: 1.0)
+    return run
 
 
 def training_step(train_model, tokenizer: IdTokenizer, tags: TagIds, st: mp.Setting,
                   device: torch.device) -> float:
     """One micro-batch of the plan's largest shape through GRPO's loss and backward; the global
-    gradient norm (inf or nan when a gradient is not finite)."""
+    gradient norm (inf or nan when a gradient is not finite). The gradients stay for the
+    optimizer step."""
     cfg = st.cfg
     rows, length, _ = mp.training_shape(st)
     ids = unseen_rows(tokenizer, tags, rows, st.prompt_tokens, length, cfg.num_paths)
@@ -283,8 +303,17 @@ def training_step(train_model, tokenizer: IdTokenizer, tags: TagIds, st: mp.Sett
     norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), float("inf"))
     if hasattr(norm, "full_tensor"):            # FSDP2: a DTensor
         norm = norm.full_tensor()
-    train_model.zero_grad(set_to_none=True)
     return norm.item()
+
+
+def optimizer_step(run: plumbing.Run, measured: dict) -> None:
+    """AdamW's step on the training phase's gradients. A first step, not measured, makes AdamW's
+    state (a run holds it from its first step on, and the plan counts it from setup); the
+    measured one is plumbing.optimizer_step's (the norm, the clip, the step, the gradients
+    freed). Gradients that are not finite leave this to the report."""
+    run.optimizer.step()
+    with peak_above_start(run.dist.device, measured, "optimizer step"):
+        plumbing.optimizer_step(run.train_model, run.optimizer, run.scheduler, run.cfg.grad_clip)
 
 
 @torch.inference_mode()
@@ -386,36 +415,41 @@ def gb(value) -> str:
     return f"{value / GB:.2f}"
 
 
-def report(st: mp.Setting, measured: dict, kernels: dict, norm: float, gap: dict,
-           seconds: float) -> bool:
-    """Print the check's table and lines; whether every check passed (on CUDA also: every masked
-    call ran the memory-efficient kernel)."""
+def report(st: mp.Setting, checked: mp.Setting, measured: dict, kernels: dict, norm: float,
+           gap: dict, seconds: float) -> bool:
+    """Print the check's table and lines (`checked`: the plan of what ran); whether every check
+    passed (on CUDA also: every masked call ran the memory-efficient kernel). A phase the plan
+    has no line for (a checkpoint save without FSDP) is shown, not judged."""
     cuda = st.device == "cuda"
-    one_gpu = one_gpu_setting(st)
+    ranks = checked.world_size
+    in_plan = mp.phase_totals(mp.plan(checked))
     print(mp.describe(st))
-    print(f"\none GPU runs one rank of it ({one_gpu.cfg.generate_batch_size} prompts a generate "
-          "call, its gradients whole, no optimizer step):\n")
+    print(f"\n{ranks} rank(s), one GPU each, run it ({checked.cfg.generate_batch_size} prompts a "
+          f"generate call, the model's state split over {ranks}); each phase's peak is the "
+          "largest of any rank's:\n")
     print("| phase | measured peak above the phase's start, GB | plan, GB |")
     print("|---|---|---|")
     passed = True
     for phase, value in measured.items():
-        plan_bytes = planned(one_gpu, phase)
+        if phase not in in_plan:
+            print(f"| {phase} | {gb(value)} | not in the plan |")
+            continue
+        plan_bytes = planned(checked, phase)
         print(f"| {phase} | {gb(value)} | {gb(plan_bytes)} |")
         if value is not None and value > plan_bytes * (1 + st.margin):
             passed = False
             print(f"  {phase}: more than the plan's {st.margin:.0%} margin above its figure")
     for phase, seen in kernels.items():
-        print(f"SDPA kernel under the masks, {phase}: {', '.join(sorted(seen))}")
+        print(f"SDPA kernel under the masks, {phase} (rank 0): {', '.join(sorted(seen))}")
         if cuda and seen != {CUDA_KERNEL}:
             passed = False
             print(f"  {phase}: a masked call ran another kernel than {CUDA_KERNEL}")
-    finite = torch.isfinite(torch.tensor(norm)).item()
     verdict = "finite"
-    if not finite:
-        verdict = "NOT FINITE"
+    if not math.isfinite(norm):
+        verdict = "NOT FINITE (no optimizer step)"
         passed = False
     print(f"gradients: norm {norm:.4g}, {verdict}")
-    print(f"log-prob gap, sampler vs training forward, {gap['tokens']} sampled tokens: "
+    print(f"log-prob gap (rank 0), sampler vs training forward, {gap['tokens']} sampled tokens: "
           f"max {gap['max']:.3g}, mean {gap['mean']:.3g}, outside the "
           f"{st.cfg.clip_ratio_low:g} clip at ratio 1: {100 * gap['outside_clip']:.2f}%")
     outcome = "passed"
@@ -425,56 +459,94 @@ def report(st: mp.Setting, measured: dict, kernels: dict, norm: float, gap: dict
     return passed
 
 
-def run_check(st: mp.Setting, model_config, device: torch.device) -> bool:
-    """The four phases (module docstring); whether every check passed."""
+def largest_over_ranks(measured: dict, device: torch.device) -> dict:
+    """Each measured phase's peak, the largest over the ranks (one collective); None stays None
+    (the CPU measures nothing)."""
+    phases = [phase for phase, value in measured.items() if value is not None]
+    if not phases:
+        return measured
+    values = plumbing.all_reduce([measured[phase] for phase in phases], device, "max")
+    largest = dict(measured)
+    for phase, value in zip(phases, values):
+        largest[phase] = int(value)
+    return largest
+
+
+def run_check(st: mp.Setting, model_config, d: plumbing.Dist) -> bool:
+    """The phases (module docstring) on this rank; whether every check passed, the same answer
+    on every rank (rank 0 prints the report)."""
     t0 = time.monotonic()
+    device = d.device
+    checked = checked_setting(st, d.world_size)
     tokenizer = IdTokenizer(st.shape.vocab)
     tags = TagIds.from_tokenizer(tokenizer)
     measured = {}
     kernels = {"training": set(), "sampling": set()}
     with peak_above_start(device, measured, "setup"):
         model, sampler, _ = build_models(model_config, st, device)
-    train_model = wrap(model, st, device)
-    with peak_above_start(device, measured, "training"), sdpa_kernels(kernels["training"]):
-        norm = training_step(train_model, tokenizer, tags, st, device)
-    with peak_above_start(device, measured, "sampling"), sdpa_kernels(kernels["sampling"]):
-        decode_step(sampler, tokenizer, tags, st, device)
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as out_dir:
+        run = prepared_run(model, tokenizer, tags, st, d, out_dir)
+        with peak_above_start(device, measured, "training"), sdpa_kernels(kernels["training"]):
+            norm = training_step(run.train_model, tokenizer, tags, st, device)
+        if math.isfinite(norm):
+            optimizer_step(run, measured)
+        with peak_above_start(device, measured, "sampling"), sdpa_kernels(kernels["sampling"]):
+            decode_step(sampler, tokenizer, tags, st, device)
+        if st.cfg.fsdp:
+            with peak_above_start(device, measured, "refresh"):
+                grpo.sync_rollout_model(sampler, run.train_model)
+        with peak_above_start(device, measured, "checkpoint save"):
+            run.save()
     gap_cfg = dataclasses.replace(st.cfg, max_new_tokens=GAP_TOKENS, generate_batch_size=0)
     prompts = random_ids(tokenizer, GAP_PROMPTS, GAP_PROMPT_TOKENS, SEED + 2).tolist()
-    gap = logprob_gap(sampler, train_model, tokenizer, tags, gap_cfg, prompts, device)
-    return report(st, measured, kernels, norm, gap, time.monotonic() - t0)
+    gap = logprob_gap(sampler, run.train_model, tokenizer, tags, gap_cfg, prompts, device)
+    measured = largest_over_ranks(measured, device)
+    passed = True
+    if d.is_main:
+        passed = report(st, checked, measured, kernels, norm, gap, time.monotonic() - t0)
+    failed = plumbing.all_reduce([not passed], device, "max")[0]
+    return failed == 0
 
 
 @contextmanager
-def one_rank_group(fsdp: bool, device: torch.device):
-    """A process group of this one process (FSDP2 needs one), torn down at the end."""
-    if not fsdp or dist.is_initialized():
-        yield
+def process_group(st: mp.Setting):
+    """This process's plumbing.Dist, in a process group torn down at the end. Under torchrun
+    (RANK in the environment): its rank of WORLD_SIZE, on GPU LOCAL_RANK (nccl) or the CPU
+    (gloo). Alone: rank 0 of 1, in a group of this one process when FSDP2 needs one."""
+    cuda = st.device == "cuda"
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    device = torch.device("cpu")
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    d = plumbing.Dist(rank, world_size, device)
+    if dist.is_initialized() or (world_size == 1 and not st.cfg.fsdp):
+        yield d
         return
     backend = "gloo"
-    if device.type == "cuda":
-        backend = "nccl"
     device_id = None
-    if device.type == "cuda":
+    if cuda:
+        backend = "nccl"
         device_id = device
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                            device_id=device_id)
+    if "RANK" in os.environ:
+        dist.init_process_group(backend, device_id=device_id)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=device_id)
     try:
-        yield
+        yield d
     finally:
         dist.destroy_process_group()
 
 
 def main(argv: list[str]) -> int:
+    transformers.utils.logging.disable_progress_bar()     # the checkpoint save's, in the table
     st, model_config = make_setting(argv)
-    device = torch.device(st.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if st.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("no CUDA device here: run it on the GPU, or pass --tiny for the CPU check")
-    if device.type == "cuda":
-        torch.cuda.set_device(0)
-        device = torch.device("cuda", 0)
-    with one_rank_group(st.cfg.fsdp, device):
-        passed = run_check(st, model_config, device)
+    with process_group(st) as d:
+        passed = run_check(st, model_config, d)
     if passed:
         return 0
     return 1

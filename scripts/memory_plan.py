@@ -20,7 +20,7 @@ against what the code allocates at small shapes on CPU. GB = 10^9 bytes. The pea
 of the phases (PyTorch's allocator reuses what one phase frees for the next): setup (the model as
 loaded, whole, and the copies made from it), sampling (the KV cache), the in-run evaluation (its
 own cache), training (activations, the loss's logits, the gradients), the optimizer step (AdamW's
-temporary) and, with FSDP, the rollout copy's refresh. `--margin` (default 10%) is left for the
+temporary) and, with FSDP, the rollout copy's refresh and a checkpoint save. `--margin` (default 10%) is left for the
 CUDA context, allocator fragmentation and what no line counts. Qwen3 (and Qwen2/Llama-style)
 dense models only.
 """
@@ -272,7 +272,9 @@ def kl_reference_bytes(s: ModelShape, kl_coef: float, fsdp: bool = False,
 
 def gathered_parameter_bytes(s: ModelShape, fsdp: bool) -> int:
     """FSDP's refresh of the rollout copy (grpo.sync_rollout_model): every rank gathers one fp32
-    parameter at a time and copies it in; the largest is the embedding. In bytes."""
+    parameter at a time and copies it in; a checkpoint save (plumbing.Run.save: full state dicts
+    offloaded to the CPU) gathers one parameter or AdamW moment at a time. The largest is the
+    embedding's. In bytes (the save's figure not tested: CUDA and FSDP only)."""
     if not fsdp:
         return 0
     return s.vocab * s.hidden * GATHERED_BYTES
@@ -547,7 +549,8 @@ class Setting:
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS
 
 
-PHASES = ("setup", "sampling", "evaluation", "training", "optimizer step", "refresh")
+PHASES = ("setup", "sampling", "evaluation", "training", "optimizer step", "refresh",
+          "checkpoint save")
 ALWAYS = PHASES
 AFTER_SETUP = PHASES[1:]               # what setup leaves: the sharded state
 GRADIENT_PHASES = ("training", "optimizer step")   # from the first backward to the step
@@ -660,6 +663,9 @@ def plan(st: Setting) -> list[Line]:
         lines.append(Line("one gathered parameter (FSDP refresh)", ("refresh",),
                           "the largest, the embedding, in fp32",
                           gathered_parameter_bytes(s, fsdp)))
+    lines.append(Line("one gathered tensor (FSDP checkpoint save)", ("checkpoint save",),
+                      "the largest, the embedding or its AdamW moment, in fp32",
+                      gathered_parameter_bytes(s, fsdp)))
     rows, length, loss_tokens = training_shape(st)
     ckpt = cfg.grad_checkpointing
     chunk = min(cfg.logit_chunk_tokens, loss_tokens)

@@ -27,6 +27,7 @@ from grpo import GRPOConfig
 from model import load_model
 from plumbing import save_checkpoint
 from scripts import gpu_check
+from scripts import memory_plan as mp
 from scripts.bench_sample import TagBias
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -249,25 +250,51 @@ def test_grpo_setup_makes_the_reference_in_the_policys_compute_dtype(tmp_path, m
     assert run.rollout_model is run.model                 # no FSDP: the sampler is the model
 
 
-def test_gpu_check_tiny_runs_every_phase():
-    """scripts/gpu_check.py --tiny: setup, one FSDP2 micro-batch (one rank, gloo) with gradient
-    checkpointing, a full-size decode step and the log-prob gap, on the CPU; fp32 there, so the
-    gap is rounding. The profiler's own lines stay out of the output."""
+GPU_CHECK_PHASES = ("setup", "training", "optimizer step", "sampling", "refresh",
+                    "checkpoint save")
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_gpu_check_tiny_runs_every_phase(ranks):
+    """scripts/gpu_check.py --tiny, alone and under torchrun with 2 ranks (gloo): setup, one FSDP2
+    micro-batch with gradient checkpointing, AdamW's step, a full-size decode step, the rollout
+    copy's refresh, a checkpoint save and the log-prob gap, on the CPU; fp32 there, so the gap
+    is rounding. The profiler's own lines stay out of the output."""
     script = os.path.join(ROOT, "scripts", "gpu_check.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, script, "--tiny"], capture_output=True, text=True,
-                         timeout=300, env=env, check=False)
+    command = [sys.executable, script, "--tiny"]
+    if ranks > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+                   script, "--tiny"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env,
+                         check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "profiler_st" not in out.stdout + out.stderr      # kineto's start and stop lines
     lines = out.stdout.splitlines()
-    assert "| training | n/a (CPU) |" in "\n".join(lines)
+    assert f"{ranks} rank(s), one GPU each, run it" in out.stdout
+    for phase in GPU_CHECK_PHASES:
+        assert f"| {phase} | n/a (CPU) | 0.00 |" in lines
     for phase in ("training", "sampling"):       # the CPU's own choice: nothing is forced there
         kernel = "_scaled_dot_product_flash_attention_for_cpu"
-        assert f"SDPA kernel under the masks, {phase}: {kernel}" in lines
+        assert f"SDPA kernel under the masks, {phase} (rank 0): {kernel}" in lines
     gap = next(line for line in lines if line.startswith("log-prob gap"))
     largest = float(gap.split("max ")[1].split(",")[0])
     assert largest < 1e-4
     assert lines[-1].startswith("passed in")
+
+
+def test_gpu_check_plans_what_each_phase_adds():
+    """The figure each phase's peak is judged against, at the paper's plan on one GPU: the
+    optimizer step's is AdamW's temporary alone (the gradients come from the training phase, its
+    state from the first step), the refresh's and the checkpoint save's one gathered fp32
+    embedding; every phase but setup leaves out the state held since setup."""
+    st, _ = gpu_check.make_setting([])
+    checked = gpu_check.checked_setting(st, 1)
+    shape = checked.shape
+    embedding = shape.vocab * shape.hidden * 4
+    assert gpu_check.planned(checked, "optimizer step") == mp.adamw_temporary_bytes(shape, 1, True)
+    assert gpu_check.planned(checked, "refresh") == embedding
+    assert gpu_check.planned(checked, "checkpoint save") == embedding
 
 
 def profiled(name: str, children=()) -> types.SimpleNamespace:
