@@ -1,35 +1,42 @@
-"""The check to run on one GPU before renting eight (issue 34): the real model's shapes with random
-weights (nothing downloaded), each phase's peak memory beside the memory plan's, the attention
-kernel the masked calls ran, whether the gradients are finite, and the sampler's log-prob gap
-against the training forward; a few minutes on one 80 GB GPU.
+"""The check to run on one GPU before renting eight (issues 34, 39): the real model's shapes with
+random weights (nothing downloaded), each phase's peak memory beside the memory plan's, the
+attention kernel the masked calls ran, whether the gradients are finite, and the sampler's log-prob
+gap against the training forward; a few minutes on one 80 GB GPU.
 
     python scripts/gpu_check.py                      # Qwen3-4B as one rank of the paper's run
     python scripts/gpu_check.py --model=qwen3-0.6b --world_size=1 --gpu_gb=24 \\
         --generate_batch_size=2 --prompt_tokens=1400  # a student's 24 GB card
+    torchrun --nproc_per_node=2 scripts/gpu_check.py # two ranks (FSDP2 over both), two GPUs
     python scripts/gpu_check.py --tiny               # a small Qwen3 on the CPU (make test runs it)
 
 Every flag is scripts/memory_plan.py's (--model: qwen3-4b, qwen3-0.6b, a folder with a
-config.json or a config.json; any GRPO field), and the check runs what one rank of that plan runs:
+config.json or a config.json; any GRPO field), and each process runs what one rank of that plan
+runs, its state split over the processes (alone: the whole state on one GPU):
 
 1. setup: the model built in fp32 from its config, and (FSDP) the sampler's bf16 copy
    (model.frozen_copy, as grpo.setup makes it);
-2. training: the model wrapped as plumbing.wrap_model wraps it (FSDP2 over this one GPU, so its
+2. training: the model wrapped as plumbing.wrap_model wraps it (FSDP2 over the ranks, so its
    bf16 compute), one micro-batch of micro_batch_size rows of the plan's length (the longest prompt
    + max_new_tokens) holding an Unseen block of num_paths paths, its GRPO loss and backward;
-3. sampling: a sample.SlotCache of the plan's size, the prefill of a generate call's prompts and
+3. optimizer step: AdamW, as plumbing.prepare builds it, on those gradients (its state made by a
+   first step, not measured), through plumbing.optimizer_step;
+4. sampling: a sample.SlotCache of the plan's size, the prefill of a generate call's prompts and
    one decode step at the cache's full width with num_paths queries a row (an Unseen block's);
-4. the gap: GAP_PROMPTS x group_size responses of GAP_TOKENS tokens sampled as GRPO samples them
+5. refresh (FSDP): the sampler's copy refreshed from the shards (grpo.sync_rollout_model);
+6. checkpoint save: plumbing.Run.save into a temporary folder (TMPDIR; at Qwen3-4B about 48 GB of
+   disk for the weights and AdamW's state, deleted after);
+7. the gap: GAP_PROMPTS x group_size responses of GAP_TOKENS tokens sampled as GRPO samples them
    (grpo.sample_rollouts), and the log-probs the training forward gives the same tokens
    (grpo.response_logprobs): max and mean |difference| over the sampled tokens, and the share of
-   them whose ratio lies outside [1 - clip, 1 + clip] although nothing was trained yet.
+   them whose ratio lies outside [1 - clip, 1 + clip] (the sampler is the trained model's copy).
 
-Printed: per phase, torch.cuda.max_memory_allocated above what the phase started with beside the
-plan's lines of that phase for one GPU (its gradients whole; no AdamW state: the check takes no
-optimizer step), the SDPA kernels seen, the gradient norm, the gap. Random weights give flat
-distributions, so the gap of a trained model is larger (results/LOG.md: scripts/bf16_gap.py).
-Exit status 1 when the gradients are not finite, a masked call on CUDA ran another kernel than
-the memory-efficient one, or a phase takes more than the plan's margin above its figure. --tiny: a
-small Qwen3 on the CPU (nothing measured there), so the script cannot rot.
+Printed by rank 0: per phase, torch.cuda.max_memory_allocated above what the phase started with
+(the largest of any rank's) beside the plan's lines that phase adds (`planned`), the SDPA kernels
+seen, the gradient norm, the gap. Random weights give flat distributions, so the gap of a trained
+model is larger (results/LOG.md: scripts/bf16_gap.py). Exit status 1 when the gradients are not
+finite, a masked call on CUDA ran another kernel than the memory-efficient one, or a phase takes
+more than the plan's margin above its figure. --tiny: a small Qwen3 on the CPU (nothing measured
+there), so the script cannot rot.
 """
 import argparse
 import ctypes
