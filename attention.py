@@ -288,7 +288,8 @@ def folded_query_attention(module, query: torch.Tensor, key: torch.Tensor, value
     The fold: query head h reads key/value head h // groups (groups = heads / kv_heads), so each
     key/value head's group of query heads becomes more queries of that head:
 
-        query (B, heads, q, d) -> (B, kv_heads, groups x q, d)    row g x q + i: head g, query i
+        query (B, heads, q, d) -> (B, kv_heads, groups x q, d)    row g x q + i: the group's
+                                                                   head g, query i
         mask  (B, 1, q, k)     -> (B, 1, groups x q, k)           the same q rows, groups times
         key, value (B, kv_heads, k, d): as they are
 

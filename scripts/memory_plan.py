@@ -20,9 +20,9 @@ against what the code allocates at small shapes on CPU. GB = 10^9 bytes. The pea
 of the phases (PyTorch's allocator reuses what one phase frees for the next): setup (the model as
 loaded, whole, and the copies made from it), sampling (the KV cache), the in-run evaluation (its
 own cache), training (activations, the loss's logits, the gradients), the optimizer step (AdamW's
-temporary) and, with FSDP, the rollout copy's refresh and a checkpoint save. `--margin` (default 10%) is left for the
-CUDA context, allocator fragmentation and what no line counts. Qwen3 (and Qwen2/Llama-style)
-dense models only.
+temporary) and, with FSDP, the rollout copy's refresh and a checkpoint save. `--margin` (default
+10%) is left for the CUDA context, allocator fragmentation and what no line counts. Qwen3 (and
+Qwen2/Llama-style) dense models only.
 """
 import argparse
 import dataclasses
