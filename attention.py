@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from model import TAGS
 
@@ -238,6 +240,7 @@ def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths,
 
 MASKED_SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION]   # CUDA, under a mask: the only one
 NO_KERNEL_MESSAGES = ("No available kernel", "No viable backend")   # SDPA's, when all refuse
+SDPA = "sdpa"                  # transformers' name of its SDPA attention implementation
 
 
 @contextmanager
@@ -270,6 +273,67 @@ def masked_sdpa(device: torch.device):
                          "warnings above say why: it needs q, k and v in fp32, fp16 or bf16 "
                          "with a head_dim that is a multiple of 8 and the same number of heads "
                          f"(no enable_gqa).{hint}") from e
+
+
+def folded_query_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                           scaling: float | None = None, **kwargs):
+    """transformers' "sdpa" attention function (same arguments, same result) for grouped-query
+    attention under a mask, without a copy of the keys or values. transformers repeats every
+    key/value head for its group of query heads (repeat_kv) whenever a mask is given and
+    q > 1: at a decode step of the paper's run (an Unseen block: num_paths queries a row) that
+    copies the whole cache, every layer, every step; CUDA's memory-efficient kernel takes no
+    enable_gqa at torch 2.13, and a mask refuses the kernels that do.
+
+    The fold: query head h reads key/value head h // groups (groups = heads / kv_heads), so each
+    key/value head's group of query heads becomes more queries of that head:
+
+        query (B, heads, q, d) -> (B, kv_heads, groups x q, d)    row g x q + i: the group's
+                                                                   head g, query i
+        mask  (B, 1, q, k)     -> (B, 1, groups x q, k)           the same q rows, groups times
+        key, value (B, kv_heads, k, d): as they are
+
+    Exact because our masks (build_mask_and_positions, SlotCache.mask) are the same for every
+    head of a row; the mask is copied groups times instead (queries x keys, no head_dim: at a
+    decode step about 1/1000 of what repeat_kv copies; with one query, a view). Returns
+    (B, q, heads, d) and None, as transformers' attention functions do. Any other call (no
+    GQA, no mask, a mask per head, dropout, a position bias) goes to transformers' function
+    unchanged. Used by the sampler (`folded_query_attention_for_sdpa`), not by the training
+    forward: at 3,512 tokens the mask folded four times (Qwen3-4B) outweighs the keys and
+    values repeated. NOTES.md §2-§3."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    plain = (groups == 1 or attention_mask is None or attention_mask.dim() != 4
+             or attention_mask.shape[1] != 1 or dropout > 0
+             or kwargs.get("position_bias") is not None)
+    if plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    batch, heads, queries, head_dim = query.shape
+    kv_heads = key.shape[1]
+    mask_rows = attention_mask.shape[0]                  # 1 when the mask is broadcast over rows
+    width = attention_mask.shape[-1]
+    folded_query = query.reshape(batch, kv_heads, groups * queries, head_dim)
+    folded_mask = attention_mask.expand(mask_rows, groups, queries, width)
+    folded_mask = folded_mask.reshape(mask_rows, 1, groups * queries, width)
+    output = F.scaled_dot_product_attention(folded_query, key, value, attn_mask=folded_mask,
+                                            scale=scaling)
+    output = output.reshape(batch, heads, queries, head_dim)
+    return output.transpose(1, 2).contiguous(), None
+
+
+@contextmanager
+def folded_query_attention_for_sdpa():
+    """Inside, every model whose attention implementation is "sdpa" runs
+    `folded_query_attention` (transformers' documented local override: an entry in the shared
+    AttentionInterface instance, ALL_ATTENTION_FUNCTIONS, the models look up at each call); the
+    previous entry comes back after. The sampler's generate call runs inside."""
+    functions = ALL_ATTENTION_FUNCTIONS
+    previous = functions[SDPA]
+    functions[SDPA] = folded_query_attention
+    try:
+        yield
+    finally:
+        functions[SDPA] = previous
 
 
 # ---------------------------------------------------------------------------------------------

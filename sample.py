@@ -44,7 +44,6 @@ once half the batch is done.
 import dataclasses
 import os
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -57,6 +56,7 @@ from attention import (
     Structure,
     TagIds,
     build_mask_and_positions,
+    folded_query_attention_for_sdpa,
     masked_sdpa,
     parse_structure,
     token_logprobs,
@@ -622,24 +622,6 @@ def critical_path(structure: Structure, mode: str) -> int:
     return steps
 
 
-@contextmanager
-def sdpa_shares_kv_heads(device: torch.device):
-    """Several masked queries per row (an Unseen block) make transformers copy every layer's
-    cached keys and values at every step (repeat_kv, for grouped-query attention) unless SDPA
-    shares the key/value heads itself, which on CPU it does without a copy. On CUDA never: under
-    a mask only the memory-efficient kernel runs (attention.masked_sdpa), and at torch 2.13 it
-    takes no enable_gqa (its documentation: GQA works only for flash and math)."""
-    key = "TRANSFORMERS_SDPA_FORCE_GQA"
-    saved = os.environ.get(key)
-    os.environ[key] = "1" if device.type == "cpu" else "0"
-    try:
-        yield
-    finally:
-        del os.environ[key]
-        if saved is not None:
-            os.environ[key] = saved
-
-
 @torch.inference_mode()
 def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen",
              sampling: SamplingConfig | None = None, **settings) -> list[Rollout]:
@@ -664,7 +646,7 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
         generator.manual_seed(sampling.seed)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tags.eos
     engine = Engine(model, tags, mode, sampling, pad_id, generator)
-    with sdpa_shares_kv_heads(engine.device):
+    with folded_query_attention_for_sdpa():     # no copy of the cache's keys and values
         samples = engine.run(encoded, group_size)
     rollouts = []
     for s in samples:
