@@ -22,11 +22,13 @@ happens once its fed token is in the cache. One Unseen sample, and the method of
       ▼
     MAIN ... ──samples EOS, or the budget is spent──▶ done: open paths get their </Path>   _finish
 
-Every fed token gets a draw from its logits; the draw is dropped wherever the runtime decides the
-next token: after <Parallel> and after each fed </Path> (the path waits for its siblings), before
-a forced token (</Parallel>, \n, <Summary>; Seen: <Path>), at a path's budget (</Path> injected),
-and an EOS inside a path or a summary becomes its closing tag. A sample whose budget cannot hold
-the block it opened ends after its <Parallel> (a malformed response: the reward says so).
+Every fed token gets a draw from its logits (the logits of the token just fed); the draw is
+dropped wherever the runtime decides the next token: after <Parallel> and after each fed </Path>
+(the path waits for its siblings; Unseen appends </Parallel> itself once all have closed), before
+a forced token (\n, <Summary>; Seen also <Path> and </Parallel>), at a path's budget (</Path>
+injected), and an EOS inside a path or a summary becomes its closing tag. A sample whose budget
+cannot hold the block it opened ends after its <Parallel>, and one whose budget ends right after
+the paths ends there (malformed responses: the reward says so).
 
 Seen is the same on the main stream alone: its paths follow one another (<Path> injected after
 each </Path>), causally; "sequential" is plain sampling. An Unseen path's query sees the shared
@@ -402,6 +404,8 @@ class Engine:
         first_of_path = torch.tensor(first_of_path, device=self.device)[:, None]
         banned[:, [self.tags.end_path, eos]] |= first_of_path        # no empty path (NOTES.md §4)
         chosen = draw_tokens(logits, banned, self.sampling, self.generator)
+        # the log-prob under the unmasked softmax, the one the training forward computes, so the
+        # ratio compares like with like; the bans only take out tags the runtime writes itself
         logprobs = token_logprobs(logits, chosen, self.sampling.temperature)
         for (s, st), token, logprob in zip(fed, chosen.tolist(), logprobs.tolist()):
             if s.done:
@@ -427,11 +431,14 @@ class Engine:
     # What a token costs: 1. In decode steps (budget="steps") the paths of an Unseen block decode
     # side by side, so a path's token costs only what it adds to the block's longest path; Seen
     # writes one token a step, so there D = T. What a path reserves: its </Path>, kept free from
-    # its <Path> on, so that a path the budget cuts still closes and the response parses (the
-    # path budget, max_path_tokens, closes it the same way). So opening paths needs room for
-    # every new path's <Path> and </Path>, 2 tokens a path; in decode steps an Unseen block's
-    # paths open side by side: 2 steps for all of them. Whatever does not fit ends the sample
-    # ("budget"); the token drawn for it is dropped.
+    # its <Path> on, so that a path the budget cuts still closes (the path budget,
+    # max_path_tokens, closes it the same way): an unclosed path would, under the parser's
+    # recovery, run to the end of the response and take its sibling paths in, and the training
+    # mask would no longer be the one the tokens were sampled under. Nothing is reserved for
+    # </Parallel> or the summary: a response cut there is malformed, and parses as sampled.
+    # So opening paths needs room for every new path's <Path> and </Path>, 2 tokens a path; in
+    # decode steps an Unseen block's paths open side by side: 2 steps for all of them. Whatever
+    # does not fit ends the sample ("budget"); the token drawn for it is dropped.
 
     def _committed(self, s: Sample, growing: Stream | None = None) -> int:
         """What the sample has spent and reserved: T (or D) plus a </Path> for every open path;
@@ -496,11 +503,11 @@ class Engine:
         if st.forced:                              # `token` is dropped: the runtime's comes next
             return self._inject(s, st)
         if st.segment == PATH:
+            if token == self.tags.end_path:        # fits even at the path budget: kept free
+                return self._end_path(s, st, sampled=1, logprob=logprob)
             out_of_path_budget = st.path_len + 1 >= self.max_path_tokens
             if out_of_path_budget or token == self.tags.eos:       # dropped: </Path> injected
                 return self._end_path(s, st, sampled=0, logprob=0.0)
-            if token == self.tags.end_path:
-                return self._end_path(s, st, sampled=1, logprob=logprob)
         sampled = 1
         if st.segment == SUMMARY and token == self.tags.eos:       # dropped: </Summary> injected
             token = self.tags.end_summary
