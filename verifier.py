@@ -641,8 +641,10 @@ SYMBOL_BEFORE_BRACKET = re.compile(
     r"|\\(?:" + GREEK + r")(?![A-Za-z]))\s*(?=[(\[])")
 
 
-CANCEL_DIGITS = 30     # cancels: the precision a difference of two constants is evaluated at ...
-CANCEL_GAP = 1e-20     # ... and above which it is no float noise (1 - sin^2 - cos^2 of pi/7: ~1e-166)
+# cancels: the precision a difference of two constants is evaluated at, and the gap above which
+# it is no float noise (1 - sin^2 - cos^2 of pi/7 evaluates to ~1e-166)
+CANCEL_DIGITS = 30
+CANCEL_GAP = 1e-20
 
 
 def explicit_products(s: str) -> str:
