@@ -53,7 +53,17 @@ LANE_INCHES = 0.35
 MASK_INCHES = 4.0
 MIN_TIMELINE_INCHES = 6.0
 GLYPH_POINTS = 6.5
+LABEL_POINTS = 7                     # block labels, bar labels, the legend
+AXIS_POINTS = 8
+TITLE_POINTS = 9
+MARGIN_INCHES = 1.0                  # room for the lane names and the titles
+HALF_CELL = 0.5                      # a cell's centre: one decode step wide, one lane high
 BAR_HEIGHT = 0.6                     # the D and T bars under the lanes, in lanes
+D_BAR_BELOW = 0.3                    # where the D bar starts below the last lane, in lanes
+T_BAR_BELOW = 1.1                    # ... and the T bar
+BLOCK_LINE_Y = -0.15                 # a block's span, drawn above the main chain's lane
+BLOCK_LABEL_Y = -0.3
+TOP_LANES = 1.2                      # room above the main chain for the block labels
 DPI = 130
 
 
@@ -158,31 +168,18 @@ def mask_picture(rollout: Rollout, tags: TagIds) -> torch.Tensor:
     return picture
 
 
-def draw(rollout: Rollout, tokenizer, mode: str, title: str, out: str) -> str:
-    """Draw `rollout` (its response against the decode step, and its Unseen mask) into the PNG
-    `out`; returns `out`. SystemExit with the install command without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.colors import ListedColormap
-        from matplotlib.patches import Patch, Rectangle
-    except ImportError:
-        raise SystemExit("drawing needs matplotlib, an optional dependency: pip install "
-                         "matplotlib  (or pip install -r requirements-extra.txt)") from None
-    tags = TagIds.from_tokenizer(tokenizer)
+def draw_timeline(axes, rollout: Rollout, labels: list[str], mode: str, title: str):
+    """On `axes`: each response token as a cell at (its decode step, its lane), coloured by what
+    it belongs to, its glyph grey where the runtime injected it; each block's span and sizes; D
+    against T as two bars."""
+    from matplotlib.patches import Rectangle
+
     structure = rollout.structure
     steps = decode_steps(structure, mode)
     lane_of = lanes(structure)
     summary = in_summary(structure)
-    labels = glyphs(rollout.response_ids, tags, tokenizer)
     num_lanes = 1 + max(lane_of, default=0)
     total_tokens = structure.length
-    timeline_inches = max(MIN_TIMELINE_INCHES, CELL_INCHES * (total_tokens + 2))
-    height = max(MASK_INCHES, LANE_INCHES * (num_lanes + 3)) + 1.0
-    figure, (timeline, mask_axes) = plt.subplots(
-        1, 2, figsize=(timeline_inches + MASK_INCHES + 1.0, height),
-        gridspec_kw={"width_ratios": [timeline_inches, MASK_INCHES]})
     for i in range(total_tokens):
         lane = lane_of[i]
         if lane > 0:
@@ -191,57 +188,88 @@ def draw(rollout: Rollout, tokenizer, mode: str, title: str, out: str) -> str:
             colour = SUMMARY_COLOUR
         else:
             colour = MAIN_COLOUR
-        timeline.add_patch(Rectangle((steps[i], lane), 1, 1, facecolor=colour,
-                                     edgecolor="white", linewidth=0.3))
+        axes.add_patch(Rectangle((steps[i], lane), 1, 1, facecolor=colour, edgecolor="white",
+                                 linewidth=0.3))
         if rollout.sampled_mask[i]:
             text_colour = "black"
         else:
             text_colour = INJECTED_TEXT_COLOUR
-        timeline.text(steps[i] + 0.5, lane + 0.5, labels[i], ha="center", va="center",
-                      fontsize=GLYPH_POINTS, family="monospace", color=text_colour)
+        axes.text(steps[i] + HALF_CELL, lane + HALF_CELL, labels[i], ha="center", va="center",
+                  fontsize=GLYPH_POINTS, family="monospace", color=text_colour)
     # D, the decode steps this response took, against T, what one token after another takes.
     decode_steps_used = max(steps, default=-1) + 1
-    parallel_lane = num_lanes + 0.3
-    sequential_lane = num_lanes + 1.1
+    parallel_lane = num_lanes + D_BAR_BELOW
+    sequential_lane = num_lanes + T_BAR_BELOW
     bars = ((parallel_lane, decode_steps_used, "#4c72b0", f"D = {decode_steps_used} decode steps"),
             (sequential_lane, total_tokens, "#999999",
              f"T = {total_tokens} tokens one after another: {total_tokens} steps"))
     for y, length, colour, label in bars:
-        timeline.add_patch(Rectangle((0, y), length, BAR_HEIGHT, facecolor=colour))
-        timeline.text(0.5, y + BAR_HEIGHT / 2, label, va="center", fontsize=7, color="white")
+        axes.add_patch(Rectangle((0, y), length, BAR_HEIGHT, facecolor=colour))
+        axes.text(HALF_CELL, y + BAR_HEIGHT / 2, label, va="center", fontsize=LABEL_POINTS,
+                  color="white")
     for k, block in enumerate(structure.blocks):
         lengths = [end - start for start, end in block.paths]
         if not lengths:
             continue
         first = steps[block.paths[0][0]]
-        timeline.plot([first, first + max(lengths)], [-0.15, -0.15], color="#666666",
-                      linewidth=1)
-        timeline.text(first, -0.3, f"block {k + 1}: {len(lengths)} paths, {sum(lengths)} "
-                      f"tokens in {max(lengths)} steps", fontsize=7)
+        axes.plot([first, first + max(lengths)], [BLOCK_LINE_Y, BLOCK_LINE_Y], color="#666666",
+                  linewidth=1)
+        axes.text(first, BLOCK_LABEL_Y, f"block {k + 1}: {len(lengths)} paths, {sum(lengths)} "
+                  f"tokens in {max(lengths)} steps", fontsize=LABEL_POINTS)
     lane_names = ["main chain"] + [f"path {j}" for j in range(1, num_lanes)]
-    ticks = [lane + 0.5 for lane in range(num_lanes)]
+    ticks = [lane + HALF_CELL for lane in range(num_lanes)]
     ticks += [parallel_lane + BAR_HEIGHT / 2, sequential_lane + BAR_HEIGHT / 2]
-    timeline.set_yticks(ticks, lane_names + [mode, "sequential"])
-    timeline.set_xlim(0, total_tokens + 1)
-    timeline.set_ylim(sequential_lane + 1, -1.2)
-    timeline.set_xlabel("decode step", fontsize=8)
+    axes.set_yticks(ticks, lane_names + [mode, "sequential"])
+    axes.set_xlim(0, total_tokens + 1)
+    axes.set_ylim(sequential_lane + 1, -TOP_LANES)
+    axes.set_xlabel("decode step", fontsize=AXIS_POINTS)
     title += (f"\ngrey: injected by the runtime; [ ] <Parallel>, ( ) <Path>, {{ }} <Summary>, "
               f"{NEWLINE_GLYPH} newline, {EOS_GLYPH} EOS")
-    timeline.set_title(title, fontsize=9, loc="left")
+    axes.set_title(title, fontsize=TITLE_POINTS, loc="left")
     for side in ("top", "right", "left"):
-        timeline.spines[side].set_visible(False)
+        axes.spines[side].set_visible(False)
+
+
+def draw_mask(axes, rollout: Rollout, tags: TagIds):
+    """On `axes`: the Unseen mask of prompt + response (mask_picture), the prompt marked off."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
     picture = mask_picture(rollout, tags)
-    mask_axes.imshow(picture.numpy(), cmap=ListedColormap(MASK_COLOURS), vmin=0,
-                     vmax=len(MASK_COLOURS) - 1, interpolation="nearest")
+    axes.imshow(picture.numpy(), cmap=ListedColormap(MASK_COLOURS), vmin=0,
+                vmax=len(MASK_COLOURS) - 1, interpolation="nearest")
     prompt_length = len(rollout.prompt_ids)
-    mask_axes.axhline(prompt_length - 0.5, color="#666666", linewidth=0.5)
-    mask_axes.axvline(prompt_length - 0.5, color="#666666", linewidth=0.5)
-    mask_axes.set_title("Unseen mask (row: query, column: key)", fontsize=9)
-    mask_axes.set_xlabel(f"prompt: tokens 0-{prompt_length - 1}, then the response", fontsize=8)
-    mask_axes.legend(handles=[Patch(color=MASK_COLOURS[VISIBLE], label="visible"),
-                              Patch(color=MASK_COLOURS[UNSEEN_HIDDEN],
-                                    label="hidden by Unseen (a sibling path)")],
-                     fontsize=7, loc="upper right")
+    axes.axhline(prompt_length - HALF_CELL, color="#666666", linewidth=0.5)
+    axes.axvline(prompt_length - HALF_CELL, color="#666666", linewidth=0.5)
+    axes.set_title("Unseen mask (row: query, column: key)", fontsize=TITLE_POINTS)
+    axes.set_xlabel(f"prompt: tokens 0-{prompt_length - 1}, then the response",
+                    fontsize=AXIS_POINTS)
+    axes.legend(handles=[Patch(color=MASK_COLOURS[VISIBLE], label="visible"),
+                         Patch(color=MASK_COLOURS[UNSEEN_HIDDEN],
+                               label="hidden by Unseen (a sibling path)")],
+                fontsize=LABEL_POINTS, loc="upper right")
+
+
+def draw(rollout: Rollout, tokenizer, mode: str, title: str, out: str) -> str:
+    """Draw `rollout` (its response against the decode step, and its Unseen mask) into the PNG
+    `out`; returns `out`. SystemExit with the install command without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("drawing needs matplotlib, an optional dependency: pip install "
+                         "matplotlib  (or pip install -r requirements-extra.txt)") from None
+    tags = TagIds.from_tokenizer(tokenizer)
+    labels = glyphs(rollout.response_ids, tags, tokenizer)
+    num_lanes = 1 + max(lanes(rollout.structure), default=0)
+    timeline_inches = max(MIN_TIMELINE_INCHES, CELL_INCHES * (rollout.structure.length + 2))
+    height = max(MASK_INCHES, LANE_INCHES * (num_lanes + 3)) + MARGIN_INCHES
+    width = timeline_inches + MASK_INCHES + MARGIN_INCHES
+    figure, axes = plt.subplots(1, 2, figsize=(width, height),
+                                gridspec_kw={"width_ratios": [timeline_inches, MASK_INCHES]})
+    draw_timeline(axes[0], rollout, labels, mode, title)
+    draw_mask(axes[1], rollout, tags)
     figure.tight_layout()
     figure.savefig(out, dpi=DPI)
     plt.close(figure)
