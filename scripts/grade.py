@@ -5,10 +5,10 @@
     python scripts/grade.py --json=grade.json      # also every test's outcome, as JSON
 
 Exercise k's tests are the ones marked exercise_k (tests/test_exercises.py and the tests that
-tests/conftest.py's EXERCISE_TESTS tags); one pytest session runs them all, quietly. A failing
-exercise shows its first failure; one that fails with another exercise's NotImplementedError says
-which to do first. Exit status 0 when every exercise asked for passes, else 1. For the full
-failure: python -m pytest -m exercise_k -x tests
+tests/conftest.py's EXERCISE_TESTS tags); one pytest session runs them all, quietly. An exercise
+not done says how many of its tests stop at its own NotImplementedError (not started), at another
+exercise's (do that one first), or fail otherwise (the first line of the first). Exit status 0 when
+every exercise asked for passes, else 1. The full failure: python -m pytest -m exercise_k -x tests
 """
 import argparse
 import json
@@ -69,9 +69,11 @@ def exercise_names(root: str = ROOT) -> dict[int, str]:
 
 def first_line_of_failure(text: str) -> str:
     """The first "E   ..." line of a pytest failure report (else its last line), cut short."""
-    lines = text.splitlines()
+    lines = text.splitlines() or [""]
     errors = [line[1:].strip() for line in lines if line.startswith("E ")]
-    line = errors[0] if errors else (lines[-1].strip() if lines else "")
+    line = lines[-1].strip()
+    if errors:
+        line = errors[0]
     if len(line) > REASON_CHARS:
         line = line[:REASON_CHARS - 3] + "..."
     return line
