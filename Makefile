@@ -2,6 +2,7 @@
 #                embedded default (SEED=1: another seed)
 # make test   -- create .venv if missing, install (with requirements-extra.txt: matplotlib, wandb, ruff), lint, run the tests
 # make student DIR=...  -- the course kit's student copy (ASSIGNMENTS.md): exercise bodies replaced by a raise
+# make grade  -- the course kit's grade: each exercise's tests, one line per exercise and a total
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -17,7 +18,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 SEED    ?= 0
 export SEED
 
-.PHONY: demo test install reproduce clean student
+.PHONY: demo test install reproduce clean student grade
 
 install: $(STAMP)
 
@@ -37,6 +38,9 @@ test: $(STAMP) $(EXTRA)
 student:
 	@test -n "$(DIR)" || { echo "usage: make student DIR=<empty or new folder>"; exit 2; }
 	$(PY) scripts/make_student.py "$(DIR)"
+
+grade: $(STAMP)
+	$(BIN)/python scripts/grade.py
 
 demo: $(STAMP) $(EXTRA)
 	bash scripts/demo.sh

@@ -171,13 +171,15 @@ BRACED_SUBSCRIPT = re.compile(r"_\{([A-Za-z0-9])\}")   # x_{i} is x_i to TeX, no
 
 def strip_unit_words(s: str) -> str:
     """"5 apples", "12 square feet", "3cm" -> the number: words of 2+ letters after a space, or
-    short units."""
+    short units; but not several one-letter words ("2 m s" is the product 2ms)."""
     number = LEADING_NUMBER.match(s)
     if not number:
         return s
     words = [UNIT_WORD.fullmatch(w) for w in s[number.end():].split()]
     if not words or not all(words):
         return s
+    if len(words) > 1 and all(len(word[1]) == 1 for word in words):
+        return s                                 # "2 m s": letters side by side, a product
     apart = s[number.end()].isspace()
     for k, word in enumerate(words):
         long_word = (k or apart) and len(word[1]) >= 2
@@ -495,6 +497,9 @@ SAFE_CHARACTERS = re.compile(r"[A-Za-z0-9\s\\{}\[\]()^_+\-*/=<>,.!|:;&']*")
 EXPRESSION_BOMB = re.compile(r"__|\*\*|\^\s*(?:\{[^}]*(?:\^|\d{5})|[-+]?\d{5}"
                              r"|(?:[-+]?\d+|\\?[a-zA-Z]+)\^)|\d{5}\s*!")
 VARIABLE_LETTER = re.compile(r"[a-df-hj-zA-Z]")    # a letter that is no e or i
+WORD = re.compile(r"[A-Za-z]{2,}")                  # "no", "left", "Evelyn": a word, not a product
+CONTROL_WORD = re.compile(r"\\[a-zA-Z]+")
+MAY_CANCEL = re.compile(r"[-/\\]")                  # a minus, a division, a control word (\frac)
 
 
 def symbolic_safe(s: str) -> bool:
@@ -508,6 +513,20 @@ def symbolic_safe(s: str) -> bool:
 
 
 normalize_gold = lru_cache(maxsize=65536)(normalize_answer)   # golds repeat group_size times
+
+
+def depends_on_a_variable(s: str) -> bool:
+    """Whether a normalised answer surely depends on a variable (so it is no number): it holds a
+    variable letter (not e or i, outside control words) and either has no minus, division or
+    control word (a sum of products with plus signs only: 54x^2+108x), or some variable letter in
+    it occurs once. Terms may cancel otherwise (x - x, \\frac{x}{x}, \\sin^2x+\\cos^2x): such an
+    answer may equal a number, and the symbolic stage decides."""
+    letters = VARIABLE_LETTER.findall(CONTROL_WORD.sub("", s))
+    if not letters:
+        return False
+    if not MAY_CANCEL.search(s):
+        return True
+    return any(letters.count(letter) == 1 for letter in set(letters))
 
 
 def fast_check(pred: str | None, gold: str) -> tuple[bool | None, str, str]:
@@ -524,6 +543,8 @@ def fast_check(pred: str | None, gold: str) -> tuple[bool | None, str, str]:
             g = normalize_gold(gold, True)
     if not p or not g or p == g:
         return bool(p and p == g), p, g
+    if WORD.fullmatch(p) and WORD.fullmatch(g):   # two words: "on" is not "no" (a product would be)
+        return p.lower() == g.lower(), p, g
     if "_" in p + g:
         in_base = base_check(p, g)
         if in_base is not None:
@@ -542,8 +563,7 @@ def fast_check(pred: str | None, gold: str) -> tuple[bool | None, str, str]:
     if (a is None) != (b is None):        # a number is not several numbers, nor an expression
         other, items = (p, pred_list) if a is None else (g, gold_list)     # in a variable
         several = items and len(items[1]) > 1
-        without_macros = re.sub(r"\\[a-zA-Z]+", "", other)
-        if several or VARIABLE_LETTER.search(without_macros):
+        if several or depends_on_a_variable(other):
             return False, p, g
     if symbolic_safe(p) and symbolic_safe(g):
         return None, p, g
@@ -610,6 +630,51 @@ WARMUP_PAIRS = (("\\frac{1}{2}", "0.5"), ("x(x+1)", "x^2+x"), ("\\sqrt{8}", "2\\
 POLL_SECONDS = 0.5              # how often a batch's waiter checks that its pool still runs
 
 
+# A symbol right before a bracket: one letter (with its subscript) or a Greek letter. The parser
+# reads x(2), \pi(r^2) and x_1(x_2) as function calls (a letter before a bracketed expression as a
+# product: inconsistent); f, g and h before a bracket stay function names.
+GREEK = ("alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|lambda|mu|"
+         "nu|xi|pi|varpi|rho|sigma|tau|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|"
+         "Xi|Pi|Sigma|Phi|Psi|Omega")
+SYMBOL_BEFORE_BRACKET = re.compile(
+    r"((?<![\\A-Za-z])[a-eij-zA-Z](?:_(?:\{[A-Za-z0-9]{1,8}\}|[A-Za-z0-9]))?"
+    r"|\\(?:" + GREEK + r")(?![A-Za-z]))\s*(?=[(\[])")
+
+
+# cancels: the precision a difference of two constants is evaluated at, and the gap above which
+# it is no float noise (1 - sin^2 - cos^2 of pi/7 evaluates to ~1e-166)
+CANCEL_DIGITS = 30
+CANCEL_GAP = 1e-20
+
+
+def explicit_products(s: str) -> str:
+    r"""A normalised answer with "\cdot" between a symbol and the bracket right after it:
+    x(2) -> x\cdot(2), \pi(r^2) -> \pi\cdot(r^2) (SYMBOL_BEFORE_BRACKET; f(x), \sin(x) unchanged).
+    One linear regex pass: bounded in time."""
+    return SYMBOL_BEFORE_BRACKET.sub(r"\1\\cdot ", s)
+
+
+def cancels(gold, pred) -> bool:
+    """Whether two parsed expressions, one of them a lone symbol or number, differ by something
+    that simplifies to 0 once their unevaluated parts are evaluated (doit): x + y - y is x,
+    \\log_2 8 - 3 is 0. math-verify compares a lone symbol as text (x + y - y is not x to it) and
+    simplifies without doit; two compound expressions it simplifies itself. Plain expressions
+    only: not sets, relations or matrices (math-verify's rules decide those)."""
+    from sympy import Expr, simplify
+
+    for e in (gold, pred):
+        if not isinstance(e, Expr) or getattr(e, "is_Matrix", False):
+            return False
+    if not (gold.is_Atom or pred.is_Atom):
+        return False
+    difference = gold.doit() - pred.doit()
+    if not difference.free_symbols:              # two constants: a clear gap needs no simplify
+        with suppress(TypeError):                # a gap sympy cannot order (complex): simplify
+            if abs(difference.evalf(CANCEL_DIGITS)) > CANCEL_GAP:
+                return False
+    return simplify(difference).is_zero is True
+
+
 def symbolic_equal(pred: str, gold: str) -> bool:
     """math-verify (LaTeX extraction only, its timeouts off: ours is the kill). It compares a
     relation with a set only when the gold is the relation; a solved one-variable inequality
@@ -625,12 +690,14 @@ def symbolic_equal(pred: str, gold: str) -> bool:
     normalization = NormalizationConfig(basic_latex=True, units=False, malformed_operators=True,
                                         nits=True, boxed="all", equations=False)
     latex_only = [LatexExtractionConfig(normalization_config=normalization)]
-    g = parse(f"${gold}$", extraction_config=latex_only, parsing_timeout=None)
-    p = parse(f"${pred}$", extraction_config=latex_only, parsing_timeout=None)
+    g = parse(f"${explicit_products(gold)}$", extraction_config=latex_only, parsing_timeout=None)
+    p = parse(f"${explicit_products(pred)}$", extraction_config=latex_only, parsing_timeout=None)
     if not (g and p):
         return False
-    if math_verify(g, p, timeout_seconds=None):
-        return not far_apart(g[0], p[0])
+    if math_verify(g, p, timeout_seconds=None) and not far_apart(g[0], p[0]):
+        return True
+    if cancels(g[0], p[0]):                      # also where far_apart saw float noise near 0
+        return True
     several = isinstance(p[0], FiniteSet) and len(p[0]) > 1
     several = several and all(map(solved_inequality, p[0].args))
     relation = Or(*p[0].args) if several else p[0]   # "x <= -1 or x >= 2": a set of relations

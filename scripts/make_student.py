@@ -115,9 +115,9 @@ def main(argv=None) -> None:
     for k in sorted(exercises):
         for where in exercises[k]:
             print(f"  {k}. {where}")
-    print(f"next: cd {args.dir} && python -m venv .venv && .venv/bin/pip install -r "
-          "requirements.txt; then see ASSIGNMENTS.md (grade one exercise: python -m pytest -m "
-          "exercise_1)")
+    print(f"next: cd {args.dir} && make grade (it creates .venv and installs "
+          "requirements.txt first); then see ASSIGNMENTS.md (one exercise: python -m pytest -m "
+          "exercise_1 tests)")
 
 
 if __name__ == "__main__":

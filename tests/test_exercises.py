@@ -95,6 +95,34 @@ def test_ex1_malformed_responses_say_why(ids, phrase):
          f"reason={s.reason!r}")
 
 
+@pytest.mark.exercise_1
+@pytest.mark.parametrize("ids, reason", [
+    ([24, P, A, 25, EA, EP, NL, S, 28, ES], "block at token 1 has 1 path(s), needs >= 2"),
+    ([24, P, A, 25, EA, A, 26], "unclosed <Path> at token 5"),
+    ([24, P, A, 25, S, EA, A, 26, EA, EP, NL, S, 28, ES],
+     f"structural tag {S} inside a path (token 4)"),
+    ([24, P, A, 25, EA, A, 26, EA, EP, 29], "no <Summary> after </Parallel> (token 9)"),
+    ([24, EA, 25], f"stray structural tag {EA} in the main chain (token 1)"),
+    ([P, A, EA, A, 25, EA, EP, NL, S, ES], "empty path at token 1"),
+    ([24, S, 25, ES], "<Summary> without a parallel block (token 1)"),
+    ([24, P, A, 25, EA, 26, A, 27, EA, EP, NL, S, ES],
+     "token 5 inside a block but outside every path"),
+    ([24, P, A, 25, EA, A, 26, EA, EP, NL, S, 28, P, ES],
+     f"structural tag {P} inside a summary (token 12)"),
+    ([24, P, A, 25, EA, A, 26, EA], "unclosed <Parallel> at token 1"),
+    ([24, P, A, 25, EA, A, 26, EA, EP], "no <Summary> after the last </Parallel>"),
+    ([24, P, A, 25, EA, A, 26, EA, EP, NL, S, 28], "unclosed <Summary> at token 10"),
+])
+def test_ex1_reasons_word_for_word(ids, reason):
+    """The reason is part of the interface: rewards.check_format returns it, the format reward's
+    tests compare it word for word, and a student reading a rollout's reason finds the token.
+    The first problem found, with its token index (0-based, in the response)."""
+    s = parse_structure(ids, TAGS)
+    assert (s.valid, s.reason) == (False, reason), \
+        (f"{show(ids)}\n  expected reason {reason!r}\n  got valid={s.valid}, reason={s.reason!r}"
+         f"\n  (the attention.parse_structure docstring; NOTES.md §1)")
+
+
 # --------------------------------------------------------------------------------------------------
 # Exercise 2: unseen_positions (NOTES.md §2). The structures are written by hand: no parser
 # needed.
@@ -313,26 +341,81 @@ def test_ex9_decode_mask_from_the_slot_owners_by_hand():
 
 
 @pytest.mark.exercise_9
-def test_ex9_closing_a_block_by_hand():
-    """A sample whose prompt and <Parallel> fill slots 0-3 (p = 3), then path 1 (<A> 7 </A>,
-    slots 4-6) and path 2 (<A> 8 9 </A>, slots 7-10); both have fed their </Path>."""
+def test_ex9_decode_mask_reads_each_rows_own_owners():
+    """Two rows (two samples) whose slots have different owners: each query reads its own row.
+    Row 0: slot 2 is path 1's, slot 3 path 2's; row 1: the other way round."""
+    cache = SlotCache(rows=2, capacity=6, device="cpu")
+    path_1 = FIRST_PATH_OWNER
+    path_2 = FIRST_PATH_OWNER + 1
+    cache.owner[0, :4] = torch.tensor([SHARED, SHARED, path_1, path_2])
+    cache.owner[1, :4] = torch.tensor([SHARED, SHARED, path_2, path_1])
+    cache.attend_to(4)
+    codes = torch.tensor([[path_1, SHARED], [path_1, SHARED]])
+    seen = (cache.mask(codes, torch.float32)[:, 0] == 0).int().tolist()
+    expected = [[[1, 1, 1, 0], [1, 1, 0, 0]],          # row 0: path 1 owns slot 2
+                [[1, 1, 0, 1], [1, 1, 0, 0]]]          # row 1: path 1 owns slot 3
+    assert seen == expected, \
+        f"owners {cache.owner[:, :4].tolist()}, query codes {codes.tolist()}: visible (1) " \
+        f"expected per row\n  {expected}\n  got\n  {seen} (each row's queries read that row's " \
+        f"owners; NOTES.md §2-§3)"
+
+
+def tiny_engine(rows: int):
+    """An Unseen engine on the tiny model with an empty `rows`-row cache, and its tokenizer."""
     model, tok = load_model("tiny", seed=0)
     tags = TagIds.from_tokenizer(tok)
     engine = Engine(model, tags, "unseen", SamplingConfig(max_new_tokens=40), tok.pad_token_id,
                     torch.Generator())
-    engine.cache = SlotCache(rows=1, capacity=16, device="cpu")
+    engine.cache = SlotCache(rows=rows, capacity=16, device="cpu")
+    return engine, tok
+
+
+def two_path_block(tok, tags):
+    """The cache owners and a Sample of test_ex9_closing_a_block_by_hand: prompt and <Parallel>
+    in slots 0-3 (p = 3), path 1 (<A> 7 </A>) in slots 4-6, path 2 (<A> 8 9 </A>) in 7-10."""
     path_1 = FIRST_PATH_OWNER
     path_2 = FIRST_PATH_OWNER + 1
     owners = [SHARED] * 4 + [path_1] * 3 + [path_2] * 4
-    engine.cache.owner[0, :11] = torch.tensor(owners)
     seven, eight, nine = (tok.convert_tokens_to_ids(c) for c in "789")
-    parallel = (tags.parallel, 1, -0.5)
     first = [(tags.path, 0, 0.0), (seven, 1, -1.0), (tags.end_path, 1, -0.25)]
     second = [(tags.path, 0, 0.0), (eight, 1, -2.0), (nine, 1, -0.5), (tags.end_path, 1, -0.75)]
-    main = Stream(MAIN, position=4, tokens=[parallel])          # p + 1: <Parallel> was fed
+    main = Stream(MAIN, position=4, tokens=[(tags.parallel, 1, -0.5)])   # <Parallel> was fed
     paths = [Stream(PATH, position=7, owner=path_1, tokens=list(first), path_len=3),
              Stream(PATH, position=8, owner=path_2, tokens=list(second), path_len=4)]
-    s = Sample(0, [11, 12, 13], main, paths=paths, tokens_spent=8, steps_spent=1)
+    return owners, Sample(0, [11, 12, 13], main, paths=paths, tokens_spent=8, steps_spent=1)
+
+
+@pytest.mark.exercise_9
+def test_ex9_closing_a_block_changes_only_its_own_cache_row():
+    """Two samples, each in the middle of a block, in rows 0 and 1: closing the block of the
+    sample in row 1 shares row 1's path slots and leaves row 0's owners as they were (its paths
+    are still open: they must not see each other)."""
+    engine, tok = tiny_engine(rows=2)
+    owners, other = two_path_block(tok, engine.tags)
+    owners_1, s = two_path_block(tok, engine.tags)
+    engine.cache.owner[0, :11] = torch.tensor(owners)
+    engine.cache.owner[1, :11] = torch.tensor(owners_1)
+    engine.rows = [other, s]
+    engine._close_block(s)
+    got = engine.cache.owner[:, :11].tolist()
+    expected = [owners, [SHARED] * 11]
+    assert got == expected, \
+        f"owners of rows 0 and 1 after closing the block of the sample in row 1 " \
+        f"(self.rows.index(s))\n  expected {expected}\n  got      {got}"
+
+
+@pytest.mark.exercise_9
+def test_ex9_closing_a_block_by_hand():
+    """A sample whose prompt and <Parallel> fill slots 0-3 (p = 3), then path 1 (<A> 7 </A>,
+    slots 4-6) and path 2 (<A> 8 9 </A>, slots 7-10); both have fed their </Path>."""
+    engine, tok = tiny_engine(rows=1)
+    tags = engine.tags
+    owners, s = two_path_block(tok, tags)
+    engine.cache.owner[0, :11] = torch.tensor(owners)
+    main = s.main
+    parallel = main.tokens[0]
+    first = list(s.paths[0].tokens)
+    second = list(s.paths[1].tokens)
     engine.rows = [s]
     engine._close_block(s)
     assert engine.cache.owner[0, :12].tolist() == [SHARED] * 11 + [HIDDEN], \

@@ -45,8 +45,30 @@ def models():
     return model, biased(model, tok), tok
 
 
+LOGPROB_TOLERANCE = 1e-4     # fp32: the sampler's and the training forward's agree to ~1e-6
+
+
+def where_in_response(structure, j: int) -> str:
+    """Which part of a response token j is in: "path k of block b", "summary of block b", "block
+    b (between its paths or its tags)" or "main chain" (blocks and paths counted from 1)."""
+    for b, block in enumerate(structure.blocks, 1):
+        for k, (start, end) in enumerate(block.paths, 1):
+            if start <= j < end:
+                return f"path {k} of block {b}"
+        if block.summary and block.summary[0] <= j < block.summary[1]:
+            return f"summary of block {b}"
+        last = block.end
+        if last is None:                               # cut off inside the block
+            last = max([block.start] + [end - 1 for _, end in block.paths])
+        if block.start < j <= last:
+            return f"block {b} (between its paths or its tags)"
+    return "main chain"
+
+
 def max_logprob_diff(model, tok, rollouts, mode, temperature):
-    """Max |recorded - training forward| log-prob over every sampled token of every rollout."""
+    """Max |recorded - training forward| log-prob over every sampled token of every rollout; a
+    difference above LOGPROB_TOLERANCE fails the test with where the first one is (sample,
+    token, path / summary / main chain, recorded against recomputed) and how many there are."""
     tags = TagIds.from_tokenizer(tok)
     seqs = [r.prompt_ids + r.response_ids for r in rollouts]
     L = max(map(len, seqs))
@@ -59,16 +81,35 @@ def max_logprob_diff(model, tok, rollouts, mode, temperature):
         logits = structured_forward(model, ids, am, [len(r.prompt_ids) for r in rollouts], tags,
                                     mode)
     worst, checked = 0.0, 0
+    mismatches = []                                    # (sample, token, recorded, recomputed)
     for i, r in enumerate(rollouts):
         n, R = len(r.prompt_ids), len(r.response_ids)
         lp = token_logprobs(logits[i, n - 1:n + R - 1], torch.tensor(r.response_ids), temperature)
         for j in range(R):
             if r.sampled_mask[j]:
-                worst = max(worst, abs(lp[j].item() - r.logprobs[j]))
+                recomputed = lp[j].item()
+                difference = abs(recomputed - r.logprobs[j])
+                worst = max(worst, difference)
                 checked += 1
+                if difference > LOGPROB_TOLERANCE:
+                    mismatches.append((i, j, r.logprobs[j], recomputed))
             else:
-                assert r.logprobs[j] == 0.0
+                assert r.logprobs[j] == 0.0, \
+                    f"sample {i}, token {j}: injected by the runtime, its log-prob must be 0.0"
     assert checked > 0
+    if mismatches:
+        i, j, recorded, recomputed = mismatches[0]
+        r = rollouts[i]
+        pytest.fail(
+            f"{len(mismatches)} of {checked} sampled log-probs differ from the training forward's "
+            f"(mode {mode}, T = {temperature}) by more than {LOGPROB_TOLERANCE} (worst "
+            f"{worst:.4f}). The first: sample {i} (prompt {r.prompt_index}), response token {j} "
+            f"{tok.decode([r.response_ids[j]])!r}, in the {where_in_response(r.structure, j)}: "
+            f"recorded {recorded:.4f}, recomputed {recomputed:.4f}.\n"
+            f"Its response: {tok.decode(r.response_ids)!r}\n"
+            "Wrong in a path only: the decode mask or the Unseen training mask (exercises 9, 3); "
+            "after a block (summary, main chain): the positions (</Parallel> at p + longest + 1: "
+            "exercises 2, 9); everywhere: token_logprobs (exercise 4).", pytrace=False)
     return worst
 
 

@@ -1,8 +1,8 @@
 """The course kit cannot rot (ASSIGNMENTS.md): scripts/make_student.py builds the student copy in
 tmp_path; there every exercise's tests fail with NotImplementedError, on the reference they all
 pass; the copy imports, stops at a missing piece with the exercise's message, and differs from the
-reference only inside the marked bodies. Two pytest subprocesses (the copy, the reference) with all
-exercise markers; a small plugin records each test's markers and outcome."""
+reference only inside the marked bodies. `make grade` (scripts/grade.py) runs in both trees, in
+subprocesses, and records each test's markers and outcome; its summary is checked by hand too."""
 
 import json
 import os
@@ -11,46 +11,25 @@ import subprocess
 import sys
 
 import pytest
-from conftest import EXERCISE_TESTS, NUM_EXERCISES
+from conftest import NUM_EXERCISES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import grade
 import make_student
 
-PLUGIN = '''
-import json, os
-import pytest
-RECORD = {}
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        markers = [m.name for m in item.iter_markers() if m.name.startswith("exercise_")]
-        RECORD[item.nodeid] = {"markers": sorted(markers), "outcome": "passed", "text": ""}
-def pytest_runtest_logreport(report):
-    r = RECORD.setdefault(report.nodeid, {"markers": [], "outcome": "passed", "text": ""})
-    if report.outcome != "passed" and r["outcome"] == "passed":
-        r["outcome"], r["text"] = report.outcome, report.longreprtext[-3000:]
-def pytest_sessionfinish(session):
-    with open(os.environ["KIT_REPORT"], "w") as f:
-        json.dump(RECORD, f)
-'''
-ALL = " or ".join(f"exercise_{k}" for k in range(1, NUM_EXERCISES + 1))
-FILES = sorted(f"tests/{f}" for f in EXERCISE_TESTS) + ["tests/test_exercises.py"]
 
-
-def run_exercise_tests(repo: str, tmp_path, tag: str) -> dict:
-    (tmp_path / "plugin").mkdir(exist_ok=True)
-    (tmp_path / "plugin" / "kitreport.py").write_text(PLUGIN)
+def run_grade(repo: str, tmp_path, tag: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """`python scripts/grade.py --json=...` (what `make grade` runs) in `repo`: every test's
+    markers and outcome, and the process (its one line per exercise and total)."""
     report = tmp_path / f"{tag}.json"
-    env = dict(os.environ, KIT_REPORT=str(report), PYTHONPATH=str(tmp_path / "plugin"),
-               OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "kitreport", "-p",
-                           "no:cacheprovider", "-m", ALL, *FILES],
-                          cwd=repo, env=env, capture_output=True, text=True, timeout=600,
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    command = [sys.executable, os.path.join("scripts", "grade.py"), f"--json={report}"]
+    proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600,
                           check=False)
     assert report.exists(), \
-        f"pytest in {repo} wrote no report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(report.read_text())
+        f"grade.py in {repo} wrote no report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(report.read_text()), proc
 
 
 def by_exercise(record: dict) -> dict[int, list[tuple[str, dict]]]:
@@ -108,9 +87,18 @@ def test_copy_imports_and_stops_at_the_missing_piece(student):
 
 
 def test_exercise_tests_fail_in_the_copy_and_pass_on_the_reference(student, tmp_path):
+    """`make grade` (scripts/grade.py) in both trees: 0 of 9 exercises done in the copy, every
+    test failing with its NotImplementedError; 9 of 9 on the reference, every test passing."""
     d, _ = student
-    copy, ref = by_exercise(run_exercise_tests(str(d), tmp_path, "student")), \
-        by_exercise(run_exercise_tests(ROOT, tmp_path, "reference"))
+    copy_record, copy_proc = run_grade(str(d), tmp_path, "student")
+    ref_record, ref_proc = run_grade(ROOT, tmp_path, "reference")
+    none_done = f"total: 0 of {NUM_EXERCISES} exercises done"
+    all_done = f"total: {NUM_EXERCISES} of {NUM_EXERCISES} exercises done"
+    assert copy_proc.returncode == 1 and none_done in copy_proc.stdout, copy_proc.stdout[-3000:]
+    assert ref_proc.returncode == 0 and all_done in ref_proc.stdout, ref_proc.stdout[-3000:]
+    assert ref_proc.stdout.count(": done") == NUM_EXERCISES, ref_proc.stdout
+    copy = by_exercise(copy_record)
+    ref = by_exercise(ref_record)
     for k in range(1, NUM_EXERCISES + 1):
         assert ref[k], f"exercise {k} has no test on the reference"
         assert sorted(n for n, _ in ref[k]) == sorted(n for n, _ in copy[k]), \
@@ -121,3 +109,35 @@ def test_exercise_tests_fail_in_the_copy_and_pass_on_the_reference(student, tmp_
                if r["outcome"] != "failed" or "NotImplementedError" not in r["text"]]
         assert not bad, f"exercise {k}: tests that do not fail with NotImplementedError in the " \
             f"student copy: {bad}"
+
+
+def test_grade_says_what_to_do_first():
+    """grade.grade_lines on a hand-made record: done, not started, waiting for another exercise
+    (its NotImplementedError), an ordinary failure, a skip that does not count against it."""
+    stopped_by_1 = "E   NotImplementedError: Exercise 1: the format parser; see ASSIGNMENTS.md"
+    stopped_by_9 = "E   NotImplementedError: Exercise 9: the sampler; see ASSIGNMENTS.md"
+    record = {
+        "a": {"markers": ["exercise_7"], "outcome": "passed", "text": ""},
+        "b": {"markers": ["exercise_7"], "outcome": "skipped", "text": ""},
+        "c": {"markers": ["exercise_9"], "outcome": "failed", "text": stopped_by_9},
+        "d": {"markers": ["exercise_9"], "outcome": "failed", "text": "x\n" + stopped_by_1},
+        "e": {"markers": ["exercise_9"], "outcome": "passed", "text": ""},
+        "f": {"markers": ["exercise_5"], "outcome": "failed",
+              "text": "    assert 1 == 2\nE   AssertionError: A = +1, ratios [1.1]\nE   more"},
+    }
+    names = {5: "grpo.py: loss", 7: "eval.py: pass@k", 9: "sample.py: the sampler"}
+    lines, all_done = grade.grade_lines(record, names, [5, 7, 9])
+    assert "\n".join(lines).splitlines() == [
+        "exercise 5  grpo.py: loss",
+        "    0/1 tests pass; 1 fail; the first: AssertionError: A = +1, ratios [1.1]",
+        "exercise 7  eval.py: pass@k",
+        "    2/2 tests pass: done",
+        "exercise 9  sample.py: the sampler",
+        ("    1/3 tests pass; 1 not started (its NotImplementedError); 1 wait for exercise 1 (its "
+         "NotImplementedError: do it first)"),
+        "total: 1 of 3 exercises done, 3 of 6 tests pass",
+    ]
+    assert not all_done
+    assert grade.grade_lines({"a": record["a"]}, names, [7]) == \
+        (["exercise 7  eval.py: pass@k\n    1/1 tests pass: done",
+          "total: 1 of 1 exercises done, 1 of 1 tests pass"], True)

@@ -21,6 +21,11 @@ expected value with the rule for Python-style math (Math-Verify#69, "-1 + exp(16
 Issue 32 added 7 rows (155 in all) for a braced base with a subscript ("{a}_{n}") and a braced
 one-letter subscript ("y_{A}"): 5 were wrong before (normalize_answer unbraces both now; the two
 that passed must stay as they are).
+Issue 40 added 26 rows (181 in all) for juxtaposition and for terms that cancel: 17 were wrong
+before (a symbol before a bracket read as a function call, one-letter words after a number read as
+units, a word read as the product of its letters, a lone symbol or a number compared without
+simplifying); the 9 that passed (products with spaces, functions applied, partial cancellations)
+must stay as they are.
 Every row passes now.
 
 Conventions this project takes (see the comments at the rows):
@@ -49,13 +54,21 @@ Conventions this project takes (see the comments at the rows):
   ("\\frac{\\mathrm{1,000}}{2}" is 500);
 * a brace group holding one letter or one control word before a subscript or a power is that letter
   ("{a}_{n}" is a_n, "{\\alpha}_{1}" is \\alpha_1), unless a control word owns the group
-  (\\vec{v}_1); a one-character subscript is the same with or without braces ("y_{A}" is y_A).
+  (\\vec{v}_1); a one-character subscript is the same with or without braces ("y_{A}" is y_A);
+* juxtaposition is a product: letters side by side, with or without spaces ("l w h" is hwl, "2 m s"
+  is 2ms; a lone unit after a number stays a unit, "2 kg" is 2), and a symbol right before a
+  bracket ("x(2)" is 2x, "\\pi(r^2)" is \\pi r^2); f, g, h and \\sin, \\ln, ... before a bracket
+  are functions applied ("f(2)" is not 2f);
+* an answer that is one word of two or more letters and nothing else ("no", "Evelyn") compares
+  with a word as text, case aside: "on" is not "no" (as products of letters they would be equal);
+* terms that cancel are gone: "x + 7 - 7" is x, "x - x" is 0, "\\frac{x}{x}" is 1 (the simplified
+  value, as sympy gives it, without the excluded point x = 0).
 """
 
 import pytest
 
 from rewards import extract_answer, score_batch, verify
-from verifier import symbolic_equal_many
+from verifier import cancels, symbolic_equal_many
 
 
 @pytest.fixture(scope="module")
@@ -417,6 +430,84 @@ ANSWER_CASES = [
     ("braced base", "y_{A}+1", "y_A+1", True,
      ("source: augustt198/latex2sympy#45 — 'sympy can't parse y_{A}': a one-letter subscript in "
       "braces is the same symbol as without")),
+
+    # --- issue 40: juxtaposition, a product written without an operator ---------------------------
+    # A symbol right before a bracket is a product (x(2) is 2x, \pi(r^2) is \pi r^2), not a call;
+    # f, g, h and \sin, \ln... before a bracket are functions. One-letter words after a number are
+    # variables (2 m s is 2ms), a lone unit stays a unit (5 cm is 5).
+    ("juxtaposition", "\\eta\\left(\\sqrt{2-\\eta^2}+\\eta\\right)",
+     "\\eta\\sqrt{2-\\eta^2}+\\eta^2", True,
+     ("source: sympy/sympy#21676 — parse_latex reads '\\eta \\left(...\\right)' as a function "
+      "eta(...), not a product")),
+    ("juxtaposition", "\\pi(r^2)", "\\pi r^2", True,
+     "source: sympy/sympy#21676 — the same with \\pi before a bracket (read as a call \\pi(r^2))"),
+    ("juxtaposition", "2\\pi(3)", "6\\pi", True,
+     "source: sympy/sympy#21676 — a Greek constant before a bracketed number"),
+    ("juxtaposition", "\\frac{1}{x(y-z)}", "\\frac{1}{xy-xz}", True,
+     "source: sympy/sympy#21677 — '\\frac{1}{x(y-z)}' parses as 1/x(y - z), x a function"),
+    ("juxtaposition", "x(x)", "x^2", True,
+     "source: sympy/sympy#19676 — the LaTeX parser cannot read 'x(x-1)' or 'x(x)' properly"),
+    ("juxtaposition", "n(5)", "5n", True,
+     "source: sympy/sympy#19676 — a letter before a bracketed number is read as a call n(5)"),
+    ("juxtaposition", "x_1(x_2)", "x_1 x_2", True,
+     ("source: sympy/sympy#1546 — documented: 'x_2' (underscore) is one symbol; here a "
+      "subscripted symbol before a bracket, a product")),
+    ("juxtaposition", "2 m s", "2ms", True,
+     ("source: sympy/sympy#1546 — documented: letters side by side ('2xy') are a product; "
+      "one-letter words after a number were read as units ('2 m s' became 2)")),
+    ("juxtaposition", "l w h", "hwl", True,
+     ("source: carloskiki/pulldown-latex#45 — the TeXbook reads letters side by side as separate "
+      "identifiers (a product); here with spaces, in another order")),
+    ("juxtaposition", "2 kg", "2", True,
+     ("source: hendrycks/math modeling/math_equivalence.py _remove_right_units — a number followed "
+      "by a unit is that number, not a product with k and g")),
+    # ... and where it is not a product: a function applied, a word.
+    ("juxtaposition", "f(2)", "2f", False,
+     ("source: sympy/sympy#20306 — a maintainer: 'a(expr)' is ambiguous between a product and a "
+      "call; f before a bracket stays a function value")),
+    ("juxtaposition", "\\ln(e^2)", "2", True,
+     ("source: sympy/sympy#1871 — a function name before its argument is applied ('sin 2x'), "
+      "not a factor")),
+    ("juxtaposition", "no", "on", False,
+     ("source: sympy/sympy#15624 — the LaTeX converter reads any multi-letter name as a product "
+      "of letters (Nu, Re, Ma); a word is not a product, 'on' is not 'no'")),
+    ("juxtaposition", "felt", "\\text{left}", False,
+     ("source: bor0/gidti#21 — 'apple' in math mode is a product of variables; as an answer it is "
+      "a word, and an anagram is another word")),
+    ("juxtaposition", "sin", "ins", False,
+     ("source: sympy/sympy#20306 — 'sin x' without a backslash binds to s*i*n*x; a bare word is "
+      "not the product of its letters")),
+    ("juxtaposition", "Evelyn", "\\text{evelyn}", True,
+     (f"source: {QWEN}#29 — a gold that is a name; a word compares as text, whatever its case "
+      "(as math-verify compares a multi-letter symbol)")),
+
+    # --- issue 40: terms that cancel symbolically -------------------------------------------------
+    # An expression equals what remains after its terms cancel (x/x is 1, as sympy simplifies it).
+    ("cancel", "x + 7 - 7", "x", True,
+     "source: josdejong/mathjs#2461 — simplify('x + 7 - 7 == 12 - 7') stops at 'x + 0 == 5'"),
+    ("cancel", "x - x", "0", True,
+     "source: josdejong/mathjs#2424 — symbolicEqual must let identical terms cancel: x - x is 0"),
+    ("cancel", "a + b - a", "b", True,
+     ("source: sicmutils/sicmutils#225 — compare by subtracting the sides and checking for zero; "
+      "math-verify compares a lone symbol as text")),
+    ("cancel", "\\frac{2x}{2}", "x", True,
+     "source: sicmutils/sicmutils#225 — a common factor that cancels, against a lone symbol"),
+    ("cancel", "\\frac{x}{x}", "1", True,
+     ("source: Khan/khan-exercises#147635 — cancelling x/x drops x != 0; we grade the simplified "
+      "value, as sympy does")),
+    ("cancel", "\\sin^2 x + \\cos^2 x", "1", True,
+     (f"source: {MV}#2 — a trigonometric identity timed out; here one whose terms cancel to a "
+      "number")),
+    ("cancel", "\\log_2 8 - 3", "0", True,
+     ("source: sympy/sympy#11563 — logarithms compare structurally until simplified; here "
+      "log_2 8 - 3 is exactly 0, not float noise")),
+    ("cancel", "x + y - x", "x", False,
+     ("source: josdejong/mathjs#2461 — what remains after cancelling must be the gold, not a "
+      "part of it")),
+    ("cancel", "x - x + 1", "0", False,
+     "source: josdejong/mathjs#2424 — terms that cancel leave a value, here 1, not 0"),
+    ("cancel", "\\frac{x^2}{x}", "x^2", False,
+     "source: Khan/khan-exercises#147635 — a cancelled factor is gone: x^2/x is x, not x^2"),
 ]
 
 
@@ -579,6 +670,9 @@ def test_score_batch_agrees_with_verify(warm_pool):
     # a 1,000-character answer: list words after a long space
     "Final Answer: 1" + " " * 990 + "and 2",
     ("\\boxed{1}" + " " * 30) * 30_000,        # a run of boxes 30 spaces apart
+    "Final Answer: " + "ab" * 499,             # a 998-letter word (the word rule)
+    "Final Answer: " + "x-" * 499 + "x",       # terms that may cancel, too long to simplify
+    "Final Answer: " + "\\pi(" * 240,          # symbols before brackets
     # the last number inside 300 characters of digits and commas
     "word " * 200_000 + "1,000" * 60,
 ])
@@ -591,3 +685,17 @@ def test_new_paths_stay_bounded(warm_pool, text):
     t0 = time.perf_counter()
     verify(extract_answer(text), "5", timeout=1.0)
     assert time.perf_counter() - t0 < 2.0
+
+
+def test_cancels_reads_float_noise_as_zero():
+    """verifier.cancels, in this process: a difference of constants that evaluates to float noise
+    (1 - (sin^2 + cos^2) of pi/7 is -1e-166 at 30 digits) is simplified, a clear gap is not; an
+    unevaluated sum cancels to its symbol; sets are left to math-verify."""
+    from sympy import Add, FiniteSet, Integer, Symbol, cos, pi, sin, sqrt
+
+    assert cancels(Integer(1), sin(pi / 7) ** 2 + cos(pi / 7) ** 2)
+    assert not cancels(Integer(2), sqrt(3))
+    x = Symbol("x")
+    assert cancels(x, Add(x, Integer(7), Integer(-7), evaluate=False))
+    assert not cancels(x, Add(x, Integer(7), evaluate=False))
+    assert not cancels(FiniteSet(1), Integer(1))
