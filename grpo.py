@@ -57,7 +57,7 @@ RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "sc
 
 
 @dataclass
-class GRPOConfig(SamplingFlags):
+class GRPOConfig(SamplingFlags, plumbing.RankFlags):
     """python grpo.py: GRPO of parallel thinking; the rollouts' sampling flags are
     sample.SamplingFlags'. None = the preset's (TINY or PAPER)."""
     recipe: Literal["seen", "unseen-s1", "unseen-s2", "scaffold", "baseline"] = "unseen-s1"
@@ -819,7 +819,7 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None,
     """Run GRPO (one process, or one rank under torchrun); `records` / `eval_records` replace
     cfg.data / eval_data. Returns {"checkpoint", "steps", "seconds", "eval_before",
     "eval_after", "last_step", "log"}."""
-    with plumbing.distributed() as d:
+    with plumbing.distributed(cfg.dist_timeout_minutes) as d:
         run = setup(cfg, d, records, eval_records)
         cfg = run.cfg
         t_start = time.monotonic()

@@ -10,6 +10,7 @@
 As nanochat keeps `common.py` and `checkpoint_manager.py` beside `chat_sft.py` and `chat_rl.py`.
 """
 import dataclasses
+import datetime
 import functools
 import glob
 import itertools
@@ -48,6 +49,22 @@ FALSE_WORDS = ("", *config.FALSE_WORDS)
 # Ranks (one process when RANK is not set)
 
 
+# How long a rank waits at a collective before the run fails. torch's default for nccl is 10
+# minutes, which a rank can pass without anything being wrong: ranks finish sampling at different
+# times and wait at the next all-reduce, and the others wait at a barrier while rank 0 writes a
+# checkpoint (Qwen3-4B: 16 GB of weights and 32 GB of AdamW state, 8 minutes at 100 MB/s), or
+# while the node's ranks load the model in turn (load_run). A real hang then costs this long.
+DIST_TIMEOUT_MINUTES = 30.0
+ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")   # either sets it
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+
+
+@dataclass
+class RankFlags:
+    """The flags of a run over several processes, which both trainers' configs inherit."""
+    dist_timeout_minutes: config.PositiveFloat = DIST_TIMEOUT_MINUTES   # a collective's wait
+
+
 @dataclass
 class Dist:
     rank: int
@@ -59,13 +76,28 @@ class Dist:
         return self.rank == 0
 
 
+def use_expandable_segments(cuda: bool) -> None:
+    """On CUDA, let the caching allocator grow and shrink its segments (expandable_segments)
+    unless the user configured the allocator: GRPO frees the sampler's KV cache (~33 GB at 4B)
+    and then allocates training's blocks of other sizes, which fixed segments leave fragmented
+    (the memory plan's margin counts on it). Must run before CUDA allocates anything."""
+    if not cuda:
+        return
+    if any(name in os.environ for name in ALLOC_CONF_VARIABLES):
+        return
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = EXPANDABLE_SEGMENTS
+
+
 @contextmanager
-def distributed():
+def distributed(timeout_minutes: float = DIST_TIMEOUT_MINUTES):
     """Join torchrun's process group (nccl, one GPU per process; gloo on CPU), reusing one that
     exists, and tear it down at the end if this call made it. Without RANK: one process, the
-    collectives are no-ops. Yields a Dist."""
+    collectives are no-ops. A collective that waits longer than `timeout_minutes` (--
+    dist_timeout_minutes) fails the run. On CUDA, first `use_expandable_segments`. Yields a
+    Dist."""
     owns_group = not dist.is_initialized()
     cuda = torch.cuda.is_available()
+    use_expandable_segments(cuda)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if "RANK" not in os.environ:
         d = Dist(0, 1, torch.device("cuda" if cuda else "cpu"))
@@ -76,7 +108,8 @@ def distributed():
             torch.cuda.set_device(local_rank)
         if owns_group:
             backend = "nccl" if cuda else "gloo"
-            dist.init_process_group(backend, device_id=d.device if cuda else None)
+            dist.init_process_group(backend, device_id=d.device if cuda else None,
+                                    timeout=datetime.timedelta(minutes=timeout_minutes))
     try:
         yield d
     finally:

@@ -50,7 +50,7 @@ from model import resolve_preset
 
 
 @dataclass
-class SFTConfig:
+class SFTConfig(plumbing.RankFlags):
     """python sft.py: cold-start SFT. None = the preset's (TINY or PAPER below)."""
     model: str = "tiny"                  # "tiny", a Hugging Face hub name, or a checkpoint folder
     preset: config.Preset = "auto"       # tiny, paper, none; auto: tiny for --model=tiny
@@ -281,7 +281,7 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
     """Run SFT (one process, or one rank under torchrun); `records` replace cfg.data (tests,
     notebooks). Returns {"checkpoint", "steps", "total_steps", "stopped_early", "final_loss",
     "seconds", "tokens_per_s", "eval"}."""
-    with plumbing.distributed() as d:
+    with plumbing.distributed(cfg.dist_timeout_minutes) as d:
         run, examples, eval_set = setup(cfg, d, records)
         cfg = run.cfg
         if cfg.max_steps:
