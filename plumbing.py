@@ -550,6 +550,23 @@ def set_rng_state(rng: dict) -> None:
         torch.cuda.set_rng_state(rng["cuda"])
 
 
+def load_in_turns(load):
+    """`load()` in each process, the ranks of a node one after another: a rank reads the whole
+    model in fp32 on the host before moving it to its GPU (Qwen3-4B: 16 GB), so 8 ranks at once
+    would hold 129 GB of a node's memory, one at a time 16 GB (the memory plan's host line).
+    Ranks of the same local rank on different nodes load together. One process: `load()`."""
+    if not dist.is_initialized():
+        return load()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    loaded = None
+    for turn in range(local_world_size):
+        if turn == local_rank:
+            loaded = load()
+        dist.barrier()                   # the next rank reads once this one's copy is on its GPU
+    return loaded
+
+
 def load_run(cfg, d: Dist, name: str, cls=Run, **load_kw) -> Run:
     """Seed every RNG and load the model to train in fp32 (the master weights): `name`, or the
     checkpoint of --resume (then `load_kw` is not used)."""
@@ -563,8 +580,8 @@ def load_run(cfg, d: Dist, name: str, cls=Run, **load_kw) -> Run:
     path = resume_path(cfg)
     if path:
         load_kw = {}
-    model, tok = load_model(path or name, dtype=torch.float32, device=d.device, seed=cfg.seed,
-                            **load_kw)
+    model, tok = load_in_turns(functools.partial(load_model, path or name, dtype=torch.float32,
+                                                 device=d.device, seed=cfg.seed, **load_kw))
     return cls(cfg, d, model, tok, TagIds.from_tokenizer(tok), resume=path)
 
 

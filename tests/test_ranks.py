@@ -2,16 +2,19 @@
 allocator's settings, and the host memory of the ranks loading the model. Each test failed with its
 fix undone."""
 import datetime
+import json
 import os
 
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import ROOT, torchrun_two_ranks
 
 import config
 import grpo
 import plumbing
 import sft
+from model import load_model
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
@@ -65,3 +68,20 @@ def test_expandable_segments_on_cuda_unless_the_user_chose(monkeypatch):
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "garbage_collection_threshold:0.8")
     with plumbing.distributed():
         assert ALLOC_CONF not in os.environ
+
+
+def test_the_ranks_of_a_node_load_in_turns(tmp_path):
+    """2 gloo ranks load a checkpoint as plumbing.load_run does (scripts/bench_load.py): rank 1
+    begins after rank 0 has finished, so a node holds one rank's host copy at a time."""
+    folder = str(tmp_path / "model")
+    model, tok = load_model("tiny", seed=0)
+    plumbing.save_checkpoint(folder, model, tok)
+    out = str(tmp_path / "load.json")
+    torchrun_two_ranks(os.path.join(ROOT, "scripts", "bench_load.py"), f"--model={folder}",
+                       f"--out={out}")
+    with open(out) as f:
+        rows = sorted(json.load(f), key=lambda r: r["rank"])
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert rows[0]["end"] <= rows[1]["start"]
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert [r["param_bytes"] for r in rows] == [params, params]
