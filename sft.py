@@ -54,7 +54,7 @@ class SFTConfig(plumbing.RankFlags):
     """python sft.py: cold-start SFT. None = the preset's (TINY or PAPER below)."""
     model: str = "tiny"                  # "tiny", a Hugging Face hub name, or a checkpoint folder
     preset: config.Preset = "auto"       # tiny, paper, none; auto: tiny for --model=tiny
-    tokenizer: str = ""                  # model "tiny" only: build it on this tokenizer
+    tokenizer: str = ""                  # tiny, or a folder of config.json only: its tokenizer
     data: str = "synthetic:easy"         # a data.load_data spec (parallel_gsm8k, a file, ...)
     data_dir: str = ""                   # folder of the real data sets ("" = data.py's default)
     style: Style = "parallel"            # parallel, or sequential (plain CoT): prompt and traces
@@ -207,7 +207,7 @@ def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
     if d.is_main:
         print(f"preset {preset} ({why})")
     load_kw = {}
-    if cfg.model == "tiny":
+    if cfg.tokenizer:                            # model.load_model refuses it where it is moot
         load_kw["tokenizer"] = cfg.tokenizer or None
     run = plumbing.load_run(cfg, d, cfg.model, **load_kw)
     context = getattr(run.model.config, "max_position_embeddings", None) or DEFAULT_MAX_LENGTH
