@@ -830,16 +830,21 @@ def arguments() -> argparse.ArgumentParser:
     return parser
 
 
+def assumed_prompt_tokens(why: str) -> tuple[int, str]:
+    """(ASSUMED_PROMPT_TOKENS, its source), said on stderr with `why` it was not measured."""
+    print(f"memory_plan.py: ASSUMED longest prompt: {ASSUMED_PROMPT_TOKENS} tokens (DAPO-17k's; "
+          f"{why}); pass --tokenizer=<folder or hub name> to measure --data's, or "
+          "--prompt_tokens=<n>", file=sys.stderr)
+    return ASSUMED_PROMPT_TOKENS, "ASSUMED: DAPO-17k's"
+
+
 def longest_prompt(cfg, trainer: str, preset: str, tokenizer_name: str) -> tuple[int, str]:
     """(the longest prompt of the run's data in tokens, how it was found): the prompts of the
     trainer's --data (and GRPO's --eval_data) as the trainer builds them, in `tokenizer_name`'s
-    tokens; without a tokenizer, ASSUMED_PROMPT_TOKENS and a warning on stderr (the KV cache and
+    tokens; without a tokenizer, or data it can read, assumed_prompt_tokens (the KV cache and
     the training rows grow with it: DAPO's 1,442 against 512 is +10 GB at 4B)."""
     if not tokenizer_name:
-        print(f"memory_plan.py: ASSUMED longest prompt: {ASSUMED_PROMPT_TOKENS} tokens "
-              "(DAPO-17k's); pass --tokenizer=<folder or hub name> to measure --data's, or "
-              "--prompt_tokens=<n>", file=sys.stderr)
-        return ASSUMED_PROMPT_TOKENS, "ASSUMED: DAPO-17k's"
+        return assumed_prompt_tokens("no tokenizer to measure with")
     from transformers import AutoTokenizer
 
     from data import build_prompt, load_data, prompt_style_of
@@ -851,13 +856,16 @@ def longest_prompt(cfg, trainer: str, preset: str, tokenizer_name: str) -> tuple
     specs = [cfg.data]
     if trainer == "grpo" and cfg.eval_data:
         specs.append(cfg.eval_data)
+    try:
+        records = [record for spec in specs for record in load_data(spec, style=style)]
+    except (OSError, ValueError) as e:
+        return assumed_prompt_tokens(f"the data cannot be read: {e}")
     longest = 0
-    for spec in specs:
-        for record in load_data(spec, style=style):
-            prompt = build_prompt(tokenizer, record["problem"], prompt_style_of(preset, style),
-                                  cfg.prompt_file or None)
-            ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            longest = max(longest, len(ids))
+    for record in records:
+        prompt = build_prompt(tokenizer, record["problem"], prompt_style_of(preset, style),
+                              cfg.prompt_file or None)
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        longest = max(longest, len(ids))
     return longest, f"measured: {' + '.join(specs)}"
 
 

@@ -535,6 +535,10 @@ def test_the_plan_reads_the_longest_prompt_or_says_it_assumed(tmp_path, capsys):
     characters = len(SEQUENTIAL_TEMPLATE) - len("{problem}") + len(problems[1])
     assert st.prompt_tokens == characters
     assert st.prompt_source == f"measured: {data}"
+    st, _ = mp.make_setting(["--trainer=sft", f"--tokenizer={tmp_path / 'tok'}",
+                             f"--data={tmp_path / 'missing.jsonl'}", "--world_size=1"])
+    assert (st.prompt_tokens, st.prompt_source) == (1442, "ASSUMED: DAPO-17k's")
+    assert "the data cannot be read" in capsys.readouterr().err
     st, _ = mp.make_setting(["--prompt_tokens=700"])
     assert (st.prompt_tokens, st.prompt_source) == (700, "given")
 
