@@ -1,8 +1,10 @@
 """The training plumbing sft.py and grpo.py share. A reader of the method may skip this file.
 
-* ranks: `distributed()` joins torchrun's process group; `all_reduce`, `grad_sync`;
-* the run: `load_run` (seed every RNG, load the model), `prepare` (DDP or FSDP2, AdamW, the lr
-  schedule, an exact resume), `Run.save` (checkpoint-<step> with the trainer state), logging;
+* ranks: `distributed()` joins torchrun's process group (--dist_timeout_minutes, the CUDA
+  allocator's expandable segments); `all_reduce`, `grad_sync`;
+* the run: `load_run` (seed every RNG, load the model, a node's ranks in turn), `prepare` (DDP
+  or FSDP2, AdamW, the lr schedule, an exact resume), `Run.save` (checkpoint-<step> with the
+  trainer state), logging;
 * run folders: checkpoint naming, `--resume`, a lock per out_dir, moving an earlier run aside
   (nothing a user made is deleted or overwritten);
 * the optimizer step, the lr schedule and the shuffled stream of examples.
