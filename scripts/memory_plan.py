@@ -1,6 +1,7 @@
 """Memory plan (issues 28, 34): what one GPU holds for a GRPO or SFT run of this code, line by line.
 
     python scripts/memory_plan.py          # the paper's run: Qwen3-4B, 8 x 80 GB, FSDP2 (README)
+    python scripts/memory_plan.py --tokenizer=<Qwen3's>    # ... at --data's longest prompt, read
     python scripts/memory_plan.py --eval_data= --largest=generate_batch_size   # the largest that
                                                                                # fits, its table
     python scripts/memory_plan.py --model=qwen3-0.6b --world_size=1 --gpu_gb=24 \\
@@ -13,7 +14,9 @@ file, or a hub name already in the local Hugging Face cache. Every other --key=v
 the trainer's config (grpo.GRPOConfig, sft.SFTConfig: see `python grpo.py --help`) over its preset
 (--preset=paper or tiny: grpo.PAPER/TINY, sft.PAPER/TINY), resolved by the trainer's own
 resolve_defaults. Without flags: 8 ranks of 80 GB (--world_size=8 --gpu_gb=80) and
---fsdp=True, the paper's run as the README plans it.
+--fsdp=True, the paper's run as the README plans it. The longest prompt is --prompt_tokens, else
+measured on --data (and --eval_data) with --tokenizer (or --model's folder's), else DAPO-17k's
+1,442 tokens, said on stderr. Below the GPU's table: the node's host memory at load.
 
 Each line is a small function below that returns bytes; tests/test_memory_plan.py checks them
 against what the code allocates at small shapes on CPU. GB = 10^9 bytes. The peak is the largest
