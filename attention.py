@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from model import TAGS
 
@@ -238,6 +240,7 @@ def build_mask_and_positions(input_ids: torch.Tensor, prompt_lengths,
 
 MASKED_SDPA_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION]   # CUDA, under a mask: the only one
 NO_KERNEL_MESSAGES = ("No available kernel", "No viable backend")   # SDPA's, when all refuse
+SDPA = "sdpa"                  # transformers' name of its SDPA attention implementation
 
 
 @contextmanager
@@ -272,11 +275,71 @@ def masked_sdpa(device: torch.device):
                          f"(no enable_gqa).{hint}") from e
 
 
+def folded_query_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                           scaling: float | None = None, **kwargs):
+    """transformers' "sdpa" attention function (same arguments, same result) for grouped-query
+    attention under a mask, without a copy of the keys or values. transformers repeats every
+    key/value head for its group of query heads (repeat_kv) whenever a mask is given and
+    q > 1: at a decode step of the paper's run (an Unseen block: num_paths queries a row) that
+    copies the whole cache, every layer, every step; CUDA's memory-efficient kernel takes no
+    enable_gqa at torch 2.13, and a mask refuses the kernels that do.
+
+    The fold: query head h reads key/value head h // groups (groups = heads / kv_heads), so each
+    key/value head's group of query heads becomes more queries of that head:
+
+        query (B, heads, q, d) -> (B, kv_heads, groups x q, d)    row g x q + i: the group's
+                                                                   head g, query i
+        mask  (B, 1, q, k)     -> (B, 1, groups x q, k)           the same q rows, groups times
+        key, value (B, kv_heads, k, d): as they are
+
+    Exact because our masks (build_mask_and_positions, SlotCache.mask) are the same for every
+    head of a row; the mask is copied groups times instead (queries x keys, no head_dim: at a
+    decode step about 1/1000 of what repeat_kv copies; with one query, a view). Returns
+    (B, q, heads, d) and None, as transformers' attention functions do. Any other call (no
+    GQA, no mask, a mask per head, dropout, a position bias) goes to transformers' function
+    unchanged. Used by the sampler (`folded_query_attention_for_sdpa`), not by the training
+    forward: at 3,512 tokens the mask folded four times (Qwen3-4B) outweighs the keys and
+    values repeated. NOTES.md §2-§3."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    plain = (groups == 1 or attention_mask is None or attention_mask.dim() != 4
+             or attention_mask.shape[1] != 1 or dropout > 0
+             or kwargs.get("position_bias") is not None)
+    if plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    batch, heads, queries, head_dim = query.shape
+    kv_heads = key.shape[1]
+    mask_rows = attention_mask.shape[0]                  # 1 when the mask is broadcast over rows
+    width = attention_mask.shape[-1]
+    folded_query = query.reshape(batch, kv_heads, groups * queries, head_dim)
+    folded_mask = attention_mask.expand(mask_rows, groups, queries, width)
+    folded_mask = folded_mask.reshape(mask_rows, 1, groups * queries, width)
+    output = F.scaled_dot_product_attention(folded_query, key, value, attn_mask=folded_mask,
+                                            scale=scaling)
+    output = output.reshape(batch, heads, queries, head_dim)
+    return output.transpose(1, 2).contiguous(), None
+
+
+@contextmanager
+def folded_query_attention_for_sdpa():
+    """Inside, every model whose attention implementation is "sdpa" runs
+    `folded_query_attention` (transformers' documented local override: an entry in the shared
+    AttentionInterface instance, ALL_ATTENTION_FUNCTIONS, the models look up at each call); the
+    previous entry comes back after. The sampler's generate call runs inside."""
+    functions = ALL_ATTENTION_FUNCTIONS
+    previous = functions[SDPA]
+    functions[SDPA] = folded_query_attention
+    try:
+        yield
+    finally:
+        functions[SDPA] = previous
+
+
 # ---------------------------------------------------------------------------------------------
 # The training forward: the log-prob of every loss token under its row's mask (NOTES.md §3, §8)
 
 LOGIT_CHUNK_TOKENS = 256       # loss tokens per chunk through the LM head (memory: chunk x vocab)
-HEAD_CHECK_TOLERANCE = 1e-2    # our LM head against the model's own logits at the last position
 
 
 def autocast(device: torch.device):
@@ -361,12 +424,10 @@ def token_scores(model, batch, tag_ids: TagIds, mode: str, selected: torch.Tenso
     gradient): (N,) and (N,) float32.
 
     On a GPU the forward runs under bf16 autocast (`autocast`) with the mask in bf16 (`dtype`:
-    another mask dtype). The forward stops at the last hidden states (the model itself runs only
-    its last position through the LM head, which checks that our head is the model's); the
-    selected positions go through the LM head in chunks of `chunk_tokens`, each recomputed in the
-    backward (torch.utils.checkpoint), so no (N, V) logits tensor outlives one chunk. `model` may
-    be wrapped in DDP or sharded by FSDP2: everything runs inside its own forward and backward.
-    ValueError for a model whose logits are not its LM head's (`final_logit_transform`)."""
+    another mask dtype). The forward stops at the last hidden states; the selected positions go
+    through the LM head in chunks of `chunk_tokens`, each recomputed in the backward
+    (torch.utils.checkpoint), so no (N, V) logits tensor outlives one chunk. `model` may be
+    wrapped in DDP or sharded by FSDP2: everything runs inside its own forward and backward."""
     if mode == "sequential":
         mode = "seen"
     device = batch.input_ids.device
@@ -383,30 +444,22 @@ def token_scores(model, batch, tag_ids: TagIds, mode: str, selected: torch.Tenso
 
 def chunked_head_scores(model, input_ids, mask, positions, selected, temperature: float,
                         chunk_tokens: int):
-    """`token_scores` after the mask: the decoder's forward, then the LM head chunk by chunk."""
+    """`token_scores` after the mask: the decoder's forward, then the LM head chunk by chunk.
+
+    The forward goes through `model` itself, not its decoder (`model.model`): DDP syncs the
+    gradients and FSDP2 gathers the root's weights (embeddings, norm, head) only in the wrapped
+    model's forward. It returns the last hidden states (after the final norm) as the last of
+    `hidden_states`, and runs only the last position through the model's own head. That our head
+    (`final_logit_transform`) is the model's is checked in tests/test_attention.py, and in every
+    run by the first steps' log-prob check (grpo.py, --logprob_check_steps)."""
     inner = getattr(model, "module", model)                  # DDP's wrapped model
-    captured = {}
-
-    def keep_hidden(module, args, output):
-        captured["hidden"] = output[0]                        # (B, L, H), after the final norm
-
-    hook = inner.get_decoder().register_forward_hook(keep_hidden)
-    try:
-        with masked_sdpa(input_ids.device):
-            out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                        use_cache=False, logits_to_keep=1)
-    finally:
-        hook.remove()
-    hidden = captured["hidden"]
+    with masked_sdpa(input_ids.device):
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                    use_cache=False, logits_to_keep=1, output_hidden_states=True)
+    hidden = out.hidden_states[-1]                           # (B, L, H), after the final norm
     head = inner.get_output_embeddings()
     transform = final_logit_transform(inner.config)
     t = temperature if temperature > 0 else 1.0
-    last = transform(F.linear(hidden[:, -1], head.weight, head.bias).float())
-    if not torch.allclose(last, out.logits[:, -1].float(), rtol=HEAD_CHECK_TOLERANCE,
-                          atol=HEAD_CHECK_TOLERANCE):
-        raise ValueError(f"{type(inner).__name__}: its logits are not its LM head applied to "
-                         "its last hidden states (a final transform this code does not know): "
-                         "add it to attention.final_logit_transform")
     hidden = hidden[:, :-1][selected]                                      # (N, H)
     targets = input_ids[:, 1:][selected]                                   # (N,)
     logprobs = []

@@ -9,7 +9,7 @@ is its --help. A field's range is part of its type, declared once with the field
     lr: PositiveFloat | None = None        # checked by `check` (called by `parse` and the trainers)
 
 `base` (a checkpoint's config, for --resume) replaces the defaults; `fill` applies a preset to the
-None fields.
+None fields. The presets of sft.py, grpo.py and eval.py are at the end of this file.
 """
 import argparse
 import dataclasses
@@ -206,3 +206,41 @@ def apply_preset(cfg, presets: dict[str, dict]):
             raise ValueError(f"--preset=none sets nothing: give {flags} (or --preset=tiny|paper)")
         return cfg
     return fill(cfg, presets[cfg.preset])
+
+
+# ---------------------------------------------------------------------------------------------
+# The presets: each trainer's and eval.py's settings for the tiny model (the embedded task on 2 CPU
+# cores) and for the paper's run (NOTES.md §5); `apply_preset` fills them into the None fields.
+
+# SFT, tiny: 400 steps on the easy split (the curriculum: RL meets the longer lists).
+SFT_PRESETS = {
+    "tiny": dict(lr=1e-3, batch_size=32, micro_batch_size=8, warmup_ratio=0.05, max_time=0.0,
+                 max_steps=400, grad_checkpointing=False),
+    "paper": dict(lr=1e-5, batch_size=128, micro_batch_size=1, warmup_ratio=0.1, max_time=0.0,
+                  epochs=5.0, grad_checkpointing=True)}
+
+# GRPO, tiny (the tuning runs: results/LOG.md): RL on the rl parts (number patterns the cold start
+# never saw), 32 prompts x 4 responses a step, lr 1.5e-4 with a cosine to 0 after 10 warm-up
+# optimizer steps; the k3 KL anchor keeps the format in place. The paper's memory settings
+# (generate_batch_size, grad_checkpointing) are what scripts/memory_plan.py finds fits Qwen3-4B on
+# 8 x 80 GB (README, "The paper's run").
+GRPO_PRESETS = {
+    "tiny": dict(data="synthetic:easy:rl,synthetic:medium:rl,synthetic:hard:rl",
+                 eval_data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test",
+                 easy_data="synthetic:easy", batch_size=32, group_size=4, max_new_tokens=128,
+                 lr=1.5e-4, warmup_steps=10, lr_schedule="cosine", kl_coef=0.3,
+                 micro_batch_size=16, generate_batch_size=0, max_steps=100, max_time=0.0,
+                 eval_every=50, eval_samples=64, eval_k=8, easy_steps=10, scaffold_steps=20,
+                 grad_checkpointing=False),
+    "paper": dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_size=256,
+                  group_size=8, max_new_tokens=3000, lr=1e-6, warmup_steps=0,
+                  lr_schedule="constant", kl_coef=0.0, micro_batch_size=2, generate_batch_size=8,
+                  max_steps=300, max_time=0.0, eval_every=10, eval_samples=0, eval_k=16,
+                  easy_steps=35, scaffold_steps=200, grad_checkpointing=True)}
+
+# eval.py: the embedded task's three test parts, or the paper's four benchmarks (NOTES.md §7).
+EVAL_PRESETS = {
+    "tiny": dict(data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test", k=8,
+                 max_new_tokens=128, batch_size=16, limit=64),
+    "paper": dict(data="aime24,aime25,amc23,math500", k=16, max_new_tokens=3000, batch_size=4,
+                  limit=0)}

@@ -13,6 +13,7 @@ scripts/table.py joins evaluations.
 """
 import dataclasses
 import json
+import math
 import os
 import re
 import sys
@@ -23,10 +24,13 @@ from typing import Literal
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads sleep (see sft.py)
 
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
 import config
+import plumbing
+from attention import autocast
 from data import PromptStyle, build_prompt, load_data, prompt_style_of
 from model import (
     TAGS,
@@ -40,7 +44,7 @@ from model import (
 )
 from plumbing import check_out_dir, locked, move_aside
 from rewards import parallel_positions, score_batch
-from sample import SamplingConfig, SamplingFlags, generate
+from sample import Rollout, SamplingConfig, SamplingFlags, generate
 
 # ---------------------------------------------------------------------------------------------
 # The metrics
@@ -185,6 +189,145 @@ def quick_eval(model, tokenizer, records: list[dict], mode: str, n: int, *,
                    parallel=metrics["parallel_ratio"], accuracy=metrics["mean_at_k"],
                    example=samples[0]["response"])
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# During training: GRPO's evaluations of the run and the statistics of a step's rollouts; SFT's
+# greedy samples at the end of its run
+
+
+def prompts_per_call(cfg, world_size: int) -> int:
+    """Prompts in one of a rank's generate calls: generate_batch_size (0 = all of the rank's)."""
+    per_rank = cfg.batch_size // world_size
+    if cfg.generate_batch_size:
+        return min(cfg.generate_batch_size, per_rank)
+    return per_rank
+
+
+EVAL_KEYS = ("mean_at_k", "pass_at_k", "format_valid", "parallel_ratio", "mean_blocks",
+             "mean_parallel_position", "mean_T", "mean_D")
+
+
+def evaluate_run(run, tag: str) -> dict:
+    """GRPO's evaluation of a run (grpo.GRPORun) on its held-out problems: every rank samples
+    its shard (eval_k at eval_temperature, a fixed seed; FSDP: on the rollout copy, refreshed
+    first); every rank gets each benchmark's (data source's) metrics and their Avg, logged."""
+    cfg = run.cfg
+    d = run.dist
+    t0 = time.monotonic()
+    mine = run.eval_records[d.rank::d.world_size]
+    rows = prompts_per_call(cfg, d.world_size) * cfg.group_size   # as many rows as the rollouts'
+    batch_size = max(1, rows // cfg.eval_k)
+    if cfg.fsdp:
+        plumbing.sync_rollout_model(run.rollout_model, run.train_model)
+    samples = []
+    if mine:
+        sampling = dataclasses.replace(cfg.sampling(seed=cfg.seed),     # as eval.py: no top-k
+                                       temperature=cfg.eval_temperature, top_k=0)
+        with autocast(d.device):
+            samples = evaluate(run.rollout_model, run.tokenizer, mine, cfg.mode, k=cfg.eval_k,
+                               sampling=sampling, batch_size=batch_size,
+                               prompt_style=run.prompt_style,
+                               prompt_file=cfg.prompt_file or None)[1]
+    if dist.is_initialized():
+        shards = [None] * d.world_size
+        dist.all_gather_object(shards, samples)
+        samples = [s for shard in shards for s in shard]
+    by_bench: dict[str, list] = {}
+    for s in samples:
+        by_bench.setdefault(s["benchmark"] or "held_out", []).append(s)
+    metrics = {}
+    for bench, bench_samples in by_bench.items():
+        summary = summarize(bench_samples, cfg.eval_k)
+        metrics[bench] = {k: summary[k] for k in EVAL_KEYS}
+    avg = sum(m["mean_at_k"] for m in metrics.values()) / len(metrics)
+    for bench, m in metrics.items():
+        values = " ".join(f"{k} {v:.3f}" for k, v in m.items() if v is not None)
+        run.log(f"[eval {tag}] {bench}, k={cfg.eval_k}: {values}")
+    run.log(f"[eval {tag}] Avg Mean@{cfg.eval_k} {100 * avg:.1f}% ({time.monotonic() - t0:.0f}s)")
+    row = {"step": run.step, "eval/avg_mean_at_k": avg}
+    for bench, m in metrics.items():
+        for k, v in m.items():
+            row[f"eval/{bench}/{k}"] = v
+    run.write(row)
+    return {"avg_mean_at_k": avg, "benchmarks": metrics}
+
+
+def first_evaluation(run) -> dict | None:
+    """The "before" evaluation: a resumed run's first one if its settings are today's, else a
+    fresh one."""
+    cfg = run.cfg
+    before = run.state.get("eval_before")
+    settings = [cfg.eval_data, cfg.eval_samples, cfg.eval_k, cfg.eval_temperature,
+                cfg.max_new_tokens, cfg.budget]
+    if before and before.get("settings", settings) != settings:
+        run.log(f"note: the run's first evaluation used other settings {before['settings']} than "
+                f"now {settings} (eval_data, eval_samples, eval_k, eval_temperature, "
+                "max_new_tokens, budget): the end summary shows no before/after table")
+        return {}                                  # falsy: neither re-evaluated nor compared
+    if before is None and run.eval_records:
+        return {**evaluate_run(run, "before"), "settings": settings}
+    return before
+
+
+MEANS = ("accuracy", "format_valid", "parallel_ratio", "num_blocks", "response_T", "response_D",
+         "truncated")
+
+
+def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: torch.Tensor,
+                  device) -> dict:
+    """Means over every rank's rollouts, and the share of groups whose rewards differ (the only
+    ones to learn from)."""
+    positions = [p for r in rollouts for p in parallel_positions(r.structure)]
+    structures = [r.structure for r in rollouts]
+    rewards = [s["reward"] for s in scores]
+    local = {"n": len(rollouts),
+             "reward": sum(rewards),
+             "reward_sq": sum(r ** 2 for r in rewards),
+             "accuracy": sum(bool(s["correct"]) for s in scores),
+             "format_valid": sum(s.valid for s in structures),
+             "parallel_ratio": sum(bool(s.blocks) for s in structures),
+             "num_blocks": sum(len(s.blocks) for s in structures),
+             "response_T": sum(r.num_tokens for r in rollouts),
+             "response_D": sum(r.critical_path for r in rollouts),
+             "truncated": sum(r.finish_reason == "budget" for r in rollouts),
+             "varied_groups": int(has_variance.sum()),
+             "groups": len(has_variance),
+             "position": sum(positions),
+             "blocks_seen": len(positions)}
+    g = dict(zip(local, plumbing.all_reduce(list(local.values()), device)))
+    n = max(g["n"], 1.0)
+    reward_mean = g["reward"] / n
+    stats = {"reward_mean": reward_mean,
+             "reward_std": math.sqrt(max(g["reward_sq"] / n - reward_mean ** 2, 0.0))}
+    for key in MEANS:
+        stats[key] = g[key] / n
+    stats["groups_with_variance"] = g["varied_groups"] / max(g["groups"], 1.0)
+    stats["parallel_position"] = g["position"] / g["blocks_seen"] if g["blocks_seen"] else None
+    return stats
+
+
+def end_of_run_samples(run, examples: list, eval_set) -> dict | None:
+    """SFT's greedy samples after training, of eval_set (name, records); `examples` are the
+    training examples (data.Example), whose lengths set the budget. Rank 0 only (an FSDP model
+    would need every rank)."""
+    cfg = run.cfg
+    if not (run.dist.is_main and cfg.eval_samples):
+        return None
+    if cfg.fsdp:
+        return {"notes": ["FSDP run: no greedy samples here; evaluate the checkpoint with eval.py"]}
+    eval_name, eval_records = eval_set
+    # the budget: twice the longest training response, within max_length (an untrained model
+    # rambles)
+    longest_prompt = max(len(e.prompt_ids) for e in examples)
+    longest_response = max(len(e.response_ids) for e in examples)
+    budget = min(cfg.max_length - longest_prompt, 2 * longest_response)
+    mode = "sequential" if cfg.style == "sequential" else cfg.mode
+    samples = quick_eval(run.model, run.tokenizer, eval_records, mode, cfg.eval_samples,
+                         prompt_style=prompt_style_of(cfg.preset, cfg.style),
+                         prompt_file=cfg.prompt_file or None, seed=cfg.seed,
+                         max_new_tokens=max(1, budget))
+    return dict(samples, data=eval_name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,7 +487,7 @@ def check_device(device: str) -> None:
 @dataclass
 class EvalConfig(SamplingFlags):
     """python eval.py --model=<checkpoint>: Mean@k, Pass@k, parallel statistics; the sampling
-    flags are sample.SamplingFlags'. None = the preset's (TINY, PAPER)."""
+    flags are sample.SamplingFlags'. None = the preset's (config.EVAL_PRESETS)."""
     model: str = ""                    # a checkpoint folder, a hub name, or "tiny" (random weights)
     preset: config.Preset = "auto"     # tiny, paper, none; auto: the checkpoint's run's, else paper
     data: str | None = None            # comma list of data.load_data names, each one benchmark
@@ -365,11 +508,6 @@ class EvalConfig(SamplingFlags):
     skip_long_prompts: bool = True     # skip a prompt that + max_new_tokens passes the context
 
 
-TINY = dict(data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test", k=8,
-            max_new_tokens=128, batch_size=16, limit=64)
-PAPER = dict(data="aime24,aime25,amc23,math500", k=16, max_new_tokens=3000, batch_size=4,
-             limit=0)                                                          # NOTES.md §7
-PRESETS = {"tiny": TINY, "paper": PAPER}
 
 
 def log(message: str) -> None:
@@ -399,7 +537,7 @@ def resolve(cfg: EvalConfig) -> tuple[EvalConfig, dict]:
     tokenizer = own_tokenizer(cfg.model)
     preset, why = resolve_preset(cfg.preset, cfg.model)
     log(f"preset {preset} ({why})")
-    cfg = config.apply_preset(dataclasses.replace(cfg, preset=preset), PRESETS)
+    cfg = config.apply_preset(dataclasses.replace(cfg, preset=preset), config.EVAL_PRESETS)
     benches = [b.strip() for b in cfg.data.split(",") if b.strip()]
     if not benches:
         raise ValueError(f"--data={cfg.data!r} names no benchmark: e.g. "

@@ -8,22 +8,23 @@
 
 One step (`grpo_step`): draw prompts -> `sample_rollouts` -> `score_batch` (the recipe's reward at
 this step, `stage_at`) -> `compute_advantages` -> `ppo_update` (ppo_mini_batches optimizer steps of
-the PPO-clip loss, plus kl_coef times a KL estimate against the initial weights). The file is the
-method first (`grpo_step`, then what it calls in the order it calls it), then the run: presets,
-setup, evaluation during training, statistics and `train`, which logs, evaluates and saves around
-the steps; plumbing.py does the ranks, checkpoints and the exact resume.
+the PPO-clip loss, plus kl_coef times a KL estimate against the initial weights). The file is its
+config, the method (`grpo_step`, then what it calls in the order it calls it), then `setup` and
+`train`, a short loop. Around the method, elsewhere: the presets (config.GRPO_PRESETS), the
+evaluations and the rollout statistics (eval.py), the loop's bookkeeping, ranks, checkpoints and
+the exact resume (plumbing.py).
 
 Simplified on purpose, unlike the official code (NOTES.md §8): logp_old is the sampler's own
-log-prob (in fp32 the ratio starts at 1, in bf16 up to rounding, and a forward is saved;
---recompute_logprobs=True measures the gap); injected tokens are not trained (--train_injected=True
-trains them); the loss is normalised per mini-batch; every rank runs as many micro-batches (empty
-ones pad), so collectives never hang.
+log-prob (in fp32 the ratio starts at 1, in bf16 up to rounding, and a forward is saved; the first
+--logprob_check_steps steps measure the gap, --recompute_logprobs=True uses the training
+forward's); injected tokens are not trained (--train_injected=True trains them); the loss is
+normalised per mini-batch; every rank runs as many micro-batches (empty ones pad), so collectives
+never hang.
 """
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import math
+import functools
 import os
 import sys
 import time
@@ -34,13 +35,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads slee
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 import config
 import plumbing
-from attention import LOGIT_CHUNK_TOKENS, TagIds, autocast, token_scores
+from attention import TagIds, autocast, token_scores
 from data import embedded_test_parts, load_data, prompt_style_of
-from eval import evaluate, fit_context, own_tokenizer, summarize
+from eval import evaluate_run, first_evaluation, fit_context, own_tokenizer, rollout_stats
 from model import (
     Mode,
     frozen_copy,
@@ -49,7 +49,7 @@ from model import (
     read_checkpoint_config,
     resolve_preset,
 )
-from rewards import RewardSchedule, parallel_positions, score_batch
+from rewards import RewardSchedule, score_batch
 from sample import Rollout, SamplingConfig, SamplingFlags, generate
 
 RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "scaffold": "unseen",
@@ -57,9 +57,10 @@ RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "sc
 
 
 @dataclass
-class GRPOConfig(SamplingFlags, plumbing.RankFlags):
+class GRPOConfig(SamplingFlags, plumbing.RunFlags):
     """python grpo.py: GRPO of parallel thinking; the rollouts' sampling flags are
-    sample.SamplingFlags'. None = the preset's (TINY or PAPER)."""
+    sample.SamplingFlags', the run's plumbing.RunFlags'. None = the preset's
+    (config.GRPO_PRESETS)."""
     recipe: Literal["seen", "unseen-s1", "unseen-s2", "scaffold", "baseline"] = "unseen-s1"
     model: str = ""                      # "" = the latest SFT checkpoint of the recipe's mode
     preset: config.Preset = "auto"       # tiny, paper, none; auto: the SFT checkpoint's run's
@@ -84,23 +85,15 @@ class GRPOConfig(SamplingFlags, plumbing.RankFlags):
     kl_coef: config.NonNegativeFloat | None = None   # > 0 loads a frozen reference; paper: 0
     kl_estimator: Literal["k1", "k3"] = "k3"   # k1 = log(p/p_ref); k3: low-variance, clamped
     train_injected: bool = False         # also train on runtime-injected tokens (the official code)
-    recompute_logprobs: bool = False     # debug: recompute logp_old, log the largest difference
+    recompute_logprobs: bool = False     # logp_old from the training forward (a forward a step)
+    logprob_check_steps: config.NonNegativeInt = 5   # the first N steps log the sampler's gap
     lr: config.PositiveFloat | None = None
     warmup_steps: config.NonNegativeInt | None = None   # linear warm-up (optimizer steps)
     lr_schedule: Literal["constant", "cosine"] | None = None   # constant (the paper), or cosine
-    weight_decay: config.NonNegativeFloat = 0.01
     betas: config.AdamBetas = (0.9, 0.999)
-    grad_clip: config.NonNegativeFloat = 1.0       # max global grad norm; 0 = no clipping
     ppo_mini_batches: config.PositiveInt = 2       # optimizer steps per training step
     micro_batch_size: config.PositiveInt | None = None   # rollouts per forward on one rank
     micro_batch_tokens: config.NonNegativeInt = 0  # also cap a micro-batch's padded tokens (0 = no)
-    max_steps: config.PositiveInt | None = None
-    max_time: config.NonNegativeFloat | None = None   # seconds of training (evals in); 0 = none
-    seed: config.Seed = 0
-    fsdp: bool = False                   # FSDP2 (each decoder layer, then the root); torchrun
-    grad_checkpointing: bool | None = None   # recompute activations in the backward (memory)
-    logit_chunk_tokens: config.PositiveInt = LOGIT_CHUNK_TOKENS   # loss tokens per LM-head chunk
-    resume: str = ""                     # a checkpoint folder, or True = the latest in out_dir
     eval_data: str | None = None         # held-out problems ("" = none); embedded --data: its test
     eval_every: config.NonNegativeInt | None = None    # steps between evaluations (0: first, last)
     eval_samples: config.NonNegativeInt | None = None  # first problems of each part (0 = all)
@@ -108,8 +101,6 @@ class GRPOConfig(SamplingFlags, plumbing.RankFlags):
     eval_temperature: config.NonNegativeFloat = 1.0    # the paper evaluates at T = 1.0
     log_every: config.NonNegativeInt = 10      # print a line every N steps (log.jsonl: every)
     save_every: config.NonNegativeInt = 50     # checkpoint every N steps (0 = only at the end)
-    keep_last: config.NonNegativeInt = 2       # checkpoints kept in out_dir (0 = all)
-    wandb_project: str = ""              # also log log.jsonl's rows to Weights & Biases (wandb)
 
     def sampling(self, seed: int | None = None) -> SamplingConfig:
         """The rollouts' sampling settings (the loss's log-probs use the same temperature)."""
@@ -139,16 +130,16 @@ def grpo_step(run: GRPORun, step: int) -> dict:
     cfg = run.cfg
     d = run.dist
     stage = stage_at(cfg, step)
-    clock = Stopwatch()
+    clock = plumbing.Stopwatch()
     per_rank = cfg.batch_size // d.world_size
     drawn = run.streams[stage.data].take(cfg.batch_size)
     mine = drawn[d.rank * per_rank:(d.rank + 1) * per_rank]
     problems = [run.sources[stage.data][i] for i in mine]
     prompts = [run.prompts[stage.data][i] for i in mine]
     if cfg.fsdp:
-        sync_rollout_model(run.rollout_model, run.train_model)
+        plumbing.sync_rollout_model(run.rollout_model, run.train_model)
     rollouts = sample_rollouts(run.rollout_model, run.tokenizer, prompts, cfg,
-                               seed=rollout_seed(cfg.seed, step, d.rank))
+                               seed=plumbing.rollout_seed(cfg.seed, step, d.rank))
     clock.lap("time_sample")
     golds = [problems[r.prompt_index]["answer"] for r in rollouts]
     scores = score_batch([r.text for r in rollouts], golds, reward=stage.reward, step=step,
@@ -164,7 +155,8 @@ def grpo_step(run: GRPORun, step: int) -> dict:
         trained_advantages = advantages[keep]
     update = ppo_update(run.train_model, run.optimizer, trained, trained_advantages, cfg,
                         tags=run.tags, pad_id=run.pad_id, scheduler=run.scheduler,
-                        ref_model=run.ref_model, clip_ratio_high=stage.clip_ratio_high)
+                        ref_model=run.ref_model, clip_ratio_high=stage.clip_ratio_high,
+                        check_logprobs=step <= cfg.logprob_check_steps)
     clock.lap("time_update")
     advantage_sums = [advantages.abs().sum().item(), len(advantages), len(trained)]
     abs_sum, count, trained_count = plumbing.all_reduce(advantage_sums, d.device)
@@ -225,17 +217,6 @@ def sample_rollouts(model, tokenizer, prompts: list[list[int]], cfg: GRPOConfig,
     return rollouts
 
 
-RUN_SEED_STRIDE = 1_000_003    # rollout seeds: a prime above any step count ...
-
-
-MAX_RANKS = 4096               # ... and room for this many ranks: no two (seed, step, rank) meet
-
-
-def rollout_seed(seed: int, step: int, rank: int) -> int:
-    """A sampling seed of its own for every (run seed, step, rank)."""
-    return (seed * RUN_SEED_STRIDE + step) * MAX_RANKS + rank
-
-
 def compute_advantages(rewards, group_size: int, norm_adv_by_std: bool = True, eps: float = 1e-6):
     """Group-relative advantages of prompt-major rewards (n,): (r - mean) / (std + eps) with the
     unbiased std (as the official code), or r - mean (Dr. GRPO). Returns (advantages (n,)
@@ -256,37 +237,38 @@ STAT_SUMS = ("loss", "pg_loss", "kl", "tokens", "clipped", "dual", "entropy", "r
 
 
 def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOConfig, *,
-               tags: TagIds, pad_id: int, scheduler=None, ref_model=None,
-               clip_ratio_high: float | None = None) -> dict:
+               tags: TagIds, pad_id: int, clip_ratio_high: float, scheduler=None,
+               ref_model=None, check_logprobs: bool = False) -> dict:
     """cfg.ppo_mini_batches optimizer steps of the PPO-clip loss on this rank's rollouts (any
-    number, also 0); model: plain, DDP- or FSDP-wrapped; clip_ratio_high: this step's (default
-    cfg's, else 0.2). Global statistics: loss and pg_loss (means over mini-batches), kl,
-    clip_frac, dual_clip_frac, entropy, ratio_mean (token means), counts."""
+    number, also 0). `cfg` is resolved (`resolve_defaults`: cfg.mode and cfg.kl_coef are in
+    force); clip_ratio_high is this step's (`stage_at`); ref_model (kl_coef > 0): the frozen
+    initial weights; check_logprobs: measure the sampler's log-probs against the training
+    forward's. model: plain, DDP- or FSDP-wrapped. Global statistics: loss and pg_loss (means
+    over mini-batches), kl, clip_frac, dual_clip_frac, entropy, ratio_mean (token means),
+    counts, and the log-prob gap when measured."""
     device = next(model.parameters()).device
     world_size = dist.get_world_size() if dist.is_initialized() else 1
-    mode = cfg.mode or RECIPE_MODE[cfg.recipe]       # also for a config without resolve_defaults
-    high = next(x for x in (clip_ratio_high, cfg.clip_ratio_high, 0.2) if x is not None)
     advantages = torch.as_tensor(advantages, dtype=torch.float32).flatten()
     minis = mini_batches(rollouts, advantages, cfg, pad_id, device)
-    max_diff = logprobs_from_a_forward(minis, model, ref_model, cfg, tags, mode, device)
+    if ref_model is not None:             # the KL term's reference log-probs (kl_coef > 0)
+        for mb in (mb for mini in minis for mb in mini.micro_batches):
+            mb.ref_logprobs = response_logprobs(ref_model, mb, cfg, tags)
+    gap = {}
+    if check_logprobs or cfg.recompute_logprobs or cfg.train_injected:
+        gap = recompute_old_logprobs(minis, model, cfg, tags, clip_ratio_high, device)
     model.train()
     sums = dict.fromkeys(STAT_SUMS, 0.0)
     grad_norms = []
     for mini in minis:
-        local = 0.0
-        for mb in mini:
-            _, micro_denominator = loss_weights(mb.loss_mask, cfg.loss_agg_mode,
-                                                cfg.max_new_tokens)
-            local += micro_denominator
-        denominator = plumbing.all_reduce([local], device)[0]
-        if denominator == 0:                   # nothing to learn on any rank: every rank skips
+        if mini.denominator == 0:              # nothing to learn on any rank: every rank skips
             continue
-        for j, mb in enumerate(mini):
-            with plumbing.grad_sync(model, enabled=j == len(mini) - 1):
-                logprobs, entropy = token_scores(model, mb, tags, mode, mb.loss_mask.bool(),
+        for j, mb in enumerate(mini.micro_batches):
+            last = j == len(mini.micro_batches) - 1
+            with plumbing.grad_sync(model, enabled=last):
+                logprobs, entropy = token_scores(model, mb, tags, cfg.mode, mb.loss_mask.bool(),
                                                  cfg.temperature, cfg.logit_chunk_tokens)
-                loss, stats = micro_batch_loss(logprobs, entropy, mb, cfg, high, denominator,
-                                               world_size)
+                loss, stats = micro_batch_loss(logprobs, entropy, mb, cfg, clip_ratio_high,
+                                               mini.denominator, world_size)
                 loss.backward()
             for key in STAT_SUMS:
                 sums[key] += stats[key]
@@ -294,26 +276,32 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
     g = dict(zip(STAT_SUMS, plumbing.all_reduce([sums[k] for k in STAT_SUMS], device)))
     tokens = max(g["tokens"], 1.0)
     steps = len(grad_norms)
-    out = {"loss": g["loss"] / max(steps, 1), "pg_loss": g["pg_loss"] / max(steps, 1),
-           "kl": g["kl"] / tokens, "clip_frac": g["clipped"] / tokens,
-           "dual_clip_frac": g["dual"] / tokens, "entropy": g["entropy"] / tokens,
-           "ratio_mean": g["ratio"] / tokens,
-           "grad_norm": sum(grad_norms) / steps if steps else 0.0,
-           "loss_tokens": int(g["tokens"]), "optimizer_steps": steps,
-           "micro_batches": sum(len(m) for m in minis)}
-    if max_diff is not None:
-        out["logprob_max_diff"] = max_diff
-    return out
+    return {"loss": g["loss"] / max(steps, 1), "pg_loss": g["pg_loss"] / max(steps, 1),
+            "kl": g["kl"] / tokens, "clip_frac": g["clipped"] / tokens,
+            "dual_clip_frac": g["dual"] / tokens, "entropy": g["entropy"] / tokens,
+            "ratio_mean": g["ratio"] / tokens,
+            "grad_norm": sum(grad_norms) / steps if steps else 0.0,
+            "loss_tokens": int(g["tokens"]), "optimizer_steps": steps,
+            "micro_batches": sum(len(m.micro_batches) for m in minis), **gap}
+
+
+@dataclass
+class MiniBatch:
+    """One optimizer step's rollouts on this rank, in micro-batches (a forward and backward
+    each), and the loss's denominator D: the whole mini-batch's, over every rank
+    (`loss_weights`)."""
+    micro_batches: list[RolloutBatch]
+    denominator: float
 
 
 def mini_batches(rollouts: list[Rollout], advantages, cfg: GRPOConfig, pad_id: int,
-                 device) -> list[list[RolloutBatch]]:
-    """This rank's mini-batches of micro-batches, each as long as the longest rank's (the others
-    add empty micro-batches), on `device`."""
+                 device) -> list[MiniBatch]:
+    """This rank's mini-batches on `device`, with their loss weights and denominator; as many
+    micro-batches each as the longest rank's (the others add empty ones)."""
     lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rollouts]
     micro_batch_size = cfg.micro_batch_size or max(len(rollouts), 1)
-    plan = plan_micro_batches(lengths, cfg.ppo_mini_batches, micro_batch_size,
-                              cfg.micro_batch_tokens)
+    plan = plumbing.plan_micro_batches(lengths, cfg.ppo_mini_batches, micro_batch_size,
+                                       cfg.micro_batch_tokens)
     counts = plumbing.all_reduce([len(m) for m in plan], device, op="max")
     minis = []
     for micro, count in zip(plan, counts):
@@ -321,38 +309,15 @@ def mini_batches(rollouts: list[Rollout], advantages, cfg: GRPOConfig, pad_id: i
                                     cfg.train_injected)
                    for indices in micro]
         batches += [empty_micro_batch(pad_id)] * (int(count) - len(micro))
-        minis.append([b.to(device) for b in batches])
+        batches = [b.to(device) for b in batches]
+        local_denominator = 0.0
+        for b in batches:
+            b.loss_weights, part = loss_weights(b.loss_mask, cfg.loss_agg_mode,
+                                                cfg.max_new_tokens)
+            local_denominator += part
+        denominator = plumbing.all_reduce([local_denominator], device)[0]
+        minis.append(MiniBatch(batches, denominator))
     return minis
-
-
-def plan_micro_batches(lengths: list[int], ppo_mini_batches: int, micro_batch_size: int,
-                       micro_batch_tokens: int = 0):
-    """Rollout indices in ppo_mini_batches contiguous near-equal mini-batches (whole groups when
-    the sizes divide), each filled greedily into micro-batches of <= micro_batch_size rollouts
-    and, with micro_batch_tokens, <= that many padded tokens (rows x longest):
-    plan_micro_batches([4, 4, 9, 9], 1, 4, 16) -> [[[0, 1], [2], [3]]]."""
-    n = len(lengths)
-    bounds = [round(i * n / ppo_mini_batches) for i in range(ppo_mini_batches + 1)]
-    plan = []
-    for lo, hi in itertools.pairwise(bounds):
-        micro = []
-        current = []
-        longest = 0
-        for i in range(lo, hi):
-            longest_with_i = max(longest, lengths[i])
-            full = len(current) == micro_batch_size
-            padded_tokens = (len(current) + 1) * longest_with_i
-            too_many_tokens = micro_batch_tokens and padded_tokens > micro_batch_tokens
-            if current and (full or too_many_tokens):
-                micro.append(current)
-                current = []
-                longest_with_i = lengths[i]
-            current.append(i)
-            longest = longest_with_i
-        if current:
-            micro.append(current)
-        plan.append(micro)
-    return plan
 
 
 @dataclass
@@ -368,6 +333,7 @@ class RolloutBatch:
     old_logprobs: torch.Tensor     # (B, L-1) float32: logp_old (the sampler's, or a forward's)
     advantages: torch.Tensor       # (B, 1) float32
     ref_logprobs: torch.Tensor | None = None   # (B, L-1) float32 when kl_coef > 0
+    loss_weights: torch.Tensor | None = None   # (B, L-1) float32: w of `loss_weights`
 
     def to(self, device) -> RolloutBatch:
         moved = {k: v.to(device) for k, v in vars(self).items() if torch.is_tensor(v)}
@@ -411,37 +377,41 @@ def empty_micro_batch(pad_id: int) -> RolloutBatch:
                         zero.clone(), zero.clone(), torch.zeros(1, 1))
 
 
-def logprobs_from_a_forward(minis, model, ref_model, cfg: GRPOConfig, tags: TagIds, mode: str,
-                            device) -> float | None:
-    """What the sampler did not record, from a no-grad forward before the first optimizer step:
-    the reference model's log-probs of the KL term (mb.ref_logprobs, kl_coef > 0); logp_old of
-    the injected tokens (--train_injected); and with --recompute_logprobs (a check) the largest
-    difference between the policy's log-probs and the sampler's, returned (else None)."""
-    want_ref = ref_model is not None and (cfg.kl_coef or 0) > 0
-    if not (cfg.train_injected or cfg.recompute_logprobs or want_ref):
-        return None
-    max_diff = 0.0
-    for mb in (mb for mini in minis for mb in mini):
-        if cfg.train_injected or cfg.recompute_logprobs:
-            logprobs = response_logprobs(model, mb, cfg, tags, mode)
-            if mb.response_mask.any():
-                diff = ((logprobs - mb.old_logprobs).abs() * mb.sampled_mask).max().item()
-                max_diff = max(max_diff, diff)
-            injected = (mb.response_mask - mb.sampled_mask).bool()
-            mb.old_logprobs = torch.where(injected, logprobs, mb.old_logprobs)
-        if want_ref:
-            mb.ref_logprobs = response_logprobs(ref_model, mb, cfg, tags, mode)
-    return plumbing.all_reduce([max_diff], device, op="max")[0]
+@torch.no_grad()
+def recompute_old_logprobs(minis: list[MiniBatch], model, cfg: GRPOConfig, tags: TagIds,
+                           clip_ratio_high: float, device) -> dict:
+    """The policy's log-probs of every response token from the training forward, before the
+    first optimizer step. They become logp_old of the injected tokens, which the sampler did not
+    draw (--train_injected), and of every token with --recompute_logprobs (verl's way: one more
+    forward a step). Returns the gap to the sampler's over the sampled tokens, all ranks': mean
+    and max |difference|, and the share of tokens whose ratio starts outside the clip range
+    (NOTES.md §8: in fp32 the gap is rounding; bf16 kernels widen it)."""
+    differences = [torch.zeros(0)]
+    for mini in minis:
+        for mb in mini.micro_batches:
+            logprobs = response_logprobs(model, mb, cfg, tags)
+            differences.append((logprobs - mb.old_logprobs)[mb.sampled_mask.bool()].cpu())
+            replaced = (mb.response_mask - mb.sampled_mask).bool()       # the injected tokens
+            if cfg.recompute_logprobs:
+                replaced = mb.response_mask.bool()
+            mb.old_logprobs = torch.where(replaced, logprobs, mb.old_logprobs)
+    difference = torch.cat(differences)                   # (n,): this rank's sampled tokens
+    ratio = torch.exp(difference.clamp(-20.0, 20.0))
+    outside = (ratio < 1.0 - cfg.clip_ratio_low) | (ratio > 1.0 + clip_ratio_high)
+    gap = difference.abs()
+    sums = plumbing.all_reduce([gap.sum().item(), outside.sum().item(), len(gap)], device)
+    largest = plumbing.all_reduce([max(gap.tolist(), default=0.0)], device, op="max")[0]
+    return {"logprob_gap_mean": sums[0] / max(sums[2], 1.0), "logprob_gap_max": largest,
+            "logprob_gap_outside_clip": sums[1] / max(sums[2], 1.0)}
 
 
 @torch.no_grad()
-def response_logprobs(model, mb: RolloutBatch, cfg: GRPOConfig, tags: TagIds,
-                      mode: str) -> torch.Tensor:
-    """(B, L-1) float32: the model's log-prob of each response token of the micro-batch, 0 at
-    the prompt and the padding."""
+def response_logprobs(model, mb: RolloutBatch, cfg: GRPOConfig, tags: TagIds) -> torch.Tensor:
+    """(B, L-1) float32: the model's log-prob of each response token of the micro-batch (the
+    training forward, no gradient), 0 at the prompt and the padding."""
     response = mb.response_mask.bool()
     table = torch.zeros_like(mb.old_logprobs)
-    table[response] = token_scores(model, mb, tags, mode, response, cfg.temperature,
+    table[response] = token_scores(model, mb, tags, cfg.mode, response, cfg.temperature,
                                    cfg.logit_chunk_tokens)[0]
     return table
 
@@ -449,20 +419,19 @@ def response_logprobs(model, mb: RolloutBatch, cfg: GRPOConfig, tags: TagIds,
 def micro_batch_loss(logprobs, entropy, mb: RolloutBatch, cfg: GRPOConfig,
                      clip_ratio_high: float, denominator: float,
                      world_size: int = 1) -> tuple[torch.Tensor, dict]:
-    """This micro-batch's part of the mini-batch loss, sum(w * l) * world_size / D (D over every
-    micro-batch of every rank; the ranks' gradients are averaged), and the sums to all-reduce for
-    the step's statistics. logprobs, entropy (N,) float32: of the loss tokens (mb.loss_mask), in
+    """This micro-batch's part of the mini-batch loss, sum(w * l) / D with w = mb.loss_weights
+    and D over every micro-batch of every rank (`MiniBatch`), and the sums to all-reduce for the
+    step's statistics. logprobs, entropy (N,) float32: of the loss tokens (mb.loss_mask), in
     row-major order, from the training forward (attention.token_scores)."""
     selected = mb.loss_mask.bool()                                          # (B, L-1)
-    weight_table, _ = loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)
-    weights = weight_table[selected]
+    weights = mb.loss_weights[selected]
     old = mb.old_logprobs[selected]                                         # (N,)
     advantages = mb.advantages.expand_as(mb.loss_mask)[selected]
     pg, clipped, dual = policy_loss(logprobs, old, advantages, cfg.clip_ratio_low, clip_ratio_high,
                                     cfg.clip_ratio_c)
     token_loss = pg
     kl = None
-    if mb.ref_logprobs is not None and (cfg.kl_coef or 0) > 0:
+    if mb.ref_logprobs is not None:                                         # kl_coef > 0
         kl = kl_penalty(logprobs, mb.ref_logprobs[selected], cfg.kl_estimator)
         token_loss = pg + cfg.kl_coef * kl
     d = max(denominator, 1e-12)
@@ -473,6 +442,8 @@ def micro_batch_loss(logprobs, entropy, mb: RolloutBatch, cfg: GRPOConfig,
                  "clipped": clipped.sum().item(), "dual": dual.sum().item(),
                  "entropy": entropy.sum().item(),
                  "ratio": torch.exp((logprobs - old).clamp(-20, 20)).sum().item()}
+    # DDP and FSDP average the ranks' gradients; D already counts every rank's tokens, so each
+    # rank's part is scaled by world_size to make that average the whole batch's sum(w * l) / D
     return part * world_size, stats
 
 
@@ -510,7 +481,8 @@ def loss_weights(loss_mask: torch.Tensor, loss_agg_mode: str, max_new_tokens: in
     """Weights w (B, T) and denominator D, loss = sum(w * l) / D (summed over micro-batches and
     ranks: the whole batch's). n_i = loss tokens of response i, N = responses with n_i > 0.
     token-mean: w = 1, D = sum n_i; seq-mean-token-mean: w = 1/n_i, D = N;
-    seq-mean-token-sum-norm (Dr. GRPO): w = 1, D = N max_new_tokens."""
+    seq-mean-token-sum-norm (Dr. GRPO): w = 1, D = N max_new_tokens. A group whose rewards are
+    all equal (advantage 0) still counts in D, as in verl (--filter_groups=True drops it)."""
     # >>> exercise 6: the loss aggregation modes
     n = loss_mask.sum(dim=-1, keepdim=True)
     if loss_agg_mode == "token-mean":
@@ -533,36 +505,6 @@ def agg_loss(loss_mat, loss_mask, loss_agg_mode: str = "token-mean",
 # method may stop here)
 
 
-# The tiny preset (the tuning runs: results/LOG.md): RL on the rl parts (number patterns the cold
-# start never saw), 32 prompts x 4 responses a step, lr 1.5e-4 with a cosine to 0 after 10
-# warm-up optimizer steps; the k3 KL anchor keeps the format in place. The paper's: NOTES.md §5.
-TINY = dict(data="synthetic:easy:rl,synthetic:medium:rl,synthetic:hard:rl",
-            eval_data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test",
-            easy_data="synthetic:easy", batch_size=32, group_size=4, max_new_tokens=128,
-            lr=1.5e-4, warmup_steps=10, lr_schedule="cosine", kl_coef=0.3, micro_batch_size=16,
-            generate_batch_size=0, max_steps=100, max_time=0.0, eval_every=50, eval_samples=64,
-            eval_k=8, easy_steps=10, scaffold_steps=20, grad_checkpointing=False)
-
-
-# The paper's (NOTES.md §5); its memory settings (generate_batch_size, grad_checkpointing) are
-# what scripts/memory_plan.py finds fits Qwen3-4B on 8 x 80 GB (README, "The paper's run").
-PAPER = dict(data="dapo", eval_data="aime25", easy_data="gsm8k:train", batch_size=256,
-             group_size=8, max_new_tokens=3000, lr=1e-6, warmup_steps=0, lr_schedule="constant",
-             kl_coef=0.0, micro_batch_size=2, generate_batch_size=8, max_steps=300, max_time=0.0,
-             eval_every=10, eval_samples=0, eval_k=16, easy_steps=35, scaffold_steps=200,
-             grad_checkpointing=True)
-
-
-PRESETS = {"tiny": TINY, "paper": PAPER}
-
-
-DEFAULT_INIT = {   # where each mode's SFT checkpoint is, and the command that writes it
-    "unseen": ("runs/sft", "python sft.py"),
-    "seen": ("runs/sft_seen", "python sft.py --mode=seen --out_dir=runs/sft_seen"),
-    "sequential": ("runs/sft_sequential",
-                   "python sft.py --style=sequential --mode=seen --out_dir=runs/sft_sequential")}
-
-
 def resolve_defaults(cfg: GRPOConfig, world_size: int = 1) -> GRPOConfig:
     """The preset (--preset; auto: `model.resolve_preset`) in the None fields and the recipe's
     mode; the checks that teach."""
@@ -572,7 +514,7 @@ def resolve_defaults(cfg: GRPOConfig, world_size: int = 1) -> GRPOConfig:
         # the given training problems' own test part (carry:hard:rl -> carry:hard:test), not the
         # preset's benchmarks
         cfg = dataclasses.replace(cfg, eval_data=embedded_test_parts(cfg.data))
-    cfg = config.apply_preset(dataclasses.replace(cfg, preset=preset), PRESETS)
+    cfg = config.apply_preset(dataclasses.replace(cfg, preset=preset), config.GRPO_PRESETS)
     if cfg.temperature == 0:
         raise ValueError("--temperature=0: GRPO compares the responses of a group, and greedy ones "
                          "are all the same, so every advantage is 0 and nothing is learned; use a "
@@ -591,36 +533,14 @@ def resolve_defaults(cfg: GRPOConfig, world_size: int = 1) -> GRPOConfig:
     return dataclasses.replace(cfg, mode=cfg.mode or RECIPE_MODE[cfg.recipe])
 
 
-def default_init(mode: str, model: str = "") -> str:
-    """`model`, else the latest SFT checkpoint of the mode. FileNotFoundError names the command
-    that writes it."""
-    if model == "tiny":
-        print("warning: --model=tiny is the embedded model with random weights: GRPO starts from "
-              "an SFT checkpoint (e.g. python sft.py, then --model=runs/sft/checkpoint-400)",
-              file=sys.stderr)
-    if model:
-        return model
-    folder, command = DEFAULT_INIT[mode]
-    try:
-        return plumbing.find_latest_checkpoint(folder)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"GRPO starts from an SFT checkpoint and there is none in "
-                                f"{folder!r} (mode {mode!r}). Write it first with\n    {command}\n"
-                                "(about 4 minutes on 2 CPU cores for the tiny model), or pass "
-                                "--model=<a checkpoint folder or hub name>.") from None
-
-
 def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
     """The run: the resolved config, the prompt streams and held-out problems, the model copies,
     the optimizer and the schedule. The config's checks come before the weights load."""
-    init = default_init(cfg.mode or RECIPE_MODE[cfg.recipe], cfg.model)
+    init = plumbing.default_init(cfg.mode or RECIPE_MODE[cfg.recipe], cfg.model)
     if os.path.isdir(init):            # saved with the run: a resume from elsewhere finds it
         init = os.path.abspath(init)
     own_tokenizer(init)                          # a --model that cannot load fails here
-    preset, why = resolve_preset(cfg.preset, init)
-    cfg = resolve_defaults(dataclasses.replace(cfg, model=init, preset=preset), d.world_size)
-    if d.is_main:
-        print(f"preset {preset} ({why})")
+    cfg = plumbing.resolve_config(dataclasses.replace(cfg, model=init), d, resolve_defaults, init)
     run = plumbing.load_run(cfg, d, init, cls=GRPORun)
     if cfg.recipe == "seen" and cfg.easy_steps >= cfg.max_steps:
         run.log(f"note: --easy_steps={cfg.easy_steps} >= --max_steps={cfg.max_steps}: the run "
@@ -674,141 +594,6 @@ def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
     return run
 
 
-@torch.no_grad()
-def sync_rollout_model(rollout_model, train_model):
-    """FSDP: the full (all-gathered) weights into the sampler's plain copy, one parameter at a
-    time (a whole fp32 state dict beside the shards and the copy would hold the model three
-    times); every rank calls it."""
-    rollout_parameters = dict(rollout_model.named_parameters())
-    for name, parameter in train_model.named_parameters():
-        full = parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter
-        rollout_parameters[name].copy_(full)
-
-
-def prompts_per_call(cfg: GRPOConfig, world_size: int) -> int:
-    """Prompts in one of a rank's generate calls: generate_batch_size (0 = all of the rank's)."""
-    per_rank = cfg.batch_size // world_size
-    if cfg.generate_batch_size:
-        return min(cfg.generate_batch_size, per_rank)
-    return per_rank
-
-
-EVAL_KEYS = ("mean_at_k", "pass_at_k", "format_valid", "parallel_ratio", "mean_blocks",
-             "mean_parallel_position", "mean_T", "mean_D")
-
-
-def evaluate_now(run: GRPORun, tag: str) -> dict:
-    """Every rank samples its shard of the held-out problems (eval_k at eval_temperature, a fixed
-    seed; FSDP: on the rollout copy, refreshed first); every rank gets each benchmark's (data
-    source's) metrics and their Avg, logged."""
-    cfg = run.cfg
-    d = run.dist
-    t0 = time.monotonic()
-    mine = run.eval_records[d.rank::d.world_size]
-    rows = prompts_per_call(cfg, d.world_size) * cfg.group_size   # as many rows as the rollouts'
-    batch_size = max(1, rows // cfg.eval_k)
-    if cfg.fsdp:
-        sync_rollout_model(run.rollout_model, run.train_model)
-    samples = []
-    if mine:
-        sampling = dataclasses.replace(cfg.sampling(seed=cfg.seed),     # as eval.py: no top-k
-                                       temperature=cfg.eval_temperature, top_k=0)
-        with autocast(d.device):
-            samples = evaluate(run.rollout_model, run.tokenizer, mine, cfg.mode, k=cfg.eval_k,
-                               sampling=sampling, batch_size=batch_size,
-                               prompt_style=run.prompt_style,
-                               prompt_file=cfg.prompt_file or None)[1]
-    if dist.is_initialized():
-        shards = [None] * d.world_size
-        dist.all_gather_object(shards, samples)
-        samples = [s for shard in shards for s in shard]
-    by_bench: dict[str, list] = {}
-    for s in samples:
-        by_bench.setdefault(s["benchmark"] or "held_out", []).append(s)
-    metrics = {}
-    for bench, bench_samples in by_bench.items():
-        summary = summarize(bench_samples, cfg.eval_k)
-        metrics[bench] = {k: summary[k] for k in EVAL_KEYS}
-    avg = sum(m["mean_at_k"] for m in metrics.values()) / len(metrics)
-    for bench, m in metrics.items():
-        values = " ".join(f"{k} {v:.3f}" for k, v in m.items() if v is not None)
-        run.log(f"[eval {tag}] {bench}, k={cfg.eval_k}: {values}")
-    run.log(f"[eval {tag}] Avg Mean@{cfg.eval_k} {100 * avg:.1f}% ({time.monotonic() - t0:.0f}s)")
-    row = {"step": run.step, "eval/avg_mean_at_k": avg}
-    for bench, m in metrics.items():
-        for k, v in m.items():
-            row[f"eval/{bench}/{k}"] = v
-    run.write(row)
-    return {"avg_mean_at_k": avg, "benchmarks": metrics}
-
-
-def first_evaluation(run: GRPORun) -> dict | None:
-    """The "before" evaluation: a resumed run's first one if its settings are today's, else a
-    fresh one."""
-    cfg = run.cfg
-    before = run.state.get("eval_before")
-    settings = [cfg.eval_data, cfg.eval_samples, cfg.eval_k, cfg.eval_temperature,
-                cfg.max_new_tokens, cfg.budget]
-    if before and before.get("settings", settings) != settings:
-        run.log(f"note: the run's first evaluation used other settings {before['settings']} than "
-                f"now {settings} (eval_data, eval_samples, eval_k, eval_temperature, "
-                "max_new_tokens, budget): the end summary shows no before/after table")
-        return {}                                  # falsy: neither re-evaluated nor compared
-    if before is None and run.eval_records:
-        return {**evaluate_now(run, "before"), "settings": settings}
-    return before
-
-
-MEANS = ("accuracy", "format_valid", "parallel_ratio", "num_blocks", "response_T", "response_D",
-         "truncated")
-
-
-def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: torch.Tensor,
-                  device) -> dict:
-    """Means over every rank's rollouts, and the share of groups whose rewards differ (the only
-    ones to learn from)."""
-    positions = [p for r in rollouts for p in parallel_positions(r.structure)]
-    structures = [r.structure for r in rollouts]
-    rewards = [s["reward"] for s in scores]
-    local = {"n": len(rollouts),
-             "reward": sum(rewards),
-             "reward_sq": sum(r ** 2 for r in rewards),
-             "accuracy": sum(bool(s["correct"]) for s in scores),
-             "format_valid": sum(s.valid for s in structures),
-             "parallel_ratio": sum(bool(s.blocks) for s in structures),
-             "num_blocks": sum(len(s.blocks) for s in structures),
-             "response_T": sum(r.num_tokens for r in rollouts),
-             "response_D": sum(r.critical_path for r in rollouts),
-             "truncated": sum(r.finish_reason == "budget" for r in rollouts),
-             "varied_groups": int(has_variance.sum()),
-             "groups": len(has_variance),
-             "position": sum(positions),
-             "blocks_seen": len(positions)}
-    g = dict(zip(local, plumbing.all_reduce(list(local.values()), device)))
-    n = max(g["n"], 1.0)
-    reward_mean = g["reward"] / n
-    stats = {"reward_mean": reward_mean,
-             "reward_std": math.sqrt(max(g["reward_sq"] / n - reward_mean ** 2, 0.0))}
-    for key in MEANS:
-        stats[key] = g[key] / n
-    stats["groups_with_variance"] = g["varied_groups"] / max(g["groups"], 1.0)
-    stats["parallel_position"] = g["position"] / g["blocks_seen"] if g["blocks_seen"] else None
-    return stats
-
-
-class Stopwatch:
-    """Seconds between laps: `lap("time_sample")` records the time since the previous lap."""
-
-    def __init__(self):
-        self.laps = {}
-        self.last = time.monotonic()
-
-    def lap(self, name: str):
-        now = time.monotonic()
-        self.laps[name] = now - self.last
-        self.last = now
-
-
 LOG_KEYS = ("reward_mean", "accuracy", "format_valid", "parallel_ratio", "groups_with_variance",
             "loss", "clip_frac", "entropy", "grad_norm", "time_sample", "time_reward",
             "time_update")      # the line printed every log_every steps
@@ -817,53 +602,38 @@ LOG_KEYS = ("reward_mean", "accuracy", "format_valid", "parallel_ratio", "groups
 def train(cfg: GRPOConfig, records: list[dict] | None = None,
           eval_records: list[dict] | None = None) -> dict:
     """Run GRPO (one process, or one rank under torchrun); `records` / `eval_records` replace
-    cfg.data / eval_data. Returns {"checkpoint", "steps", "seconds", "eval_before",
-    "eval_after", "last_step", "log"}."""
+    cfg.data / eval_data. Returns {"checkpoint", "steps", "stopped_by", "seconds",
+    "eval_before", "eval_after", "last_step", "log"}."""
     with plumbing.distributed(cfg.dist_timeout_minutes) as d:
         run = setup(cfg, d, records, eval_records)
         cfg = run.cfg
-        t_start = time.monotonic()
-        row = {}
-        checkpoint = run.resume or None
         first_step = run.step                     # a finished run resumed: no new evaluation
-        run.log_no_steps_left(cfg.max_steps)
         eval_before = first_evaluation(run)
-        bar = tqdm(total=cfg.max_steps, initial=run.step, disable=not d.is_main,
-                   dynamic_ncols=True, desc="grpo")
-        while run.step < cfg.max_steps:
-            run.step += 1
-            row = grpo_step(run, run.step)
-            row["elapsed"] = time.monotonic() - t_start
-            line = f"step {run.step}: " + " ".join(f"{k} {row[k]:.3f}" for k in LOG_KEYS)
-            run.log_step(row, bar, line, reward=f"{row['reward_mean']:+.2f}",
-                         acc=f"{row['accuracy']:.2f}", var=f"{row['groups_with_variance']:.2f}")
-            last = run.step == cfg.max_steps or run.out_of_time(t_start)
-            if run.eval_records and cfg.eval_every and run.step % cfg.eval_every == 0 and not last:
-                evaluate_now(run, f"step {run.step}")
-            if last or (cfg.save_every and run.step % cfg.save_every == 0):
-                positions = {name: s.position() for name, s in run.streams.items()}
-                checkpoint = run.save(data_position=positions, mode=cfg.mode, recipe=cfg.recipe,
-                                      eval_before=eval_before)
-            if last:
-                break
-        bar.close()
+        evaluate = functools.partial(evaluate_run, run) if run.eval_records else None
+        row = {}
+        for step in run.steps(cfg.max_steps, "grpo"):
+            row = grpo_step(run, step)
+            line = f"step {step}: " + " ".join(f"{k} {row[k]:.3f}" for k in LOG_KEYS)
+            postfix = {"reward": f"{row['reward_mean']:+.2f}", "acc": f"{row['accuracy']:.2f}",
+                       "var": f"{row['groups_with_variance']:.2f}"}
+            positions = {name: s.position() for name, s in run.streams.items()}
+            run.end_step(row, line, postfix, evaluate, data_position=positions, mode=cfg.mode,
+                         recipe=cfg.recipe, eval_before=eval_before)
         eval_after = None
-        if run.eval_records and run.step > first_step:
-            eval_after = evaluate_now(run, "after")
-        summary = {"checkpoint": checkpoint, "steps": run.step, "eval_before": eval_before,
-                   "last_step": row, "eval_after": eval_after,
+        if evaluate and run.step > first_step and not run.signal_received:
+            eval_after = evaluate("after")
+        summary = {"checkpoint": run.checkpoint, "steps": run.step, "stopped_by": run.stopped_by,
+                   "eval_before": eval_before, "last_step": row, "eval_after": eval_after,
                    "log": os.path.join(cfg.out_dir, "log.jsonl"),
-                   "seconds": time.monotonic() - t_start}
+                   "seconds": time.monotonic() - run.t_start}
         run.close()
-        stopped = ""
-        if run.step < cfg.max_steps:
-            stopped = f" (stopped by --max_time={cfg.max_time:g} of {cfg.max_steps})"
+        stopped = f" (stopped by {run.stopped_by} of {cfg.max_steps})" if run.stopped_by else ""
         compare = ""
         if run.eval_records:
             compare = f" (before/after: python scripts/summary.py {cfg.out_dir})"
         run.log(f"GRPO done: {run.step} steps{stopped} in {summary['seconds']:.0f}s. checkpoint: "
-                f"{checkpoint} (python eval.py --model={checkpoint}); log: {summary['log']}"
-                f"{compare}")
+                f"{run.checkpoint} (python eval.py --model={run.checkpoint}); log: "
+                f"{summary['log']}{compare}")
         return summary
 
 

@@ -2,12 +2,15 @@
 
 * ranks: `distributed()` joins torchrun's process group (--dist_timeout_minutes, the CUDA
   allocator's expandable segments); `all_reduce`, `grad_sync`;
-* the run: `load_run` (seed every RNG, load the model, a node's ranks in turn), `prepare` (DDP
-  or FSDP2, AdamW, the lr schedule, an exact resume), `Run.save` (checkpoint-<step> with the
-  trainer state), logging;
+* the run: `RunFlags` (the flags both trainers have), `resolve_config`, `load_run` (seed every RNG,
+  load the model, a node's ranks in turn), `prepare` (DDP or FSDP2, AdamW, the lr schedule, an
+  exact resume), the loop's bookkeeping (`Run.steps` and `Run.end_step`: log, evaluate, save;
+  stop at --max_time or on SIGINT/SIGTERM after saving the step in hand), `Run.save`
+  (checkpoint-<step> with the trainer state); GRPO's start checkpoint, its rollout seeds and the
+  FSDP rollout copy's refresh;
 * run folders: checkpoint naming, `--resume`, a lock per out_dir, moving an earlier run aside
   (nothing a user made is deleted or overwritten);
-* the optimizer step, the lr schedule and the shuffled stream of examples.
+* the optimizer step, the lr schedule, the micro-batch plan and the shuffled stream of examples.
 
 As nanochat keeps `common.py` and `checkpoint_manager.py` beside `chat_sft.py` and `chat_rl.py`.
 """
@@ -22,8 +25,10 @@ import os
 import random
 import re
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -38,18 +43,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from tqdm import tqdm
 
 import attention
 import config
 from attention import TagIds
-from model import load_model, load_torch_file
+from model import load_model, load_torch_file, resolve_preset
 
 TRUE_WORDS = config.TRUE_WORDS
 FALSE_WORDS = ("", *config.FALSE_WORDS)
-
-# ---------------------------------------------------------------------------------------------
-# Ranks (one process when RANK is not set)
-
 
 # How long a rank waits at a collective before the run fails. torch's default for nccl is 10
 # minutes, which a rank can pass without anything being wrong: ranks finish sampling at different
@@ -57,14 +59,32 @@ FALSE_WORDS = ("", *config.FALSE_WORDS)
 # checkpoint (Qwen3-4B: 16 GB of weights and 32 GB of AdamW state, 8 minutes at 100 MB/s), or
 # while the node's ranks load the model in turn (load_run). A real hang then costs this long.
 DIST_TIMEOUT_MINUTES = 30.0
-ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")   # either sets it
-EXPANDABLE_SEGMENTS = "expandable_segments:True"
 
 
 @dataclass
-class RankFlags:
-    """The flags of a run over several processes, which both trainers' configs inherit."""
+class RunFlags:
+    """The flags of a training run around its method (steps, seed, ranks, memory, checkpoints,
+    logging): sft.SFTConfig and grpo.GRPOConfig inherit them, as their command lines do."""
+    max_steps: config.PositiveInt | None = None
+    max_time: config.NonNegativeFloat | None = None   # seconds of the training loop; 0 = none
+    seed: config.Seed = 0
+    weight_decay: config.NonNegativeFloat = 0.01
+    grad_clip: config.NonNegativeFloat = 1.0       # max global grad norm; 0 = no clipping
+    fsdp: bool = False                   # FSDP2 (each decoder layer, then the root); torchrun
+    grad_checkpointing: bool | None = None   # recompute activations in the backward (memory)
+    logit_chunk_tokens: config.PositiveInt = attention.LOGIT_CHUNK_TOKENS   # per LM-head chunk
+    resume: str = ""                     # a checkpoint folder, or True = the latest in out_dir
+    keep_last: config.NonNegativeInt = 2       # checkpoints kept in out_dir (0 = all)
+    wandb_project: str = ""              # also log log.jsonl's rows to Weights & Biases (wandb)
     dist_timeout_minutes: config.PositiveFloat = DIST_TIMEOUT_MINUTES   # a collective's wait
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranks (one process when RANK is not set)
+
+
+ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")   # either sets it
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
 
 
 @dataclass
@@ -142,6 +162,17 @@ def grad_sync(model, enabled: bool):
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) and not enabled:
         return model.no_sync()
     return nullcontext()
+
+
+@torch.no_grad()
+def sync_rollout_model(rollout_model, train_model):
+    """FSDP: the full (all-gathered) weights into the sampler's plain copy, one parameter at a
+    time (a whole fp32 state dict beside the shards and the copy would hold the model three
+    times); every rank calls it."""
+    rollout_parameters = dict(rollout_model.named_parameters())
+    for name, parameter in train_model.named_parameters():
+        full = parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter
+        rollout_parameters[name].copy_(full)
 
 
 def compute_dtype(device: torch.device, fsdp: bool) -> torch.dtype:
@@ -243,7 +274,8 @@ def resume_path(cfg) -> str:
     return path
 
 
-FIXED_ON_RESUME = ("recipe", "mode", "style")   # what a run is: a resume cannot change it
+# what a run is: a resume cannot change it (a --preset=auto given again resolves to the run's)
+FIXED_ON_RESUME = ("recipe", "mode", "style", "preset")
 
 
 def same_model(a: str | None, b: str | None) -> bool:
@@ -280,6 +312,8 @@ def parse_args(config_class, argv: list[str]):
     given = config.flags_given(argv)
     for name in FIXED_ON_RESUME:
         value = getattr(cfg, name, None)
+        if name == "preset" and value == "auto":
+            continue
         if name in given and name in saved and value != saved[name]:
             raise ValueError(f"--{name}={value} with --resume={cfg.resume}: that run trains with "
                              f"--{name}={saved[name]}; drop --{name}, or start a new run from the "
@@ -299,6 +333,32 @@ def parse_args(config_class, argv: list[str]):
     if "out_dir" not in given:                     # where the checkpoint is, not where it was made
         base["out_dir"] = os.path.dirname(os.path.abspath(path))
     return config.parse(config_class, argv, base=base)
+
+
+DEFAULT_INIT = {   # where each mode's SFT checkpoint is, and the command that writes it
+    "unseen": ("runs/sft", "python sft.py"),
+    "seen": ("runs/sft_seen", "python sft.py --mode=seen --out_dir=runs/sft_seen"),
+    "sequential": ("runs/sft_sequential",
+                   "python sft.py --style=sequential --mode=seen --out_dir=runs/sft_sequential")}
+
+
+def default_init(mode: str, model: str = "") -> str:
+    """GRPO's starting model: `model`, else the latest SFT checkpoint of the mode.
+    FileNotFoundError names the command that writes it."""
+    if model == "tiny":
+        print("warning: --model=tiny is the embedded model with random weights: GRPO starts from "
+              "an SFT checkpoint (e.g. python sft.py, then --model=runs/sft/checkpoint-400)",
+              file=sys.stderr)
+    if model:
+        return model
+    folder, command = DEFAULT_INIT[mode]
+    try:
+        return find_latest_checkpoint(folder)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"GRPO starts from an SFT checkpoint and there is none in "
+                                f"{folder!r} (mode {mode!r}). Write it first with\n    {command}\n"
+                                "(about 4 minutes on 2 CPU cores for the tiny model), or pass "
+                                "--model=<a checkpoint folder or hub name>.") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,6 +440,47 @@ def start_wandb(cfg):
 
 # ---------------------------------------------------------------------------------------------
 # The optimizer step, the schedule, the stream of examples
+
+
+RUN_SEED_STRIDE = 1_000_003    # rollout seeds: a prime above any step count ...
+
+
+MAX_RANKS = 4096               # ... and room for this many ranks: no two (seed, step, rank) meet
+
+
+def rollout_seed(seed: int, step: int, rank: int) -> int:
+    """A sampling seed of its own for every (run seed, step, rank)."""
+    return (seed * RUN_SEED_STRIDE + step) * MAX_RANKS + rank
+
+
+def plan_micro_batches(lengths: list[int], ppo_mini_batches: int, micro_batch_size: int,
+                       micro_batch_tokens: int = 0):
+    """Rollout indices in ppo_mini_batches contiguous near-equal mini-batches (whole groups when
+    the sizes divide), each filled greedily into micro-batches of <= micro_batch_size rollouts
+    and, with micro_batch_tokens, <= that many padded tokens (rows x longest):
+    plan_micro_batches([4, 4, 9, 9], 1, 4, 16) -> [[[0, 1], [2], [3]]]."""
+    n = len(lengths)
+    bounds = [round(i * n / ppo_mini_batches) for i in range(ppo_mini_batches + 1)]
+    plan = []
+    for lo, hi in itertools.pairwise(bounds):
+        micro = []
+        current = []
+        longest = 0
+        for i in range(lo, hi):
+            longest_with_i = max(longest, lengths[i])
+            full = len(current) == micro_batch_size
+            padded_tokens = (len(current) + 1) * longest_with_i
+            too_many_tokens = micro_batch_tokens and padded_tokens > micro_batch_tokens
+            if current and (full or too_many_tokens):
+                micro.append(current)
+                current = []
+                longest_with_i = lengths[i]
+            current.append(i)
+            longest = longest_with_i
+        if current:
+            micro.append(current)
+        plan.append(micro)
+    return plan
 
 
 def optimizer_step(model, optimizer, scheduler, grad_clip: float) -> float:
@@ -466,6 +567,12 @@ class Run:
     state: dict = field(default_factory=dict)   # the trainer state resumed from
     log_file: object = None
     wandb: object = None                   # the Weights & Biases run (--wandb_project), rank 0
+    checkpoint: str | None = None          # the latest checkpoint written (or resumed from)
+    total_steps: int = 0                   # the loop's (`steps`)
+    stopped_by: str = ""                   # "", "max_time" or a signal's name: the loop ended early
+    signal_received: str = ""              # SIGINT or SIGTERM, caught by `steps`
+    t_start: float = 0.0
+    bar: object = None
 
     def log(self, *args):
         if self.dist.is_main:
@@ -488,27 +595,62 @@ class Run:
         if self.wandb:
             self.wandb.finish()
 
-    def log_step(self, row: dict, bar, line: str, **postfix):
-        """A step's row into log.jsonl, `postfix` on the progress bar, `line` every log_every."""
-        self.write(row)
-        bar.set_postfix(**postfix)
-        bar.update(1)
-        every = self.cfg.log_every
-        if self.dist.is_main and every and row["step"] % every == 0:
-            bar.write(line)
-
-    def log_no_steps_left(self, total_steps: int):
+    def steps(self, total_steps: int, desc: str):
+        """The training loop's step numbers: from the resumed step + 1 to total_steps, with a
+        progress bar. The caller ends each step with `end_step`, which may end the loop early.
+        SIGINT (Ctrl-C) and SIGTERM (a cluster's preemption) are caught meanwhile: the step in
+        hand finishes and is saved, and --resume=True continues it exactly; a second signal
+        interrupts at once."""
+        self.total_steps = total_steps
+        self.checkpoint = self.resume or None
         if self.step >= total_steps:              # a resumed run that is already done
             self.log(f"note: {self.resume} is at step {self.step} and this run has {total_steps} "
                      "steps: nothing is left to train (raise --max_steps to go on)")
+        self.t_start = time.monotonic()
+        self.bar = tqdm(total=total_steps, initial=self.step, disable=not self.dist.is_main,
+                        dynamic_ncols=True, desc=desc)
+        with catch_signals(self):
+            while self.step < total_steps and not self.stopped_by:
+                self.step += 1
+                yield self.step
+        self.bar.close()
+        if self.signal_received:
+            self.log(f"stopped by {self.signal_received} after step {self.step}: saved "
+                     f"{self.checkpoint} (--resume=True continues it)")
 
-    def out_of_time(self, t_start: float) -> bool:
-        """--max_time reached. Every rank takes the same decision (any rank's clock), or the next
-        collective would hang."""
-        if not self.cfg.max_time:
-            return False
-        over = time.monotonic() - t_start > self.cfg.max_time
-        return all_reduce([over], self.dist.device, "max")[0] > 0
+    def end_step(self, row: dict, line: str, postfix: dict, evaluate=None, **trainer_state):
+        """After a step: its row into log.jsonl (and the progress bar; `line` printed every
+        log_every steps), `evaluate(tag)` every eval_every steps but the last, and a checkpoint
+        with `trainer_state` every save_every steps and at the last: the total, --max_time, or
+        a caught signal (every rank decides alike, or the next collective would hang)."""
+        cfg = self.cfg
+        row["elapsed"] = time.monotonic() - self.t_start
+        self.write(row)
+        self.bar.set_postfix(**postfix)
+        self.bar.update(1)
+        if self.dist.is_main and cfg.log_every and row["step"] % cfg.log_every == 0:
+            self.bar.write(line)
+        stop = self.stop_early()
+        last = self.step == self.total_steps or bool(stop)
+        eval_every = getattr(cfg, "eval_every", 0)
+        if evaluate and eval_every and self.step % eval_every == 0 and not last:
+            evaluate(f"step {self.step}")
+        if last or (cfg.save_every and self.step % cfg.save_every == 0):
+            self.checkpoint = self.save(**trainer_state)
+        self.stopped_by = stop
+
+    def stop_early(self) -> str:
+        """Why the loop ends before its last step: "--max_time=<seconds>" once they have passed,
+        a signal's name once one was caught, else "" (any rank's reason, on every rank)."""
+        elapsed = time.monotonic() - self.t_start
+        over_time = bool(self.cfg.max_time) and elapsed > self.cfg.max_time
+        reasons = [over_time, bool(self.signal_received)]
+        over_time, signalled = all_reduce(reasons, self.dist.device, "max")
+        if signalled:
+            return self.signal_received or "a signal (on another rank)"
+        if over_time:
+            return f"--max_time={self.cfg.max_time:g}"
+        return ""
 
     def save(self, **trainer_state) -> str | None:
         """out_dir/checkpoint-<step> with the optimizer, schedule, RNGs and the caller's state;
@@ -567,6 +709,16 @@ def load_in_turns(load):
             loaded = load()
         dist.barrier()                   # the next rank reads once this one's copy is on its GPU
     return loaded
+
+
+def resolve_config(cfg, d: Dist, resolve_defaults, model: str):
+    """The config a run trains with: `resolve_defaults(cfg, world_size)` under the preset that
+    --preset names (auto: the model's, `model.resolve_preset`), which rank 0 prints with why."""
+    preset, why = resolve_preset(cfg.preset, model)
+    cfg = resolve_defaults(dataclasses.replace(cfg, preset=preset), d.world_size)
+    if d.is_main:
+        print(f"preset {preset} ({why})")
+    return cfg
 
 
 def load_run(cfg, d: Dist, name: str, cls=Run, **load_kw) -> Run:
@@ -707,6 +859,49 @@ def prepare(run: Run, lr_lambda, reads_model_again: bool = False) -> Run:
     return run
 
 
+CAUGHT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def catch_signals(run: Run):
+    """Inside: the first SIGINT or SIGTERM only sets run.signal_received (the loop saves and
+    stops after the step in hand) and restores the handlers it replaced, so that a second one
+    acts at once (Ctrl-C: KeyboardInterrupt). Only the main thread may set handlers: elsewhere
+    nothing is caught."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.getsignal(number) for number in CAUGHT_SIGNALS}
+
+    def restore():
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+    def note(number, frame):
+        run.signal_received = signal.Signals(number).name
+        restore()
+
+    for number in CAUGHT_SIGNALS:
+        signal.signal(number, note)
+    try:
+        yield
+    finally:
+        restore()
+
+
+class Stopwatch:
+    """Seconds between laps: `lap("time_sample")` records the time since the previous lap."""
+
+    def __init__(self):
+        self.laps = {}
+        self.last = time.monotonic()
+
+    def lap(self, name: str):
+        now = time.monotonic()
+        self.laps[name] = now - self.last
+        self.last = now
+
+
 def interrupted(script: str, out_dir: str | None) -> str:
     """The line a Ctrl-C ends a training script with: what is kept, and how to go on."""
     kept = checkpoints(out_dir) if out_dir and os.path.isdir(out_dir) else []
@@ -717,13 +912,17 @@ def interrupted(script: str, out_dir: str | None) -> str:
 
 
 def run_script(script: str, config_class, train, argv: list[str]) -> None:
-    """`python sft.py|grpo.py ...`: parse the command line and train. Bad input and Ctrl-C end
-    in one line that says what to do (no traceback)."""
+    """`python sft.py|grpo.py ...`: parse the command line and train. Bad input, Ctrl-C and
+    SIGTERM end in one line that says what to do (no traceback), with exit status 1; a signal
+    caught in the loop (`Run.steps`) saves the step first."""
     cfg = None
     try:
         cfg = parse_args(config_class, argv)
-        train(cfg)
+        summary = train(cfg)
     except (OSError, ValueError) as e:             # bad input: the message says what to do
         sys.exit(f"{script}: error: {e}")
     except KeyboardInterrupt:
         sys.exit(interrupted(script, cfg.out_dir if cfg else None))
+    if summary["stopped_by"].startswith(("SIG", "a signal")):
+        sys.exit(f"{script}: stopped by {summary['stopped_by']} after step {summary['steps']}; "
+                 f"--resume=True continues from {summary['checkpoint']}")

@@ -22,11 +22,13 @@ happens once its fed token is in the cache. One Unseen sample, and the method of
       ▼
     MAIN ... ──samples EOS, or the budget is spent──▶ done: open paths get their </Path>   _finish
 
-Every fed token gets a draw from its logits; the draw is dropped wherever the runtime decides the
-next token: after <Parallel> and after each fed </Path> (the path waits for its siblings), before
-a forced token (</Parallel>, \n, <Summary>; Seen: <Path>), at a path's budget (</Path> injected),
-and an EOS inside a path or a summary becomes its closing tag. A sample whose budget cannot hold
-the block it opened ends after its <Parallel> (a malformed response: the reward says so).
+Every fed token gets a draw from its logits (the logits of the token just fed); the draw is
+dropped wherever the runtime decides the next token: after <Parallel> and after each fed </Path>
+(the path waits for its siblings; Unseen appends </Parallel> itself once all have closed), before
+a forced token (\n, <Summary>; Seen also <Path> and </Parallel>), at a path's budget (</Path>
+injected), and an EOS inside a path or a summary becomes its closing tag. A sample whose budget
+cannot hold the block it opened ends after its <Parallel>, and one whose budget ends right after
+the paths ends there (malformed responses: the reward says so).
 
 Seen is the same on the main stream alone: its paths follow one another (<Path> injected after
 each </Path>), causally; "sequential" is plain sampling. An Unseen path's query sees the shared
@@ -37,13 +39,13 @@ the recorded log-probs equal the training forward's (NOTES.md §8).
 
 The budget counts every response token (paths, summaries and injected tags; the paper's), or
 with budget="steps" the decode steps D (a block spends its longest path, not the sum of its
-paths), and keeps one token free for each open path's </Path>. Finished rows leave the cache
+paths), and keeps one token free for each open path's </Path>: the rule, with its reasons, is
+`Engine._fits` and the comment above it. Finished rows leave the cache
 once half the batch is done.
 """
 import dataclasses
 import os
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -56,6 +58,7 @@ from attention import (
     Structure,
     TagIds,
     build_mask_and_positions,
+    folded_query_attention_for_sdpa,
     masked_sdpa,
     parse_structure,
     token_logprobs,
@@ -401,6 +404,8 @@ class Engine:
         first_of_path = torch.tensor(first_of_path, device=self.device)[:, None]
         banned[:, [self.tags.end_path, eos]] |= first_of_path        # no empty path (NOTES.md §4)
         chosen = draw_tokens(logits, banned, self.sampling, self.generator)
+        # the log-prob under the unmasked softmax, the one the training forward computes, so the
+        # ratio compares like with like; the bans only take out tags the runtime writes itself
         logprobs = token_logprobs(logits, chosen, self.sampling.temperature)
         for (s, st), token, logprob in zip(fed, chosen.tolist(), logprobs.tolist()):
             if s.done:
@@ -421,7 +426,30 @@ class Engine:
             return "main_after_max_blocks"
         return st.segment
 
-    # ---- the budget: max_new_tokens bounds T (tokens), or D (decode steps)
+    # ---- the budget: max_new_tokens bounds T (every response token), or D (decode steps)
+    #
+    # What a token costs: 1. In decode steps (budget="steps") the paths of an Unseen block decode
+    # side by side, so a path's token costs only what it adds to the block's longest path; Seen
+    # writes one token a step, so there D = T. What a path reserves: its </Path>, kept free from
+    # its <Path> on, so that a path the budget cuts still closes (the path budget,
+    # max_path_tokens, closes it the same way): an unclosed path would, under the parser's
+    # recovery, run to the end of the response and take its sibling paths in, and the training
+    # mask would no longer be the one the tokens were sampled under. Nothing is reserved for
+    # </Parallel> or the summary: a response cut there is malformed, and parses as sampled.
+    # So opening paths needs room for every new path's <Path> and </Path>, 2 tokens a path; in
+    # decode steps an Unseen block's paths open side by side: 2 steps for all of them. Whatever
+    # does not fit ends the sample ("budget"); the token drawn for it is dropped.
+
+    def _committed(self, s: Sample, growing: Stream | None = None) -> int:
+        """What the sample has spent and reserved: T (or D) plus a </Path> for every open path;
+        in decode steps, an open Unseen block counts as its longest path, an open path with its
+        </Path>. `growing`: with one more token of that stream."""
+        if self.sampling.budget == "steps" and s.paths:
+            return s.steps_spent + self._block_steps(s, growing)
+        spent = s.tokens_spent
+        if self.sampling.budget == "steps":
+            spent = s.steps_spent
+        return spent + s.open_paths + (growing is not None)
 
     def _block_steps(self, s: Sample, growing: Stream | None = None) -> int:
         """The decode steps the open Unseen block takes at least: its longest path, an open path
@@ -432,24 +460,15 @@ class Engine:
             steps = max(steps, length)
         return steps
 
-    def _room(self, s: Sample) -> int:
-        """What the sample may still spend: tokens (every token counts, and one is kept free for
-        each open path's </Path>), or decode steps (an open Unseen block counts as its longest
-        path)."""
-        if self.sampling.budget == "tokens":
-            committed = s.tokens_spent + s.open_paths
-        elif s.paths:
-            committed = s.steps_spent + self._block_steps(s)
-        else:
-            committed = s.steps_spent + s.open_paths            # Seen: D = T
-        return self.sampling.max_new_tokens - committed
-
-    def _cost(self, s: Sample, st: Stream) -> int:
-        """What one more token of the stream spends: 1, but in decode steps a path of an Unseen
-        block spends only what it adds to the block's longest path."""
-        if self.sampling.budget == "steps" and st in s.paths:
-            return self._block_steps(s, growing=st) - self._block_steps(s)
-        return 1
+    def _fits(self, s: Sample, growing: Stream | None = None, new_paths: int = 0) -> bool:
+        """Whether the budget holds one more token of `growing`, or the opening of `new_paths`
+        paths (each <Path> with its </Path>; see above)."""
+        committed = self._committed(s, growing)
+        if new_paths and self.sampling.budget == "steps" and self.mode == "unseen":
+            committed += 2
+        elif new_paths:
+            committed += 2 * new_paths
+        return committed <= self.sampling.max_new_tokens
 
     def _append(self, s: Sample, st: Stream, token: int, sampled: int, logprob: float,
                 closing: bool = False) -> bool:
@@ -457,7 +476,7 @@ class Engine:
         spent. A closing </Path> spends the token kept free for it."""
         if closing:
             s.open_paths -= 1
-        elif self._room(s) < self._cost(s, st):
+        elif not self._fits(s, growing=st):        # the sample ends; this token is dropped
             s.done = "budget"
             return False
         s.tokens_spent += 1
@@ -473,24 +492,24 @@ class Engine:
     def _advance(self, s: Sample, st: Stream, token: int, logprob: float):
         """The stream's `feed` is in the cache: make its pending transition, or give it its next
         token: a forced one, or `token` (sampled, with `logprob`)."""
-        if st.pending == OPEN_BLOCK:              # the token drawn after <Parallel> is not used:
+        if st.pending == OPEN_BLOCK:              # `token` (drawn after <Parallel>) is dropped:
             st.pending = None                     # the paths begin with an injected <Path>
             return self._open_block(s)
-        if st.pending == PATH_DONE:
+        if st.pending == PATH_DONE:               # `token` (drawn after </Path>) is dropped:
             st.feed = None                         # the path waits for the others
             if all(p.feed is None for p in s.paths):
                 self._close_block(s)
             return
-        if st.forced:
+        if st.forced:                              # `token` is dropped: the runtime's comes next
             return self._inject(s, st)
         if st.segment == PATH:
-            out_of_path_budget = st.path_len + 1 >= self.max_path_tokens
-            if out_of_path_budget or token == self.tags.eos:       # </Path> injected
-                return self._end_path(s, st, sampled=0, logprob=0.0)
-            if token == self.tags.end_path:
+            if token == self.tags.end_path:        # fits even at the path budget: kept free
                 return self._end_path(s, st, sampled=1, logprob=logprob)
+            out_of_path_budget = st.path_len + 1 >= self.max_path_tokens
+            if out_of_path_budget or token == self.tags.eos:       # dropped: </Path> injected
+                return self._end_path(s, st, sampled=0, logprob=0.0)
         sampled = 1
-        if st.segment == SUMMARY and token == self.tags.eos:       # </Summary> injected
+        if st.segment == SUMMARY and token == self.tags.eos:       # dropped: </Summary> injected
             token = self.tags.end_summary
             sampled = 0
             logprob = 0.0
@@ -510,7 +529,7 @@ class Engine:
         """Give the stream its next forced token (injected, not sampled)."""
         token = st.forced.pop(0)
         if token == self.tags.path:                # Seen: a new path; keep its </Path> free
-            if self._room(s) < 2:
+            if not self._fits(s, new_paths=1):
                 s.done = "budget"
                 return
             s.open_paths += 1
@@ -534,10 +553,7 @@ class Engine:
         injected <Path>, each writing slots only it sees."""
         s.main.feed = None
         num_paths = self.sampling.num_paths
-        needed = 2 * num_paths                     # N x <Path></Path>, side by side in D
-        if self.sampling.budget == "steps":
-            needed = 2
-        if self._room(s) < needed:
+        if not self._fits(s, new_paths=num_paths):   # a malformed response: <Parallel> unclosed
             s.done = "budget"
             return
         s.open_paths += num_paths
@@ -613,24 +629,6 @@ def critical_path(structure: Structure, mode: str) -> int:
     return steps
 
 
-@contextmanager
-def sdpa_shares_kv_heads(device: torch.device):
-    """Several masked queries per row (an Unseen block) make transformers copy every layer's
-    cached keys and values at every step (repeat_kv, for grouped-query attention) unless SDPA
-    shares the key/value heads itself, which on CPU it does without a copy. On CUDA never: under
-    a mask only the memory-efficient kernel runs (attention.masked_sdpa), and at torch 2.13 it
-    takes no enable_gqa (its documentation: GQA works only for flash and math)."""
-    key = "TRANSFORMERS_SDPA_FORCE_GQA"
-    saved = os.environ.get(key)
-    os.environ[key] = "1" if device.type == "cpu" else "0"
-    try:
-        yield
-    finally:
-        del os.environ[key]
-        if saved is not None:
-            os.environ[key] = saved
-
-
 @torch.inference_mode()
 def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen",
              sampling: SamplingConfig | None = None, **settings) -> list[Rollout]:
@@ -655,7 +653,7 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
         generator.manual_seed(sampling.seed)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tags.eos
     engine = Engine(model, tags, mode, sampling, pad_id, generator)
-    with sdpa_shares_kv_heads(engine.device):
+    with folded_query_attention_for_sdpa():     # no copy of the cache's keys and values
         samples = engine.run(encoded, group_size)
     rollouts = []
     for s in samples:

@@ -29,7 +29,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 import torch
-from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
 import config
@@ -45,13 +44,14 @@ from data import (
     prompt_style_of,
     tokenize_records,
 )
-from eval import own_tokenizer, quick_eval
+from eval import end_of_run_samples, own_tokenizer
 from model import resolve_preset
 
 
 @dataclass
-class SFTConfig(plumbing.RankFlags):
-    """python sft.py: cold-start SFT. None = the preset's (TINY or PAPER below)."""
+class SFTConfig(plumbing.RunFlags):
+    """python sft.py: cold-start SFT; the run's flags are plumbing.RunFlags'. None = the preset's
+    (config.SFT_PRESETS)."""
     model: str = "tiny"                  # "tiny", a Hugging Face hub name, or a checkpoint folder
     preset: config.Preset = "auto"       # tiny, paper, none; auto: tiny for --model=tiny
     tokenizer: str = ""                  # tiny, or a folder of config.json only: its tokenizer
@@ -68,24 +68,13 @@ class SFTConfig(plumbing.RankFlags):
     batch_size: config.PositiveInt | None = None     # sequences per step, all ranks together
     micro_batch_size: config.PositiveInt | None = None   # sequences per forward on one rank
     epochs: config.PositiveFloat | None = None       # used when max_steps is None
-    max_steps: config.PositiveInt | None = None
-    max_time: config.NonNegativeFloat | None = None  # seconds of training here; 0 = no limit
     warmup_ratio: config.UnitInterval | None = None  # the share of the steps that warm up
-    weight_decay: config.NonNegativeFloat = 0.01
     betas: config.AdamBetas = (0.9, 0.95)
-    grad_clip: config.NonNegativeFloat = 1.0         # max global grad norm; 0 = no clipping
     max_length: config.PositiveInt | None = None     # prompt + response tokens (longer: dropped)
-    seed: config.Seed = 0
-    fsdp: bool = False                   # FSDP2 (each decoder layer, then the root); torchrun
-    grad_checkpointing: bool | None = None   # recompute activations in the backward (memory)
-    logit_chunk_tokens: config.PositiveInt = LOGIT_CHUNK_TOKENS   # loss tokens per LM-head chunk
-    resume: str = ""                     # a checkpoint folder, or True = the latest in out_dir
     log_every: config.NonNegativeInt = 50     # print a line every N steps (0 = never)
     save_every: config.NonNegativeInt = 100   # checkpoint every N steps (0 = only at the end)
-    keep_last: config.NonNegativeInt = 2      # checkpoints kept in out_dir (0 = all)
     eval_samples: config.NonNegativeInt = 16  # greedy samples in the end-of-run summary (0 = none)
     eval_data: str = ""                  # "" = the test part of an embedded task, else the training
-    wandb_project: str = ""              # also log log.jsonl's rows to Weights & Biases (wandb)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,7 +94,6 @@ def sft_step(run: plumbing.Run, examples: list[Example], stream: plumbing.Shuffl
                                             d.world_size, d.device, cfg.logit_chunk_tokens)
     grad_norm = plumbing.optimizer_step(run.train_model, run.optimizer, run.scheduler,
                                         cfg.grad_clip)
-    run.step += 1
     local_tokens = sum(mb.attention_mask.sum().item() for mb in micro_batches)
     tokens = plumbing.all_reduce([local_tokens], d.device)[0]
     seconds = time.monotonic() - t0
@@ -158,16 +146,6 @@ def response_nll(model, batch: Batch, tags: TagIds, mode: str,
 # here)
 
 
-# The tiny model: 400 steps on the easy split (the curriculum: RL meets the longer lists); the
-# paper's: NOTES.md §5.
-TINY = dict(lr=1e-3, batch_size=32, micro_batch_size=8, warmup_ratio=0.05, max_time=0.0,
-            max_steps=400, grad_checkpointing=False)
-
-
-PAPER = dict(lr=1e-5, batch_size=128, micro_batch_size=1, warmup_ratio=0.1, max_time=0.0,
-             epochs=5.0, grad_checkpointing=True)
-
-
 DEFAULT_MAX_LENGTH = 4096       # when the model states no context
 
 
@@ -177,7 +155,7 @@ def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
     given."""
     config.check(cfg)
     preset, _ = resolve_preset(cfg.preset, cfg.model)
-    presets = {"tiny": dict(TINY), "paper": dict(PAPER)}
+    presets = {name: dict(values) for name, values in config.SFT_PRESETS.items()}
     if cfg.max_steps is not None or cfg.epochs is not None:
         for values in presets.values():
             values.pop("max_steps", None)
@@ -202,10 +180,7 @@ def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
     """(the run, its examples, the end-of-run problems and their name): the resolved config, the
     model, the tokenized data. Everything that can fail on input fails before the weights load."""
     own_tokenizer(cfg.model)                     # a --model that cannot load fails here
-    preset, why = resolve_preset(cfg.preset, cfg.model)
-    cfg = resolve_defaults(dataclasses.replace(cfg, preset=preset), d.world_size)
-    if d.is_main:
-        print(f"preset {preset} ({why})")
+    cfg = plumbing.resolve_config(cfg, d, resolve_defaults, cfg.model)
     load_kw = {}
     if cfg.tokenizer:                            # model.load_model refuses it where it is moot
         load_kw["tokenizer"] = cfg.tokenizer or None
@@ -236,35 +211,13 @@ def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
     return run, examples, (eval_name, eval_records)
 
 
-def end_of_run_samples(run: plumbing.Run, examples: list[Example], eval_set) -> dict | None:
-    """Greedy samples after training (rank 0; an FSDP model would need every rank)."""
-    cfg = run.cfg
-    if not (run.dist.is_main and cfg.eval_samples):
-        return None
-    if cfg.fsdp:
-        return {"notes": ["FSDP run: no greedy samples here; evaluate the checkpoint with eval.py"]}
-    eval_name, eval_records = eval_set
-    # the budget: twice the longest training response, within max_length (an untrained model
-    # rambles)
-    longest_prompt = max(len(e.prompt_ids) for e in examples)
-    longest_response = max(len(e.response_ids) for e in examples)
-    budget = min(cfg.max_length - longest_prompt, 2 * longest_response)
-    mode = "sequential" if cfg.style == "sequential" else cfg.mode
-    samples = quick_eval(run.model, run.tokenizer, eval_records, mode, cfg.eval_samples,
-                         prompt_style=prompt_style_of(cfg.preset, cfg.style),
-                         prompt_file=cfg.prompt_file or None, seed=cfg.seed,
-                         max_new_tokens=max(1, budget))
-    return dict(samples, data=eval_name)
-
-
 def report(run: plumbing.Run, summary: dict) -> None:
     """The run's last lines: steps, loss, checkpoint, log, the greedy samples."""
     cfg = run.cfg
-    stopped = " (stopped by max_time)" if summary["stopped_early"] else ""
+    loss = "no step left to train"
     if summary["final_loss"] is not None:
         loss = f"final loss {summary['final_loss']:.4f}"
-    else:
-        loss = "no step left to train"
+    stopped = f" (stopped by {summary['stopped_by']})" if summary["stopped_by"] else ""
     lines = [f"SFT done: {run.step} steps{stopped} in {summary['seconds']:.0f}s, {loss}",
              f"checkpoint: {summary['checkpoint']}",
              f"log: {os.path.join(cfg.out_dir, 'log.jsonl')}"]
@@ -279,8 +232,8 @@ def report(run: plumbing.Run, summary: dict) -> None:
 
 def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
     """Run SFT (one process, or one rank under torchrun); `records` replace cfg.data (tests,
-    notebooks). Returns {"checkpoint", "steps", "total_steps", "stopped_early", "final_loss",
-    "seconds", "tokens_per_s", "eval"}."""
+    notebooks). Returns {"checkpoint", "steps", "total_steps", "stopped_by" ("" or why the loop
+    ended early), "final_loss", "seconds", "tokens_per_s", "eval"}."""
     with plumbing.distributed(cfg.dist_timeout_minutes) as d:
         run, examples, eval_set = setup(cfg, d, records)
         cfg = run.cfg
@@ -289,37 +242,25 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
         else:
             total_steps = math.ceil(cfg.epochs * len(examples) / cfg.batch_size)
         plumbing.prepare(run, sft_schedule(total_steps, cfg.warmup_ratio))
-        run.log_no_steps_left(total_steps)
         position = run.state.get("data_position", {})
         stream = plumbing.ShuffledStream(len(examples), cfg.seed, **position)
         params = sum(p.numel() for p in run.model.parameters()) / 1e6
         run.log(f"SFT {cfg.model} ({params:.2f}M params) on {len(examples)} examples of "
                 f"{cfg.data}, mode={cfg.mode}, style={cfg.style}, {d.world_size} rank(s) on "
                 f"{d.device.type}, batch {cfg.batch_size}, lr {cfg.lr}, {total_steps} steps")
-        bar = tqdm(total=total_steps, initial=run.step, disable=not d.is_main, dynamic_ncols=True,
-                   desc="sft")
-        t_start = time.monotonic()
         losses = []
         tokens_seen = 0
-        checkpoint = run.resume or None
-        while run.step < total_steps:
+        for step in run.steps(total_steps, "sft"):
             row = sft_step(run, examples, stream)
-            row["elapsed"] = time.monotonic() - t_start
             losses.append(row["loss"])
             tokens_seen += row["tokens"]
-            line = (f"step {run.step}: loss {row['loss']:.4f}, lr {row['lr']:.2e}, grad_norm "
+            line = (f"step {step}: loss {row['loss']:.4f}, lr {row['lr']:.2e}, grad_norm "
                     f"{row['grad_norm']:.3f}, {row['tokens_per_s']:,.0f} tok/s")
-            run.log_step(row, bar, line, loss=f"{row['loss']:.4f}",
-                         tok_s=f"{row['tokens_per_s']:,.0f}")
-            last = run.step == total_steps or run.out_of_time(t_start)
-            if last or (cfg.save_every and run.step % cfg.save_every == 0):
-                checkpoint = run.save(data_position=stream.position())
-            if last:
-                break
-        bar.close()
-        seconds = time.monotonic() - t_start
-        summary = {"checkpoint": checkpoint, "steps": run.step, "total_steps": total_steps,
-                   "stopped_early": run.step < total_steps,        # by max_time
+            postfix = {"loss": f"{row['loss']:.4f}", "tok_s": f"{row['tokens_per_s']:,.0f}"}
+            run.end_step(row, line, postfix, data_position=stream.position())
+        seconds = time.monotonic() - run.t_start
+        summary = {"checkpoint": run.checkpoint, "steps": run.step, "total_steps": total_steps,
+                   "stopped_by": run.stopped_by,
                    "final_loss": float(np.mean(losses[-10:])) if losses else None,
                    "seconds": seconds,
                    "tokens_per_s": tokens_seen / seconds if seconds > 0 else 0.0}

@@ -107,6 +107,7 @@ def child(path: str, length: int, chunk_tokens: int, repeats: int) -> dict:
     cfg = grpo.resolve_defaults(grpo.GRPOConfig(max_new_tokens=length - PROMPT_TOKENS,
                                                 preset="tiny"))
     mb = micro_batch(length, THIN["vocab_size"])
+    mb.loss_weights = mb.loss_mask                     # token-mean: w = 1 on every loss token
     denominator = float(mb.loss_mask.sum())
     high = grpo.stage_at(cfg, 1).clip_ratio_high
     baseline = rss_bytes()

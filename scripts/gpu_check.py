@@ -1,48 +1,59 @@
-"""The check to run on one GPU before renting eight (issue 34): the real model's shapes with random
-weights (nothing downloaded), each phase's peak memory beside the memory plan's, the attention
-kernel the masked calls ran, whether the gradients are finite, and the sampler's log-prob gap
-against the training forward; a few minutes on one 80 GB GPU.
+"""The check to run on one GPU before renting eight (issues 34, 39): the real model's shapes with
+random weights (nothing downloaded), each phase's peak memory beside the memory plan's, the
+attention kernel the masked calls ran, whether the gradients are finite, and the sampler's log-prob
+gap against the training forward; a few minutes on one 80 GB GPU.
 
     python scripts/gpu_check.py                      # Qwen3-4B as one rank of the paper's run
     python scripts/gpu_check.py --model=qwen3-0.6b --world_size=1 --gpu_gb=24 \\
         --generate_batch_size=2 --prompt_tokens=1400  # a student's 24 GB card
+    torchrun --nproc_per_node=2 scripts/gpu_check.py # two ranks (FSDP2 over both), two GPUs
     python scripts/gpu_check.py --tiny               # a small Qwen3 on the CPU (make test runs it)
 
 Every flag is scripts/memory_plan.py's (--model: qwen3-4b, qwen3-0.6b, a folder with a
-config.json or a config.json; any GRPO field), and the check runs what one rank of that plan runs:
+config.json or a config.json; any GRPO field), and each process runs what one rank of that plan
+runs, its state split over the processes (alone: the whole state on one GPU):
 
 1. setup: the model built in fp32 from its config, and (FSDP) the sampler's bf16 copy
    (model.frozen_copy, as grpo.setup makes it);
-2. training: the model wrapped as plumbing.wrap_model wraps it (FSDP2 over this one GPU, so its
+2. training: the model wrapped as plumbing.wrap_model wraps it (FSDP2 over the ranks, so its
    bf16 compute), one micro-batch of micro_batch_size rows of the plan's length (the longest prompt
    + max_new_tokens) holding an Unseen block of num_paths paths, its GRPO loss and backward;
-3. sampling: a sample.SlotCache of the plan's size, the prefill of a generate call's prompts and
+3. optimizer step: AdamW, as plumbing.prepare builds it, on those gradients (its state made by a
+   first step, not measured), through plumbing.optimizer_step;
+4. sampling: a sample.SlotCache of the plan's size, the prefill of a generate call's prompts and
    one decode step at the cache's full width with num_paths queries a row (an Unseen block's);
-4. the gap: GAP_PROMPTS x group_size responses of GAP_TOKENS tokens sampled as GRPO samples them
+5. refresh (FSDP): the sampler's copy refreshed from the shards (plumbing.sync_rollout_model);
+6. checkpoint save: plumbing.Run.save into a temporary folder (TMPDIR; at Qwen3-4B about 48 GB of
+   disk for the weights and AdamW's state, deleted after);
+7. the gap: GAP_PROMPTS x group_size responses of GAP_TOKENS tokens sampled as GRPO samples them
    (grpo.sample_rollouts), and the log-probs the training forward gives the same tokens
    (grpo.response_logprobs): max and mean |difference| over the sampled tokens, and the share of
-   them whose ratio lies outside [1 - clip, 1 + clip] although nothing was trained yet.
+   them whose ratio lies outside [1 - clip, 1 + clip] (the sampler is the trained model's copy).
 
-Printed: per phase, torch.cuda.max_memory_allocated above what the phase started with beside the
-plan's lines of that phase for one GPU (its gradients whole; no AdamW state: the check takes no
-optimizer step), the SDPA kernels seen, the gradient norm, the gap. Random weights give flat
-distributions, so the gap of a trained model is larger (results/LOG.md: scripts/bf16_gap.py).
-Exit status 1 when the gradients are not finite, a masked call on CUDA ran another kernel than
-the memory-efficient one, or a phase takes more than the plan's margin above its figure. --tiny: a
-small Qwen3 on the CPU (nothing measured there), so the script cannot rot.
+Printed by rank 0: per phase, torch.cuda.max_memory_allocated above what the phase started with
+(the largest of any rank's) beside the plan's lines that phase adds (`planned`), the SDPA kernels
+seen, the gradient norm, the gap. Random weights give flat distributions, so the gap of a trained
+model is larger (results/LOG.md: scripts/bf16_gap.py). Exit status 1 when the gradients are not
+finite, a masked call on CUDA ran another kernel than the memory-efficient one, or a phase takes
+more than the plan's margin above its figure. --tiny: a small Qwen3 on the CPU (nothing measured
+there), so the script cannot rot.
 """
 import argparse
+import ctypes
 import dataclasses
+import json
+import math
 import os
 import sys
+import tempfile
 import time
-import types
 from contextlib import contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
 
 import torch
 import torch.distributed as dist
+import transformers
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 import grpo
@@ -52,6 +63,7 @@ from attention import (
     TagIds,
     autocast,
     build_mask_and_positions,
+    folded_query_attention_for_sdpa,
     masked_sdpa,
     token_logprobs,
     token_scores,
@@ -71,8 +83,14 @@ GAP_PROMPT_TOKENS = 32
 GAP_TOKENS = 64                # a response's budget in the gap measurement
 SEED = 0
 GB = mp.GB
+TOKENIZER_FILE = "id_tokenizer.json"
 SDPA_EVENT = "aten::scaled_dot_product_attention"
 CUDA_KERNEL = "_scaled_dot_product_efficient_attention"   # attention.masked_sdpa's choice
+# The attention kernels an SDPA call may run (math, flash, memory-efficient, cuDNN, the CPU's)
+ATTENTION_KERNEL_PREFIXES = ("_scaled_dot_product_", "_efficient_attention_", "_cudnn_attention_",
+                             "_flash_attention_")
+STDOUT_FD = 1
+STDERR_FD = 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,6 +115,11 @@ class IdTokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return " ".join(str(i) for i in ids)
+
+    def save_pretrained(self, folder: str) -> None:
+        """What a checkpoint save writes of a tokenizer: here its ids, as JSON."""
+        with open(os.path.join(folder, TOKENIZER_FILE), "w", encoding="utf-8") as f:
+            json.dump(self.ids, f)
 
 
 def random_ids(tokenizer: IdTokenizer, rows: int, length: int, seed: int) -> torch.Tensor:
@@ -147,39 +170,87 @@ def peak_above_start(device: torch.device, measured: dict, phase: str):
         measured[phase] = torch.cuda.max_memory_allocated(device) - start
 
 
+def attention_kernels(events) -> set[str]:
+    """The attention kernels among the children of every scaled_dot_product_attention event in
+    `events` (torch's profiler's: each has .name and .cpu_children), their "aten::" prefix
+    removed. Only the kernels count: on CUDA the memory-efficient path also calls aten::expand
+    on the mask, and aten::pad and aten::slice when the key length is not a multiple of 8 (a
+    decode step at 3,513 slots), which the profiler records as children too."""
+    seen = set()
+    for event in events:
+        if event.name != SDPA_EVENT:
+            continue
+        for child in event.cpu_children:
+            name = child.name.removeprefix("aten::")
+            if name.startswith(ATTENTION_KERNEL_PREFIXES):
+                seen.add(name)
+    return seen
+
+
+@contextmanager
+def quiet_file_descriptors():
+    """stdout and stderr sent to /dev/null below Python: torch's profiler library (kineto) writes
+    a line to them, from C++, each time a profile starts and stops, which would drown the
+    table. Only around the start and the stop, so that torch's warnings (why a kernel refused)
+    still show."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(STDOUT_FD), os.dup(STDERR_FD)]
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), STDOUT_FD)
+        os.dup2(devnull.fileno(), STDERR_FD)
+    try:
+        yield
+    finally:
+        ctypes.CDLL(None).fflush(None)          # C's buffered stdout, before it is put back
+        os.dup2(saved[0], STDOUT_FD)
+        os.dup2(saved[1], STDERR_FD)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
 @contextmanager
 def sdpa_kernels(seen: set):
     """Adds to `seen` the kernel each scaled_dot_product_attention call inside ran (the op torch's
     profiler records under it: _scaled_dot_product_efficient_attention, ..._attention_math for the
-    math kernel). A profiler, not a dispatch mode: a Python dispatch mode changes the choice."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+    math kernel; `attention_kernels`). A profiler, not a dispatch mode: a Python dispatch mode
+    changes the choice."""
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    with quiet_file_descriptors():
+        profiler.start()
+    try:
         yield
-    for event in profiler.events():
-        if event.name == SDPA_EVENT:
-            for child in event.cpu_children:
-                seen.add(child.name.removeprefix("aten::"))
+    finally:
+        with quiet_file_descriptors():
+            profiler.stop()
+    seen.update(attention_kernels(profiler.events()))
 
 
 # ---------------------------------------------------------------------------------------------
 # The phases
 
 
-def one_gpu_setting(st: mp.Setting) -> mp.Setting:
-    """The plan of what this check runs: one rank of `st` on one GPU (its state unsharded), each
-    generate call as large as one of `st`'s ranks makes it."""
+def checked_setting(st: mp.Setting, ranks: int) -> mp.Setting:
+    """The plan of what this check runs: `ranks` ranks (1: one GPU, its state unsharded; under
+    torchrun, the processes), each generate call as large as one of `st`'s ranks makes it."""
     cfg = dataclasses.replace(st.cfg, generate_batch_size=mp.sampling_prompts(st.cfg,
                                                                               st.world_size))
-    return dataclasses.replace(st, cfg=cfg, world_size=1)
+    return dataclasses.replace(st, cfg=cfg, world_size=ranks)
 
 
 def planned(st: mp.Setting, phase: str) -> int:
     """The plan's bytes for what the check runs of `phase`: the phase's own lines (not the state
-    every phase after setup holds)."""
+    every phase after setup holds; for the optimizer step, not the gradients the training phase
+    made)."""
     total = 0
     for line in mp.plan(st):
+        if phase not in line.phases:
+            continue
         held_after_setup = set(mp.AFTER_SETUP) <= set(line.phases)
-        if phase in line.phases and (phase == "setup" or not held_after_setup):
-            total += line.bytes
+        held_from_training = phase == "optimizer step" and "training" in line.phases
+        if phase != "setup" and (held_after_setup or held_from_training):
+            continue
+        total += line.bytes
     return total
 
 
@@ -201,19 +272,25 @@ def build_models(model_config, st: mp.Setting, device: torch.device):
     return model, sampler, reference
 
 
-def wrap(model, st: mp.Setting, device: torch.device):
-    """The training model as plumbing.wrap_model makes it, for one rank."""
-    cfg = types.SimpleNamespace(fsdp=st.cfg.fsdp, grad_checkpointing=st.cfg.grad_checkpointing)
-    run = types.SimpleNamespace(cfg=cfg, dist=plumbing.Dist(0, 1, device), model=model,
-                                train_model=None)
+def prepared_run(model, tokenizer, tags: TagIds, st: mp.Setting, d: plumbing.Dist,
+                 out_dir: str) -> plumbing.Run:
+    """This rank's plumbing.Run as plumbing.prepare makes it: the model wrapped
+    (plumbing.wrap_model: FSDP2, DDP over several ranks, or itself), AdamW and a constant
+    schedule; checkpoints go to `out_dir`."""
+    cfg = dataclasses.replace(st.cfg, out_dir=out_dir)
+    run = plumbing.Run(cfg=cfg, dist=d, model=model, tokenizer=tokenizer, tags=tags)
     plumbing.wrap_model(run)
-    return run.train_model
+    run.optimizer = torch.optim.AdamW(run.train_model.parameters(), lr=cfg.lr,
+                                      weight_decay=cfg.weight_decay, betas=tuple(cfg.betas))
+    run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, lambda step: 1.0)
+    return run
 
 
 def training_step(train_model, tokenizer: IdTokenizer, tags: TagIds, st: mp.Setting,
                   device: torch.device) -> float:
     """One micro-batch of the plan's largest shape through GRPO's loss and backward; the global
-    gradient norm (inf or nan when a gradient is not finite)."""
+    gradient norm (inf or nan when a gradient is not finite). The gradients stay for the
+    optimizer step."""
     cfg = st.cfg
     rows, length, _ = mp.training_shape(st)
     ids = unseen_rows(tokenizer, tags, rows, st.prompt_tokens, length, cfg.num_paths)
@@ -224,7 +301,8 @@ def training_step(train_model, tokenizer: IdTokenizer, tags: TagIds, st: mp.Sett
                               sampled_mask=response.clone(), loss_mask=response.clone(),
                               old_logprobs=torch.zeros(rows, length - 1),
                               advantages=torch.ones(rows, 1)).to(device)
-    denominator = grpo.loss_weights(batch.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[1]
+    batch.loss_weights, denominator = grpo.loss_weights(batch.loss_mask, cfg.loss_agg_mode,
+                                                        cfg.max_new_tokens)
     logprobs, entropy = token_scores(train_model, batch, tags, cfg.mode, batch.loss_mask.bool(),
                                      cfg.temperature, cfg.logit_chunk_tokens)
     clip_ratio_high = grpo.stage_at(cfg, 1).clip_ratio_high
@@ -233,8 +311,17 @@ def training_step(train_model, tokenizer: IdTokenizer, tags: TagIds, st: mp.Sett
     norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), float("inf"))
     if hasattr(norm, "full_tensor"):            # FSDP2: a DTensor
         norm = norm.full_tensor()
-    train_model.zero_grad(set_to_none=True)
     return norm.item()
+
+
+def optimizer_step(run: plumbing.Run, measured: dict) -> None:
+    """AdamW's step on the training phase's gradients. A first step, not measured, makes AdamW's
+    state (a run holds it from its first step on, and the plan counts it from setup); the
+    measured one is plumbing.optimizer_step's (the norm, the clip, the step, the gradients
+    freed). Gradients that are not finite leave this to the report."""
+    run.optimizer.step()
+    with peak_above_start(run.dist.device, measured, "optimizer step"):
+        plumbing.optimizer_step(run.train_model, run.optimizer, run.scheduler, run.cfg.grad_clip)
 
 
 @torch.inference_mode()
@@ -260,7 +347,7 @@ def decode_step(sampler, tokenizer: IdTokenizer, tags: TagIds, st: mp.Setting,
     cache.attend_to(st.prompt_tokens)
     was_training = sampler.training              # without FSDP the sampler is the training model
     sampler.eval()
-    with sample.sdpa_shares_kv_heads(device), autocast(device), masked_sdpa(device):
+    with folded_query_attention_for_sdpa(), autocast(device), masked_sdpa(device):
         out = sampler(input_ids=ids.to(device), attention_mask=mask.to(device),
                       position_ids=positions.to(device), cache=cache, use_cache=True,
                       logits_to_keep=1)
@@ -295,7 +382,7 @@ def logprob_gap(sampler, train_model, tokenizer, tags: TagIds, cfg, prompts: lis
     rollouts = grpo.sample_rollouts(sampler, tokenizer, prompts, cfg, seed=SEED)
     zeros = torch.zeros(len(rollouts))
     batch = grpo.collate_rollouts(rollouts, zeros, tokenizer.pad_token_id).to(device)
-    recomputed = grpo.response_logprobs(train_model, batch, cfg, tags, cfg.mode)
+    recomputed = grpo.response_logprobs(train_model, batch, cfg, tags)
     sampled = batch.sampled_mask.bool()
     difference = (recomputed - batch.old_logprobs)[sampled].float()
     ratio = difference.exp()
@@ -336,36 +423,41 @@ def gb(value) -> str:
     return f"{value / GB:.2f}"
 
 
-def report(st: mp.Setting, measured: dict, kernels: dict, norm: float, gap: dict,
-           seconds: float) -> bool:
-    """Print the check's table and lines; whether every check passed (on CUDA also: every masked
-    call ran the memory-efficient kernel)."""
+def report(st: mp.Setting, checked: mp.Setting, measured: dict, kernels: dict, norm: float,
+           gap: dict, seconds: float) -> bool:
+    """Print the check's table and lines (`checked`: the plan of what ran); whether every check
+    passed (on CUDA also: every masked call ran the memory-efficient kernel). A phase the plan
+    has no line for (a checkpoint save without FSDP) is shown, not judged."""
     cuda = st.device == "cuda"
-    one_gpu = one_gpu_setting(st)
+    ranks = checked.world_size
+    in_plan = mp.phase_totals(mp.plan(checked))
     print(mp.describe(st))
-    print(f"\none GPU runs one rank of it ({one_gpu.cfg.generate_batch_size} prompts a generate "
-          "call, its gradients whole, no optimizer step):\n")
+    print(f"\n{ranks} rank(s), one GPU each, run it ({checked.cfg.generate_batch_size} prompts a "
+          f"generate call, the model's state split over {ranks}); each phase's peak is the "
+          "largest of any rank's:\n")
     print("| phase | measured peak above the phase's start, GB | plan, GB |")
     print("|---|---|---|")
     passed = True
     for phase, value in measured.items():
-        plan_bytes = planned(one_gpu, phase)
+        if phase not in in_plan:
+            print(f"| {phase} | {gb(value)} | not in the plan |")
+            continue
+        plan_bytes = planned(checked, phase)
         print(f"| {phase} | {gb(value)} | {gb(plan_bytes)} |")
         if value is not None and value > plan_bytes * (1 + st.margin):
             passed = False
             print(f"  {phase}: more than the plan's {st.margin:.0%} margin above its figure")
     for phase, seen in kernels.items():
-        print(f"SDPA kernel under the masks, {phase}: {', '.join(sorted(seen))}")
+        print(f"SDPA kernel under the masks, {phase} (rank 0): {', '.join(sorted(seen))}")
         if cuda and seen != {CUDA_KERNEL}:
             passed = False
             print(f"  {phase}: a masked call ran another kernel than {CUDA_KERNEL}")
-    finite = torch.isfinite(torch.tensor(norm)).item()
     verdict = "finite"
-    if not finite:
-        verdict = "NOT FINITE"
+    if not math.isfinite(norm):
+        verdict = "NOT FINITE (no optimizer step)"
         passed = False
     print(f"gradients: norm {norm:.4g}, {verdict}")
-    print(f"log-prob gap, sampler vs training forward, {gap['tokens']} sampled tokens: "
+    print(f"log-prob gap (rank 0), sampler vs training forward, {gap['tokens']} sampled tokens: "
           f"max {gap['max']:.3g}, mean {gap['mean']:.3g}, outside the "
           f"{st.cfg.clip_ratio_low:g} clip at ratio 1: {100 * gap['outside_clip']:.2f}%")
     outcome = "passed"
@@ -375,56 +467,94 @@ def report(st: mp.Setting, measured: dict, kernels: dict, norm: float, gap: dict
     return passed
 
 
-def run_check(st: mp.Setting, model_config, device: torch.device) -> bool:
-    """The four phases (module docstring); whether every check passed."""
+def largest_over_ranks(measured: dict, device: torch.device) -> dict:
+    """Each measured phase's peak, the largest over the ranks (one collective); None stays None
+    (the CPU measures nothing)."""
+    phases = [phase for phase, value in measured.items() if value is not None]
+    if not phases:
+        return measured
+    values = plumbing.all_reduce([measured[phase] for phase in phases], device, "max")
+    largest = dict(measured)
+    for phase, value in zip(phases, values):
+        largest[phase] = int(value)
+    return largest
+
+
+def run_check(st: mp.Setting, model_config, d: plumbing.Dist) -> bool:
+    """The phases (module docstring) on this rank; whether every check passed, the same answer
+    on every rank (rank 0 prints the report)."""
     t0 = time.monotonic()
+    device = d.device
+    checked = checked_setting(st, d.world_size)
     tokenizer = IdTokenizer(st.shape.vocab)
     tags = TagIds.from_tokenizer(tokenizer)
     measured = {}
     kernels = {"training": set(), "sampling": set()}
     with peak_above_start(device, measured, "setup"):
         model, sampler, _ = build_models(model_config, st, device)
-    train_model = wrap(model, st, device)
-    with peak_above_start(device, measured, "training"), sdpa_kernels(kernels["training"]):
-        norm = training_step(train_model, tokenizer, tags, st, device)
-    with peak_above_start(device, measured, "sampling"), sdpa_kernels(kernels["sampling"]):
-        decode_step(sampler, tokenizer, tags, st, device)
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as out_dir:
+        run = prepared_run(model, tokenizer, tags, st, d, out_dir)
+        with peak_above_start(device, measured, "training"), sdpa_kernels(kernels["training"]):
+            norm = training_step(run.train_model, tokenizer, tags, st, device)
+        if math.isfinite(norm):
+            optimizer_step(run, measured)
+        with peak_above_start(device, measured, "sampling"), sdpa_kernels(kernels["sampling"]):
+            decode_step(sampler, tokenizer, tags, st, device)
+        if st.cfg.fsdp:
+            with peak_above_start(device, measured, "refresh"):
+                plumbing.sync_rollout_model(sampler, run.train_model)
+        with peak_above_start(device, measured, "checkpoint save"):
+            run.save()
     gap_cfg = dataclasses.replace(st.cfg, max_new_tokens=GAP_TOKENS, generate_batch_size=0)
     prompts = random_ids(tokenizer, GAP_PROMPTS, GAP_PROMPT_TOKENS, SEED + 2).tolist()
-    gap = logprob_gap(sampler, train_model, tokenizer, tags, gap_cfg, prompts, device)
-    return report(st, measured, kernels, norm, gap, time.monotonic() - t0)
+    gap = logprob_gap(sampler, run.train_model, tokenizer, tags, gap_cfg, prompts, device)
+    measured = largest_over_ranks(measured, device)
+    passed = True
+    if d.is_main:
+        passed = report(st, checked, measured, kernels, norm, gap, time.monotonic() - t0)
+    failed = plumbing.all_reduce([not passed], device, "max")[0]
+    return failed == 0
 
 
 @contextmanager
-def one_rank_group(fsdp: bool, device: torch.device):
-    """A process group of this one process (FSDP2 needs one), torn down at the end."""
-    if not fsdp or dist.is_initialized():
-        yield
+def process_group(st: mp.Setting):
+    """This process's plumbing.Dist, in a process group torn down at the end. Under torchrun
+    (RANK in the environment): its rank of WORLD_SIZE, on GPU LOCAL_RANK (nccl) or the CPU
+    (gloo). Alone: rank 0 of 1, in a group of this one process when FSDP2 needs one."""
+    cuda = st.device == "cuda"
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    device = torch.device("cpu")
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    d = plumbing.Dist(rank, world_size, device)
+    if dist.is_initialized() or (world_size == 1 and not st.cfg.fsdp):
+        yield d
         return
     backend = "gloo"
-    if device.type == "cuda":
-        backend = "nccl"
     device_id = None
-    if device.type == "cuda":
+    if cuda:
+        backend = "nccl"
         device_id = device
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                            device_id=device_id)
+    if "RANK" in os.environ:
+        dist.init_process_group(backend, device_id=device_id)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=device_id)
     try:
-        yield
+        yield d
     finally:
         dist.destroy_process_group()
 
 
 def main(argv: list[str]) -> int:
+    transformers.utils.logging.disable_progress_bar()     # the checkpoint save's, in the table
     st, model_config = make_setting(argv)
-    device = torch.device(st.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if st.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("no CUDA device here: run it on the GPU, or pass --tiny for the CPU check")
-    if device.type == "cuda":
-        torch.cuda.set_device(0)
-        device = torch.device("cuda", 0)
-    with one_rank_group(st.cfg.fsdp, device):
-        passed = run_check(st, model_config, device)
+    with process_group(st) as d:
+        passed = run_check(st, model_config, d)
     if passed:
         return 0
     return 1

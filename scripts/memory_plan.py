@@ -12,7 +12,7 @@
 checkpoint, or `huggingface-cli download <name> config.json --local-dir <folder>`), a config.json
 file, or a hub name already in the local Hugging Face cache. Every other --key=value is a field of
 the trainer's config (grpo.GRPOConfig, sft.SFTConfig: see `python grpo.py --help`) over its preset
-(--preset=paper or tiny: grpo.PAPER/TINY, sft.PAPER/TINY), resolved by the trainer's own
+(--preset=paper or tiny: config.GRPO_PRESETS, config.SFT_PRESETS), resolved by the trainer's own
 resolve_defaults. Without flags: 8 ranks of 80 GB (--world_size=8 --gpu_gb=80) and
 --fsdp=True, the paper's run as the README plans it. The longest prompt is --prompt_tokens, else
 measured on --data (and --eval_data) with --tokenizer (or --model's folder's), else DAPO-17k's
@@ -23,9 +23,9 @@ against what the code allocates at small shapes on CPU. GB = 10^9 bytes. The pea
 of the phases (PyTorch's allocator reuses what one phase frees for the next): setup (the model as
 loaded, whole, and the copies made from it), sampling (the KV cache), the in-run evaluation (its
 own cache), training (activations, the loss's logits, the gradients), the optimizer step (AdamW's
-temporary) and, with FSDP, the rollout copy's refresh. `--margin` (default 10%) is left for the
-CUDA context, allocator fragmentation and what no line counts. Qwen3 (and Qwen2/Llama-style)
-dense models only.
+temporary) and, with FSDP, the rollout copy's refresh and a checkpoint save. `--margin` (default
+10%) is left for the CUDA context, allocator fragmentation and what no line counts. Qwen3 (and
+Qwen2/Llama-style) dense models only.
 """
 import argparse
 import dataclasses
@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import config
 import grpo
 import sft
+from eval import prompts_per_call
 
 GB = 1e9
 KIB = 1024
@@ -287,8 +288,10 @@ def kl_reference_bytes(s: ModelShape, kl_coef: float, fsdp: bool = False,
 
 
 def gathered_parameter_bytes(s: ModelShape, fsdp: bool) -> int:
-    """FSDP's refresh of the rollout copy (grpo.sync_rollout_model): every rank gathers one fp32
-    parameter at a time and copies it in; the largest is the embedding. In bytes."""
+    """FSDP's refresh of the rollout copy (plumbing.sync_rollout_model): every rank gathers one fp32
+    parameter at a time and copies it in; a checkpoint save (plumbing.Run.save: full state dicts
+    offloaded to the CPU) gathers one parameter or AdamW moment at a time. The largest is the
+    embedding's. In bytes (the save's figure not tested: CUDA and FSDP only)."""
     if not fsdp:
         return 0
     return s.vocab * s.hidden * GATHERED_BYTES
@@ -345,8 +348,8 @@ def sampling_prompts(cfg, world_size: int) -> int:
 
 def eval_prompts(cfg, world_size: int) -> int:
     """Problems in one of the in-run evaluation's generate calls: as many rows as a rollout call
-    (grpo.prompts_per_call x group_size) // eval_k, at least 1; each gets eval_k rows."""
-    rows = grpo.prompts_per_call(cfg, world_size) * cfg.group_size
+    (eval.prompts_per_call x group_size) // eval_k, at least 1; each gets eval_k rows."""
+    rows = prompts_per_call(cfg, world_size) * cfg.group_size
     return max(1, rows // cfg.eval_k)
 
 
@@ -357,20 +360,24 @@ def decode_queries(mode: str, num_paths: int) -> int:
     return 1
 
 
-def gqa_repeat_bytes(s: ModelShape, rows: int, capacity: int, queries: int,
-                     regime: str) -> int:
-    """On CUDA, a decode step with several queries per row (an Unseen block) under a mask makes
-    transformers copy one layer's cached keys and values to every query head (repeat_kv; one
-    query uses no copy, and on CPU sample.sdpa_shares_kv_heads avoids it), plus autocast's bf16
-    copy of fp32 keys; at the full width, in bytes."""
-    if regime == "fp32" or queries < 2 or s.heads == s.kv_heads:
+def decode_attention_copy_bytes(s: ModelShape, rows: int, capacity: int, queries: int,
+                                regime: str) -> int:
+    """On CUDA, what one layer's attention copies at a decode step at the full width, in bytes:
+    the mask folded for the query groups of grouped-query attention (rows x heads/kv_heads x
+    queries x width, attention.folded_query_attention; no key or value is repeated) and the
+    memory-efficient kernel's aligned copy of it (mask_copy_bytes), plus autocast's bf16 copy
+    of fp32 keys. Not tested (CPU SDPA copies neither; the fold is: tests/test_gpu_path.py)."""
+    if regime == "fp32":
         return 0
-    key_bytes, value_bytes = cache_element_bytes(regime)
-    repeated = rows * s.heads * capacity * s.head_dim
+    groups = s.heads // s.kv_heads
+    mask_bytes = FP32                    # the mask in the sampler's dtype: the fp32 model's
+    if regime == "bf16":
+        mask_bytes = BF16
+    folded_mask = rows * groups * queries * capacity * mask_bytes
     cast = 0
-    if key_bytes != BF16:
-        cast = repeated * BF16
-    return repeated * (key_bytes + value_bytes) + cast
+    if regime == "autocast":
+        cast = rows * s.kv_width * capacity * BF16
+    return 2 * folded_mask + cast
 
 
 def decode_logit_bytes(s: ModelShape, prompts: int, rows: int, queries: int,
@@ -388,15 +395,17 @@ def decode_logit_bytes(s: ModelShape, prompts: int, rows: int, queries: int,
 
 def prefill_bytes(s: ModelShape, prompts: int, prompt_tokens: int, regime: str) -> int:
     """The prompts' forward without gradients, one layer at a time (an estimate, not tested): the
-    residual stream, q, k, v and the heads' repeated keys and values, the MLP's three
-    intermediates, and the (prompts, 1, L, L) mask, in bytes."""
+    residual stream, q (and its folded copy), k, v and the attention's output, the MLP's three
+    intermediates, the (prompts, 1, L, L) mask and its copy folded for the query groups
+    (attention.folded_query_attention), in bytes."""
     act = BF16
     if regime == "fp32":
         act = FP32
     tokens = prompts * prompt_tokens
-    attention = (2 * s.q_width + 2 * s.kv_width + 2 * s.q_width) * act
+    attention = (3 * s.q_width + 2 * s.kv_width) * act
     mlp = 3 * s.intermediate * act
-    mask = prompts * prompt_tokens * prompt_tokens * act
+    groups = s.heads // s.kv_heads
+    mask = (1 + groups) * prompts * prompt_tokens * prompt_tokens * act
     return tokens * (2 * s.hidden * FP32 + attention + mlp) + mask
 
 
@@ -558,7 +567,8 @@ class Setting:
     prompt_source: str = "given"     # how prompt_tokens was found (longest_prompt)
 
 
-PHASES = ("setup", "sampling", "evaluation", "training", "optimizer step", "refresh")
+PHASES = ("setup", "sampling", "evaluation", "training", "optimizer step", "refresh",
+          "checkpoint save")
 ALWAYS = PHASES
 AFTER_SETUP = PHASES[1:]               # what setup leaves: the sharded state
 GRADIENT_PHASES = ("training", "optimizer step")   # from the first backward to the step
@@ -611,7 +621,7 @@ def sampler_lines(st: Setting, regime: str, phase: str, prompts: int, group: int
     key_bytes, value_bytes = cache_element_bytes(regime)
     per_slot = s.layers * s.kv_width * (key_bytes + value_bytes)
     queries = decode_queries(cfg.mode, cfg.num_paths)
-    decode = (gqa_repeat_bytes(s, rows, capacity, queries, regime)
+    decode = (decode_attention_copy_bytes(s, rows, capacity, queries, regime)
               + decode_logit_bytes(s, prompts, rows, queries, regime))
     prefill = prefill_bytes(s, prompts, st.prompt_tokens, regime)
     return [
@@ -671,6 +681,9 @@ def plan(st: Setting) -> list[Line]:
         lines.append(Line("one gathered parameter (FSDP refresh)", ("refresh",),
                           "the largest, the embedding, in fp32",
                           gathered_parameter_bytes(s, fsdp)))
+    lines.append(Line("one gathered tensor (FSDP checkpoint save)", ("checkpoint save",),
+                      "the largest, the embedding or its AdamW moment, in fp32",
+                      gathered_parameter_bytes(s, fsdp)))
     rows, length, loss_tokens = training_shape(st)
     ckpt = cfg.grad_checkpointing
     chunk = min(cfg.logit_chunk_tokens, loss_tokens)

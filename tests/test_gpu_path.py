@@ -1,8 +1,9 @@
 """The CUDA path, checked on the CPU (issue 34): every masked model call (the training forward, its
 recompute under gradient checkpointing, the sampler's prefill and decode steps) runs inside
 attention.masked_sdpa, which picks SDPA's memory-efficient kernel on CUDA and says what to do when
-it refuses; the sampler never passes enable_gqa on CUDA; grpo.setup's copies compute in the
-policy's dtype with fp32 rotary frequencies; scripts/gpu_check.py --tiny runs."""
+it refuses; the sampler's attention copies no key or value (attention.folded_query_attention);
+grpo.setup's copies compute in the policy's dtype with fp32 rotary frequencies;
+scripts/gpu_check.py --tiny runs."""
 import os
 import subprocess
 import sys
@@ -12,6 +13,9 @@ from contextlib import contextmanager
 import pytest
 import torch
 from torch.nn.attention import SDPBackend
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import attention
 import grpo
@@ -22,11 +26,15 @@ from data import Batch
 from grpo import GRPOConfig
 from model import load_model
 from plumbing import save_checkpoint
+from scripts import gpu_check
+from scripts import memory_plan as mp
+from scripts.bench_sample import TagBias
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = torch.device("cuda")                  # only a name here: nothing is put on it
 CPU = torch.device("cpu")
 GQA_FLAG = "TRANSFORMERS_SDPA_FORCE_GQA"
+PARALLEL_BIAS = 4.0                          # a logit bias that makes <Parallel> likely
 
 
 def tiny_batch(tok, rows: int = 2):
@@ -144,18 +152,82 @@ def test_no_fused_kernel_is_a_clear_error(monkeypatch):
         raise RuntimeError("something else")
 
 
-def test_the_sampler_never_passes_enable_gqa_on_cuda(monkeypatch):
-    """On CUDA the flag is 0 inside generate (the memory-efficient kernel takes no enable_gqa at
-    torch 2.13), also when the environment sets it; on the CPU 1 (no copy of the heads); the
-    environment's value comes back after."""
-    monkeypatch.setenv(GQA_FLAG, "1")
-    with sample.sdpa_shares_kv_heads(CUDA):
-        assert os.environ[GQA_FLAG] == "0"
-    assert os.environ[GQA_FLAG] == "1"
-    monkeypatch.delenv(GQA_FLAG)
-    with sample.sdpa_shares_kv_heads(CPU):
-        assert os.environ[GQA_FLAG] == "1"
-    assert GQA_FLAG not in os.environ
+def test_folded_query_attention_equals_transformers_sdpa(monkeypatch):
+    """attention.folded_query_attention against transformers' own "sdpa" function with its
+    repeated keys and values (the CUDA choice under a mask), in fp32: keys and values a slice of
+    a wider cache as SlotCache returns them, masks that hide slots, one query and several, a
+    mask broadcast over rows; and a mask per head (which the fold cannot take) goes to
+    transformers' function."""
+    monkeypatch.delenv(GQA_FLAG, raising=False)
+    generator = torch.Generator().manual_seed(0)
+    rows, heads, kv_heads, head_dim, capacity, width = 3, 6, 2, 16, 40, 29
+    module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
+    cache = torch.randn(2, rows, kv_heads, capacity, head_dim, generator=generator)
+    key = cache[0, :, :, :width]
+    value = cache[1, :, :, :width]
+    hidden = torch.finfo(torch.float32).min
+    for queries, mask_rows, mask_heads in ((1, rows, 1), (3, rows, 1), (3, 1, 1), (3, rows, heads)):
+        query = torch.randn(rows, queries, heads, head_dim, generator=generator).transpose(1, 2)
+        mask = torch.zeros(mask_rows, mask_heads, queries, width)
+        hide = torch.rand(mask.shape, generator=generator) < 0.3
+        hide[..., 0] = False                             # every query sees a slot
+        mask.masked_fill_(hide, hidden)
+        folded, _ = attention.folded_query_attention(module, query, key, value, mask,
+                                                     scaling=0.25)
+        expected, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+        assert folded.shape == (rows, queries, heads, head_dim)
+        assert torch.allclose(folded, expected, atol=1e-6, rtol=0)
+
+
+class LargeCopies(TorchDispatchMode):
+    """Counts the new tensors (not a view of an input, not an input written in place) of at least
+    `elements` elements that the ops of a model's decode steps produce: every forward of `model`
+    but its first (the prefill)."""
+
+    def __init__(self, model, elements: int):
+        super().__init__()
+        self.elements = elements
+        self.count = 0
+        self.forwards = 0
+        model.register_forward_pre_hook(self.note_forward)
+
+    def note_forward(self, module, args):
+        self.forwards += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.forwards > 1 and isinstance(out, torch.Tensor) and out.numel() >= self.elements:
+            inputs = [a for a in args if isinstance(a, torch.Tensor)]
+            storage = out.untyped_storage().data_ptr()     # reshape may copy or not: compare
+            if all(a.untyped_storage().data_ptr() != storage for a in inputs):
+                self.count += 1
+        return out
+
+
+def test_a_decode_step_copies_no_key_or_value(monkeypatch):
+    """The sampler on the CPU as on CUDA (no enable_gqa: transformers' choice under a mask on
+    both), Unseen blocks forced so that decode steps carry two queries a row: no op of a decode
+    step makes a tensor as large as one layer's keys at the prompt's width (repeat_kv makes
+    twice that, for keys and for values, every layer, every step); the function transformers
+    runs for "sdpa" is its own again after."""
+    monkeypatch.delenv(GQA_FLAG, raising=False)
+    model, tok = load_model("tiny", device="cpu")
+    tags = TagIds.from_tokenizer(tok)
+    bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
+    bias[tags.parallel] = PARALLEL_BIAS
+    forced = TagBias(model, bias).eval()
+    prompt = "Which two of 1 2 3 make 5?\n"
+    group_size = 2
+    config = model.config
+    head_dim = config.head_dim
+    one_layer_keys = group_size * config.num_key_value_heads * len(prompt) * head_dim
+    copies = LargeCopies(model, one_layer_keys)
+    with copies:
+        rollouts = sample.generate(forced, tok, [prompt], group_size=group_size, mode="unseen",
+                                   max_new_tokens=24, seed=0)
+    assert any(r.structure.blocks for r in rollouts)
+    assert copies.count == 0
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa_attention_forward
 
 
 def test_grpo_setup_makes_the_reference_in_the_policys_compute_dtype(tmp_path, monkeypatch):
@@ -178,21 +250,69 @@ def test_grpo_setup_makes_the_reference_in_the_policys_compute_dtype(tmp_path, m
     assert run.rollout_model is run.model                 # no FSDP: the sampler is the model
 
 
-def test_gpu_check_tiny_runs_every_phase():
-    """scripts/gpu_check.py --tiny: setup, one FSDP2 micro-batch (one rank, gloo) with gradient
-    checkpointing, a full-size decode step and the log-prob gap, on the CPU; fp32 there, so the
-    gap is rounding."""
+GPU_CHECK_PHASES = ("setup", "training", "optimizer step", "sampling", "refresh",
+                    "checkpoint save")
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_gpu_check_tiny_runs_every_phase(ranks):
+    """scripts/gpu_check.py --tiny, alone and under torchrun with 2 ranks (gloo): setup, one FSDP2
+    micro-batch with gradient checkpointing, AdamW's step, a full-size decode step, the rollout
+    copy's refresh, a checkpoint save and the log-prob gap, on the CPU; fp32 there, so the gap
+    is rounding. The profiler's own lines stay out of the output."""
     script = os.path.join(ROOT, "scripts", "gpu_check.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, script, "--tiny"], capture_output=True, text=True,
-                         timeout=300, env=env, check=False)
+    command = [sys.executable, script, "--tiny"]
+    if ranks > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+                   script, "--tiny"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env,
+                         check=False)
     assert out.returncode == 0, out.stdout + out.stderr
+    assert "profiler_st" not in out.stdout + out.stderr      # kineto's start and stop lines
     lines = out.stdout.splitlines()
-    assert "| training | n/a (CPU) |" in "\n".join(lines)
+    assert f"{ranks} rank(s), one GPU each, run it" in out.stdout
+    for phase in GPU_CHECK_PHASES:
+        assert f"| {phase} | n/a (CPU) | 0.00 |" in lines
     for phase in ("training", "sampling"):       # the CPU's own choice: nothing is forced there
         kernel = "_scaled_dot_product_flash_attention_for_cpu"
-        assert f"SDPA kernel under the masks, {phase}: {kernel}" in lines
+        assert f"SDPA kernel under the masks, {phase} (rank 0): {kernel}" in lines
     gap = next(line for line in lines if line.startswith("log-prob gap"))
     largest = float(gap.split("max ")[1].split(",")[0])
     assert largest < 1e-4
     assert lines[-1].startswith("passed in")
+
+
+def test_gpu_check_plans_what_each_phase_adds():
+    """The figure each phase's peak is judged against, at the paper's plan on one GPU: the
+    optimizer step's is AdamW's temporary alone (the gradients come from the training phase, its
+    state from the first step), the refresh's and the checkpoint save's one gathered fp32
+    embedding; every phase but setup leaves out the state held since setup."""
+    st, _ = gpu_check.make_setting([])
+    checked = gpu_check.checked_setting(st, 1)
+    shape = checked.shape
+    embedding = shape.vocab * shape.hidden * 4
+    assert gpu_check.planned(checked, "optimizer step") == mp.adamw_temporary_bytes(shape, 1, True)
+    assert gpu_check.planned(checked, "refresh") == embedding
+    assert gpu_check.planned(checked, "checkpoint save") == embedding
+
+
+def profiled(name: str, children=()) -> types.SimpleNamespace:
+    """One event as torch's profiler records it: a name and the events it called."""
+    return types.SimpleNamespace(name=name, cpu_children=list(children))
+
+
+def test_gpu_check_counts_only_the_attention_kernels():
+    """A masked SDPA call on CUDA, as the profiler records it at a decode step of 3,513 slots:
+    the mask's expand, pad and slice beside the kernel. Only the kernel counts; a math fallback
+    still shows; events outside an SDPA call are not read."""
+    efficient = profiled("aten::scaled_dot_product_attention", [
+        profiled("aten::expand"), profiled("aten::pad"), profiled("aten::slice"),
+        profiled("aten::_scaled_dot_product_efficient_attention",
+                 [profiled("aten::_efficient_attention_forward")])])
+    math = profiled("aten::scaled_dot_product_attention", [
+        profiled("aten::expand"), profiled("aten::_scaled_dot_product_attention_math")])
+    elsewhere = profiled("aten::mm", [profiled("aten::_scaled_dot_product_attention_math")])
+    assert gpu_check.attention_kernels([efficient, elsewhere]) == {gpu_check.CUDA_KERNEL}
+    assert gpu_check.attention_kernels([efficient, math]) == {
+        gpu_check.CUDA_KERNEL, "_scaled_dot_product_attention_math"}

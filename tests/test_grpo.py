@@ -12,6 +12,7 @@ import json
 import math
 import os
 import pickle
+import signal
 import statistics
 import sys
 from pathlib import Path
@@ -35,12 +36,11 @@ from grpo import (
     compute_advantages,
     kl_penalty,
     micro_batch_loss,
-    plan_micro_batches,
     policy_loss,
     ppo_update,
 )
 from model import add_parallel_tags, build_char_tokenizer
-from plumbing import save_checkpoint
+from plumbing import plan_micro_batches, save_checkpoint
 from sample import Rollout, generate
 from scripts.bench_sample import TagBias
 
@@ -140,7 +140,10 @@ def test_kl_estimators():
 
 def loss_from_logits(logits, mb, cfg, clip_ratio_high, denominator):
     """micro_batch_loss on the loss tokens' log-probs and entropies taken from given logits
-    (B, L, V) (the training forward's head_scores, without the model)."""
+    (B, L, V) (the training forward's head_scores, without the model); the loss weights of
+    cfg.loss_agg_mode unless mb has its own."""
+    if mb.loss_weights is None:
+        mb.loss_weights = grpo.loss_weights(mb.loss_mask, cfg.loss_agg_mode, cfg.max_new_tokens)[0]
     selected = mb.loss_mask.bool()
     z = logits[:, :-1][selected].float() / cfg.temperature
     logprobs = token_logprobs(z, mb.input_ids[:, 1:][selected])
@@ -290,8 +293,8 @@ def test_missing_sft_checkpoint_says_what_to_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError,
                        match="python sft.py --mode=seen --out_dir=runs/sft_seen"):
-        grpo.default_init("seen")
-    assert grpo.default_init("unseen", "some/folder") == "some/folder"
+        plumbing.default_init("seen")
+    assert plumbing.default_init("unseen", "some/folder") == "some/folder"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -335,9 +338,16 @@ def run_update(model, rollouts, advantages, cfg, tok, lr=0.5, optimizer="sgd", r
     tags = TagIds.from_tokenizer(tok)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01) if optimizer == "adamw" \
         else torch.optim.SGD(model.parameters(), lr=lr)
+    cfg = resolved(cfg)
     stats = ppo_update(model, opt, rollouts, advantages, cfg, tags=tags, pad_id=tok.pad_token_id,
-                       ref_model=ref_model)
+                       clip_ratio_high=grpo.stage_at(cfg, 1).clip_ratio_high, ref_model=ref_model)
     return flat_params(model), stats
+
+
+def resolved(cfg: GRPOConfig) -> GRPOConfig:
+    """What ppo_update takes: a config whose mode is set (grpo.resolve_defaults sets it from the
+    recipe; these tests call the update directly)."""
+    return dataclasses.replace(cfg, mode=cfg.mode or grpo.RECIPE_MODE[cfg.recipe])
 
 
 @pytest.fixture(scope="module")
@@ -403,7 +413,33 @@ def test_recompute_logprobs_matches_the_sampler(setting):
     cfg = GRPOConfig(max_new_tokens=24, recompute_logprobs=True, temperature=0.7,
                      micro_batch_size=4)
     _, stats = run_update(copy.deepcopy(model), rollouts, [1.0, -1.0, 1.0, -1.0], cfg, tok)
-    assert stats["logprob_max_diff"] < 1e-5
+    assert stats["logprob_gap_max"] < 1e-5
+
+
+@pytest.mark.parametrize("shift, outside", [(0.1, 0.0), (0.25, 1.0)])
+def test_the_logprob_gap_against_a_shifted_sampler(setting, shift, outside):
+    """Sampler log-probs `shift` nats above the training forward's: every ratio is exp(-shift),
+    0.905 (inside the clip range [0.8, 1.2]) or 0.779 (outside); the gap is `shift` on every
+    sampled token. The injected tokens' logp_old become the forward's; the sampled keep theirs
+    (without --recompute_logprobs)."""
+    model, tok, rollouts, adv = setting
+    tags = TagIds.from_tokenizer(tok)
+    cfg = resolved(GRPOConfig(max_new_tokens=24, micro_batch_size=2))
+    minis = grpo.mini_batches(rollouts, adv, cfg, tok.pad_token_id, torch.device("cpu"))
+    recorded = []
+    for mb in (mb for mini in minis for mb in mini.micro_batches):
+        exact = grpo.response_logprobs(model, mb, cfg, tags)
+        mb.old_logprobs = (exact + shift) * mb.response_mask
+        recorded.append((mb, exact, mb.old_logprobs.clone()))
+    gap = grpo.recompute_old_logprobs(minis, model, cfg, tags, 0.2, torch.device("cpu"))
+    assert gap["logprob_gap_mean"] == pytest.approx(shift, abs=1e-5)
+    assert gap["logprob_gap_max"] == pytest.approx(shift, abs=1e-5)
+    assert gap["logprob_gap_outside_clip"] == outside
+    for mb, exact, before in recorded:
+        injected = (mb.response_mask - mb.sampled_mask).bool()
+        assert torch.equal(mb.old_logprobs[injected], exact[injected])
+        assert torch.equal(mb.old_logprobs[mb.sampled_mask.bool()],
+                           before[mb.sampled_mask.bool()])
 
 
 def test_kl_term_against_a_reference_model(setting):
@@ -426,8 +462,8 @@ def test_kl_term_against_a_reference_model(setting):
     cfg = GRPOConfig(max_new_tokens=24, ppo_mini_batches=1, micro_batch_size=2, kl_coef=0.1)
     m = copy.deepcopy(model)
     opt = torch.optim.SGD(m.parameters(), lr=0.5)
-    stats = ppo_update(m, opt, rollouts, adv, cfg, tags=tags, pad_id=tok.pad_token_id,
-                       ref_model=ref)
+    stats = ppo_update(m, opt, rollouts, adv, resolved(cfg), tags=tags, pad_id=tok.pad_token_id,
+                       clip_ratio_high=0.2, ref_model=ref)
     assert stats["kl"] == pytest.approx(expected / n, rel=1e-5) and stats["kl"] > 0.01
     w_self, _ = run_update(copy.deepcopy(model), rollouts, adv, cfg, tok,
                            ref_model=copy.deepcopy(model))
@@ -535,6 +571,56 @@ def test_resume_continues_exactly(tmp_path, monkeypatch):
     assert state["data_position"]["train"] == {"epoch": 1, "index": 3}
 
 
+def test_the_first_steps_check_the_samplers_logprobs(tmp_path, monkeypatch):
+    """The first --logprob_check_steps steps recompute logp_old with the training forward and
+    log the gap to the sampler's (in fp32: rounding, no token outside the clip range); later
+    steps do not spend that forward."""
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(4)]
+    out = grpo.train(tiny_run(model=save_checkpoint(str(tmp_path / "init"), model, tok),
+                              batch_size=2, group_size=2, max_new_tokens=12, max_steps=2,
+                              max_time=0.0, eval_data="", log_every=0, logprob_check_steps=1,
+                              out_dir=str(tmp_path / "run")), records=records)
+    with open(out["log"]) as f:
+        first, second = [json.loads(line) for line in f]
+    assert first["logprob_gap_max"] < 1e-5 and first["logprob_gap_outside_clip"] == 0.0
+    assert 0.0 <= first["logprob_gap_mean"] <= first["logprob_gap_max"]
+    assert not any(key.startswith("logprob_gap") for key in second)
+
+
+def test_a_signal_mid_step_saves_that_step_and_the_resume_is_exact(tmp_path, monkeypatch):
+    """SIGTERM (a cluster's preemption) arrives while step 2 runs: the step finishes, is saved
+    (--save_every=0 would save only at the end), the run stops; --resume=True then gives the
+    weights of an uninterrupted run, bit for bit."""
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)
+    init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(5)]
+    base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=12, micro_batch_size=2,
+                lr=1e-3, max_time=0.0, eval_data="", save_every=0, log_every=0, max_steps=4)
+    full = grpo.train(tiny_run(**base, out_dir=str(tmp_path / "a")), records=records)
+    real_step = grpo.grpo_step
+
+    def step_with_a_signal(run, step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)          # handled inside the step that follows
+        return real_step(run, step)
+
+    monkeypatch.setattr(grpo, "grpo_step", step_with_a_signal)
+    stopped = grpo.train(tiny_run(**base, out_dir=str(tmp_path / "b")), records=records)
+    assert stopped["stopped_by"] == "SIGTERM" and stopped["steps"] == 2
+    assert stopped["checkpoint"] == str(tmp_path / "b" / "checkpoint-2")
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL     # the handler is restored
+    monkeypatch.setattr(grpo, "grpo_step", real_step)
+    resumed = grpo.train(tiny_run(**base, out_dir=str(tmp_path / "b"), resume="True"),
+                         records=records)
+    from safetensors.torch import load_file
+    a = load_file(os.path.join(full["checkpoint"], "model.safetensors"))
+    b = load_file(os.path.join(resumed["checkpoint"], "model.safetensors"))
+    assert resumed["steps"] == 4 and all(torch.equal(a[k], b[k]) for k in a)
+
+
 # --------------------------------------------------------------------------------------------------
 # 2 ranks (gloo) = 1 process on the union of their rollouts
 
@@ -600,10 +686,11 @@ def _scenarios(folder: str, info):
         else:
             train_model = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(train_model.parameters(), lr=0.5)
-        stats = ppo_update(train_model, opt, [pool[i] for i in mine], [advs[i] for i in mine], cfg,
-                           tags=tags, pad_id=tok.pad_token_id)
+        stats = ppo_update(train_model, opt, [pool[i] for i in mine], [advs[i] for i in mine],
+                           resolved(cfg), tags=tags, pad_id=tok.pad_token_id,
+                           clip_ratio_high=cfg.clip_ratio_high)
         if plain is not None:
-            grpo.sync_rollout_model(plain, train_model)           # the sampler's copy under FSDP
+            plumbing.sync_rollout_model(plain, train_model)       # the sampler's copy under FSDP
             model = plain
         if info.rank == 0:
             torch.save({"weights": flat_params(model), "stats": stats},

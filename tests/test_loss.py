@@ -1,8 +1,8 @@
 """The losses without the full logits (attention.token_scores): the log-probs, entropies and
 gradients equal the full-logits path they replace (the model's (B, L, V) logits, then
 log softmax), whatever the chunk size, in both masks, for every loss aggregation, with and without
-the KL term, for a tied and an untied LM head and a model that soft-caps its logits; and a model
-whose logits are something else is refused."""
+the KL term, for a tied and an untied LM head and a model that soft-caps its logits; and our LM
+head on the last hidden states is the model's."""
 import dataclasses
 
 import pytest
@@ -13,7 +13,7 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForC
 import grpo
 import sft
 from attention import TagIds, structured_forward, token_logprobs, token_scores
-from data import Batch, collate
+from data import collate
 from grpo import GRPOConfig, collate_rollouts, micro_batch_loss
 from model import add_parallel_tags, build_char_tokenizer
 from sample import generate
@@ -83,7 +83,8 @@ def test_grpo_loss_gradient_equals_the_full_logits_path(mode, loss_agg_mode, kl_
                      temperature=0.8, logit_chunk_tokens=SMALL_CHUNK)
     if kl_coef:
         mb.ref_logprobs = mb.old_logprobs - 0.3 * mb.loss_mask     # a reference 0.3 nats away
-    denominator = grpo.loss_weights(mb.loss_mask, loss_agg_mode, cfg.max_new_tokens)[1]
+    mb.loss_weights, denominator = grpo.loss_weights(mb.loss_mask, loss_agg_mode,
+                                                     cfg.max_new_tokens)
     reference = full_logits_scores(model, mb, tags, mode, cfg.temperature)
     loss_ref, stats_ref = micro_batch_loss(*reference, mb, cfg, 0.28, denominator)
     grad_ref = gradient(model, loss_ref)
@@ -127,6 +128,7 @@ def test_no_loss_token_still_reaches_every_parameter():
     model, tok = tiny()
     tags = TagIds.from_tokenizer(tok)
     mb = grpo.empty_micro_batch(tok.pad_token_id)
+    mb.loss_weights = mb.loss_mask
     logprobs, entropy = token_scores(model, mb, tags, "unseen", mb.loss_mask.bool())
     loss, stats = micro_batch_loss(logprobs, entropy, mb, GRPOConfig(max_new_tokens=8), 0.2, 0.0)
     loss.backward()
@@ -135,34 +137,21 @@ def test_no_loss_token_still_reaches_every_parameter():
     assert stats["tokens"] == 0.0 and logprobs.shape == (0,)
 
 
-class ScaledLogits(torch.nn.Module):
-    """A model whose logits are not its LM head's (an unknown final transform)."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-        self.config = inner.config
-
-    def forward(self, **kw):
-        out = self.inner(**kw)
-        out.logits = out.logits * 2.0
-        return out
-
-    def get_decoder(self):
-        return self.inner.get_decoder()
-
-    def get_output_embeddings(self):
-        return self.inner.get_output_embeddings()
-
-
-def test_a_model_with_an_unknown_final_transform_is_refused():
-    model, tok = tiny()
-    tags = TagIds.from_tokenizer(tok)
+@pytest.mark.parametrize("kind", ["qwen3", "llama", "gemma2"])
+def test_our_lm_head_on_the_last_hidden_states_is_the_models(kind):
+    """The training forward takes the last of the model's hidden states and applies the LM head
+    itself (attention.chunked_head_scores): for a tied head, an untied one and soft-capped logits
+    that equals the model's own logits at every position (checked here once, not in every
+    forward)."""
+    from attention import final_logit_transform
+    model, tok = tiny(kind)
     ids = torch.tensor([tok.encode("Which two of 1 2 make 3?\n3+1")])
-    with pytest.raises(ValueError, match="its logits are not its LM head applied to its last"):
-        batch = Batch(ids, torch.ones_like(ids), [4], torch.ones(ids.shape))
-        token_scores(ScaledLogits(model), batch, tags, "seen",
-                     torch.ones(1, ids.shape[1] - 1, dtype=torch.bool))
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True)
+        head = model.get_output_embeddings()
+        ours = final_logit_transform(model.config)(
+            F.linear(out.hidden_states[-1], head.weight, head.bias).float())
+    assert torch.allclose(ours, out.logits.float(), atol=1e-5, rtol=1e-5)
 
 
 def test_the_chunk_setting_is_checked():

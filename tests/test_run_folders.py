@@ -62,6 +62,17 @@ def test_a_resume_of_a_copy_writes_into_the_copy(finished_run, tmp_path):
     assert cfg.out_dir == str(elsewhere)
 
 
+def test_a_resume_refuses_another_preset(finished_run):
+    """The run trained under the tiny preset (saved with its config): --preset=paper on a resume
+    would relabel it and change its settings mid-run, so it is refused; --preset=auto is
+    accepted (it resolves to the run's own when the run sets up)."""
+    checkpoint = f"--resume={finished_run}/checkpoint-1"
+    with pytest.raises(ValueError, match="--preset=paper with --resume=.* that run trains with "
+                                         "--preset=tiny"):
+        plumbing.parse_args(sft.SFTConfig, [checkpoint, "--preset=paper"])
+    assert plumbing.parse_args(sft.SFTConfig, [checkpoint, "--preset=auto"]).resume
+
+
 def test_a_resume_refuses_another_model(finished_run, small_model):
     """sft.py --resume ignored --model without a word and saved it into the checkpoint's config."""
     checkpoint = f"{finished_run}/checkpoint-1"
@@ -117,7 +128,7 @@ def test_eval_refuses_a_folder_a_live_run_writes(small_model, tmp_path):
 
 
 def test_grpo_from_the_untrained_tiny_model_says_so(capsys):
-    assert grpo.default_init("unseen", "tiny") == "tiny"
+    assert plumbing.default_init("unseen", "tiny") == "tiny"
     assert "--model=tiny is the embedded model with random weights" in capsys.readouterr().err
 
 

@@ -162,6 +162,21 @@ def test_max_blocks_masks_parallel_so_the_answer_can_follow(models):
                and r.structure.blocks[0].summary[1] < r.num_tokens - 1 for r in rollouts)
 
 
+def test_a_sampled_end_path_at_the_path_budget_is_kept_as_sampled(models):
+    """max_path_tokens=3 holds <Path>, one token and </Path>: a </Path> the model samples in the
+    last place fits (the place was kept free for it), so it is recorded as sampled, with its
+    log-prob, and trained; only a path that is still open there gets an injected one."""
+    model, _, tok = models
+    tags = TagIds.from_tokenizer(tok)
+    wants_end_path = biased(model, tok, strength=50.0)      # </Path> whenever it is allowed
+    rollouts = generate(wants_end_path, tok, PROMPTS[:2], group_size=2, mode="unseen",
+                        max_new_tokens=40, max_path_tokens=3, max_blocks=1, seed=0)
+    closings = [(r, end - 1) for r in rollouts for block in r.structure.blocks
+                for _, end in block.paths]
+    assert closings and all(r.response_ids[i] == tags.end_path for r, i in closings)
+    assert all(r.sampled_mask[i] == 1 and r.logprobs[i] < 0 for r, i in closings)
+
+
 @pytest.mark.parametrize("kw", [dict(num_paths=1), dict(max_blocks=-1), dict(temperature=-0.5),
                                 dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)])
 def test_settings_out_of_range_are_refused(models, kw):

@@ -38,6 +38,7 @@ from conftest import torchrun_two_ranks
 from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+import eval as ev
 import plumbing
 import sft
 from attention import TagIds
@@ -314,37 +315,50 @@ def sigint_reaches_children():
         signal.signal(signal.SIGINT, previous)
 
 
-def test_ctrl_c_is_one_line_that_says_the_checkpoints_are_kept(model_dir, tmp_path):
-    """SIGINT inside a run of sft.py and of grpo.py (both at once) ends in one line, not a bare
-    traceback. Each gets it once its first checkpoint is written (--save_every=1), so it is inside
-    the training loop with a checkpoint to keep, and neither can be done by then
+def has_logged_a_step(proc: subprocess.Popen, log: Path, stderr: Path) -> bool:
+    """Whether `proc` has written a row into its log.jsonl (which exists from the start)."""
+    return has_written(proc, log, stderr) and log.read_text().strip() != ""
+
+
+def test_a_signal_saves_the_step_in_hand_and_says_how_to_go_on(model_dir, tmp_path):
+    """SIGINT (Ctrl-C) to sft.py and SIGTERM (a cluster's preemption) to grpo.py, both at once,
+    once each has written its first checkpoint (--save_every=1000: not by the schedule; the
+    first is written by the signal itself, so the run waits for --log_every=1's first line):
+    the step in hand finishes, is saved, and the run ends in one line that names the checkpoint
+    to resume from, exit status 1, no traceback. Neither can be done by then
     (--max_steps=100000)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmds = {"sft.py": [f"--model={model_dir}", "--preset=tiny", "--max_steps=100000",
-                       "--log_every=1", "--save_every=1"],
-            "grpo.py": [f"--model={model_dir}", "--preset=tiny", "--batch_size=2", "--group_size=2",
-                        "--eval_data=", "--max_steps=100000", "--save_every=1"]}
+    cmds = {"sft.py": (signal.SIGINT, [f"--model={model_dir}", "--preset=tiny",
+                                       "--max_steps=100000", "--log_every=1",
+                                       "--save_every=1000"]),
+            "grpo.py": (signal.SIGTERM, [f"--model={model_dir}", "--preset=tiny", "--batch_size=2",
+                                         "--group_size=2", "--eval_data=", "--max_steps=100000",
+                                         "--log_every=1", "--save_every=1000"])}
     procs = {}
     with sigint_reaches_children():
-        for n, args in cmds.items():
+        for n, (_, args) in cmds.items():
             # a file, not a pipe: a child never blocks on a full pipe that the test is not reading
-            with open(tmp_path / f"{n}.stderr", "w") as err:
+            with open(tmp_path / f"{n}.stdout", "w") as out, \
+                    open(tmp_path / f"{n}.stderr", "w") as err:
                 procs[n] = subprocess.Popen([sys.executable, os.path.join(root, n),
                                              f"--out_dir={tmp_path / n}", *args],
-                                            env=env, stdout=subprocess.DEVNULL, stderr=err)
+                                            env=env, stdout=out, stderr=err)
     try:
         for name, p in procs.items():
             stderr = tmp_path / f"{name}.stderr"
-            first_checkpoint = tmp_path / name / "checkpoint-1"
-            wait_until(functools.partial(has_written, p, first_checkpoint, stderr),
-                       f"{name}'s first checkpoint")
-            p.send_signal(signal.SIGINT)
+            log = tmp_path / name / "log.jsonl"
+            wait_until(functools.partial(has_logged_a_step, p, log, stderr), f"{name}'s first step")
+            p.send_signal(cmds[name][0])
             p.wait(timeout=PROCESS_TIMEOUT)
             err = stderr.read_text()
             assert p.returncode == 1, err[-2000:]
-            assert f"{name}: interrupted; the checkpoints in out_dir are kept" in err, err[-2000:]
-            assert "Traceback" not in err, err[-2000:]
+            steps = len(log.read_text().splitlines())
+            checkpoint = tmp_path / name / f"checkpoint-{steps}"
+            said = (f"{name}: stopped by {cmds[name][0].name} after step {steps}; "
+                    f"--resume=True continues from {checkpoint}")
+            assert said in err, err[-2000:]
+            assert checkpoint.is_dir() and "Traceback" not in err, err[-2000:]
     finally:
         for p in procs.values():
             p.kill()
@@ -560,7 +574,7 @@ def test_quick_eval_skips_problems_longer_than_the_context():
                {"problem": "y" * 496, "answer": "3"}, {"problem": "Ben has 3 pens.", "answer": "3"}]
     # prompts: 500 + 1 = 501 and 496 + 1 = 497 tokens; with 16 new tokens only the two short ones
     # fit
-    out = sft.quick_eval(model, tok, records, "unseen", n=2, max_new_tokens=16,
+    out = ev.quick_eval(model, tok, records, "unseen", n=2, max_new_tokens=16,
                          prompt_style="bare")
     assert out["n"] == 2
     assert len(out["notes"]) == 1 and "2 of 4 problems have a prompt + max_new_tokens (16) " \

@@ -114,12 +114,12 @@ def test_a_response_cut_by_the_step_budget_parses_and_trains():
         assert len(paths) == 3 and all(r.response_ids[e - 1] == tags.end_path for _, e in paths)
     assert max_logprob_diff(wrapped, tok, rollouts, "unseen", 1.0) <= 1e-4
     cfg = GRPOConfig(max_new_tokens=24, ppo_mini_batches=1, micro_batch_size=2,
-                     recompute_logprobs=True)
+                     recompute_logprobs=True, mode="unseen")
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     advantages = torch.linspace(-1.0, 1.0, len(rollouts))
     stats = ppo_update(model, optimizer, rollouts, advantages, cfg, tags=tags,
-                       pad_id=tok.pad_token_id)
+                       pad_id=tok.pad_token_id, clip_ratio_high=0.2)
     assert stats["optimizer_steps"] == 1 and stats["loss_tokens"] > 0
     model.eval()
 
