@@ -2,7 +2,9 @@
 (NOTES.md §6).
 
 Every loader returns one dict per problem: {"id", "problem", "answer", "solution" (the SFT target
-with the tags as text, no EOS; or None), "source"}. `load_data` takes synthetic:easy / :medium /
+with the tags as text, no EOS; or None), "source"}, and for the real sets "worked_solution" (the
+file's own, GSM8K's or MATH's, or None: shown by show_data.py, trained on only as GSM8K's
+sequential traces). `load_data` takes synthetic:easy / :medium /
 :hard (4, 5, 6 numbers; ":rl" and ":test": the disjoint parts of RL's and the held-out number
 patterns), the real sets of `KNOWN_DATASETS` (read from `data_dir`, else $PARALLEL_R1_DATA, else
 ../shared/data, else the hub), a comma list, or a .jsonl/.json/.parquet file.
@@ -574,6 +576,18 @@ def row_record(row: dict, latex: bool, style: str) -> tuple[str | None, str | No
     return problem, answer or None, solution
 
 
+def worked_solution(row: dict) -> str | None:
+    """The file's own worked solution of a row (MATH's "solution", GSM8K's "answer" with its
+    "#### N" line), or None (DAPO has none)."""
+    text = first_value(row, "solution")
+    if isinstance(text, str):
+        return text
+    text = first_value(row, "answer")
+    if isinstance(text, str) and "####" in text:
+        return text
+    return None
+
+
 def record_id(row: dict, label: str, index: int) -> str:
     rid = first_value(row, "unique_id", "id", "extra_info.index", "index")
     if rid is None:
@@ -630,7 +644,8 @@ def records_from_rows(rows, name: str, style: str, strict: bool, where: str,
             skipped += 1
             continue
         records.append({"id": record_id(row, label, i), "problem": problem, "answer": answer,
-                        "solution": solution, "source": name})
+                        "solution": solution, "source": name,
+                        "worked_solution": worked_solution(row)})
     if skipped:
         print(f"[data] {where}: skipped {skipped} of {len(rows)} rows without a problem or answer",
               file=sys.stderr)

@@ -36,6 +36,7 @@ from model import (
     TAGS,
     Mode,
     check_model_name,
+    config_only,
     load_model,
     mode_from_config,
     read_checkpoint_config,
@@ -380,8 +381,9 @@ def format_table(rows: dict[str, dict[str, dict]]) -> str:
 
 def own_tokenizer(name_or_path: str):
     """The tokenizer a checkpoint or hub model ships with, before load_model adds the tags (None
-    for "tiny"); OSError naming the model when it cannot be loaded."""
-    if name_or_path == "tiny":
+    for "tiny" and a folder holding only a config.json); OSError naming the model when it cannot
+    be loaded."""
+    if name_or_path == "tiny" or config_only(name_or_path):
         return None
     check_model_name(name_or_path, weights=False)
     try:

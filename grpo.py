@@ -604,7 +604,7 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None,
     """Run GRPO (one process, or one rank under torchrun); `records` / `eval_records` replace
     cfg.data / eval_data. Returns {"checkpoint", "steps", "stopped_by", "seconds",
     "eval_before", "eval_after", "last_step", "log"}."""
-    with plumbing.distributed() as d:
+    with plumbing.distributed(cfg.dist_timeout_minutes) as d:
         run = setup(cfg, d, records, eval_records)
         cfg = run.cfg
         first_step = run.step                     # a finished run resumed: no new evaluation

@@ -53,6 +53,8 @@ UNK = "<unk>"
 TAG_INIT_NOISE = 0.02          # a new tag row: mean of its pieces + N(0, (0.02 x the rows' std)^2)
 HUB_TIMEOUT_S = 2.0            # how long to wait for the hub before reading its cache only
 STANDARD_CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json")
+WEIGHT_FILES = ("*.safetensors", "*.bin")        # what from_pretrained reads weights from
+TOKENIZER_FOR = "--model=tiny or a folder holding only a config.json"   # where --tokenizer counts
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
@@ -113,9 +115,22 @@ def looks_like_a_path(name: str) -> bool:
     return os.sep != "/" and os.sep in name
 
 
+def config_only(name: str) -> bool:
+    """Whether `name` is a folder holding a config.json and no weights: an architecture, which
+    load_model builds with random weights (on --tokenizer's tokenizer if the folder has none)."""
+    if not os.path.isfile(os.path.join(name, "config.json")):
+        return False
+    return not any(glob.glob(os.path.join(name, pattern)) for pattern in WEIGHT_FILES)
+
+
 def check_model_name(name: str, weights: bool = True, flag: str = "--model") -> None:
     """FileNotFoundError, saying what to pass, for a file, a path-like name that is no folder, a
-    run folder (naming a checkpoint in it), or (with `weights`) a folder without config.json."""
+    run folder (naming a checkpoint in it), or (with `weights`) a folder without config.json.
+    With flag "--tokenizer" the advice is a tokenizer's."""
+    if flag == "--tokenizer" and not os.path.isdir(name) and looks_like_a_path(name):
+        raise FileNotFoundError(f"--tokenizer={name}: no such folder; pass a folder holding a "
+                                "tokenizer.json (e.g. a downloaded model's) or a hub name like "
+                                "Qwen/Qwen3-4B-Base")
     if os.path.isfile(name):
         raise FileNotFoundError(f"{flag}={name} is a file: give a checkpoint folder (e.g. "
                                 "runs/demo/grpo/checkpoint-100), a hub name, or tiny")
@@ -139,6 +154,8 @@ def check_model_name(name: str, weights: bool = True, flag: str = "--model") -> 
             raise FileNotFoundError(f"{name!r} has no config.json: pass a checkpoint folder "
                                     "written by sft.py or grpo.py, or a Hugging Face model "
                                     "folder")
+    if not has_tokenizer and config_only(name):         # random weights: --tokenizer's
+        return
     if not has_tokenizer:        # it would load as a one-token tokenizer (a division by 0)
         raise FileNotFoundError(f"{name!r} has no tokenizer (tokenizer.json, "
                                 "tokenizer_config.json): copy them in from the model it was "
@@ -182,6 +199,28 @@ def build_tiny_model(tokenizer, seed: int) -> Qwen3ForCausalLM:
     return model
 
 
+def build_random_model(folder: str, tokenizer: str | None, seed: int, attn_implementation: str):
+    """(model, tokenizer) of a folder holding a config.json and no weights (config_only): the
+    architecture with random weights (`seed`), the folder's tokenizer or else `tokenizer`'s. For
+    checking an architecture's shapes and speed; it knows nothing. OSError when there is no
+    tokenizer."""
+    from transformers import AutoConfig
+
+    has_tokenizer = any(os.path.isfile(os.path.join(folder, f)) for f in STANDARD_CONFIG_FILES)
+    if tokenizer:
+        tok = load_tokenizer_only(tokenizer)
+    elif has_tokenizer:
+        tok = load_tokenizer_only(folder)
+    else:
+        raise OSError(f"{folder!r} holds a config.json and no weights (random weights) and no "
+                      "tokenizer: pass --tokenizer=<a folder holding tokenizer.json, or a hub "
+                      "name>")
+    architecture = AutoConfig.from_pretrained(folder)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(architecture, attn_implementation=attn_implementation)
+    return model, tok
+
+
 def load_pretrained(name: str, dtype: torch.dtype, attn_implementation: str):
     """(model, tokenizer) of a folder or a hub name, with errors that say what to do."""
     check_model_name(name)
@@ -214,9 +253,11 @@ def load_pretrained(name: str, dtype: torch.dtype, attn_implementation: str):
 def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None,
                tokenizer: str | None = None, attn_implementation: str = "sdpa", seed: int = 0):
     """(model, tokenizer) with the six tags, the model in eval mode on `device` (default cuda if
-    available) in `dtype` (default bf16 on CUDA, fp32 on CPU). `tokenizer` (tiny only): build the
-    tiny model on this tokenizer instead of characters; `seed`: the tiny init and the tags' noise.
-    OSError, saying what to do, when a hub name is not cached and the hub is unreachable."""
+    available) in `dtype` (default bf16 on CUDA, fp32 on CPU). `tokenizer` (a folder or hub name;
+    tiny, or a folder holding only a config.json: build_random_model): the tokenizer to build the
+    model on (tiny's default: characters); `seed`: a random init and the tags' noise. OSError,
+    saying what to do, when a hub name is not cached and the hub is unreachable; ValueError for a
+    `tokenizer` with a model that brings its own."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
@@ -230,10 +271,15 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None,
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
         model = build_tiny_model(tok, seed)
+    elif config_only(name_or_path):
+        model, tok = build_random_model(name_or_path, tokenizer, seed, attn_implementation)
+    elif tokenizer:
+        raise ValueError(f"--tokenizer={tokenizer}: --model={name_or_path} brings its own "
+                         f"tokenizer; --tokenizer is for {TOKENIZER_FOR}")
     else:
         model, tok = load_pretrained(name_or_path, dtype, attn_implementation)
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
     add_parallel_tags(model, tok, seed=seed)
     model.config.pad_token_id = tok.pad_token_id
     model.set_attn_implementation(attn_implementation)

@@ -1,11 +1,13 @@
 """The training plumbing sft.py and grpo.py share. A reader of the method may skip this file.
 
-* ranks: `distributed()` joins torchrun's process group; `all_reduce`, `grad_sync`;
+* ranks: `distributed()` joins torchrun's process group (--dist_timeout_minutes, the CUDA
+  allocator's expandable segments); `all_reduce`, `grad_sync`;
 * the run: `RunFlags` (the flags both trainers have), `resolve_config`, `load_run` (seed every RNG,
-  load the model), `prepare` (DDP or FSDP2, AdamW, the lr schedule, an exact resume), the loop's
-  bookkeeping (`Run.steps` and `Run.end_step`: log, evaluate, save; stop at --max_time or on
-  SIGINT/SIGTERM after saving the step in hand), `Run.save` (checkpoint-<step> with the trainer
-  state); GRPO's start checkpoint, its rollout seeds and the FSDP rollout copy's refresh;
+  load the model, a node's ranks in turn), `prepare` (DDP or FSDP2, AdamW, the lr schedule, an
+  exact resume), the loop's bookkeeping (`Run.steps` and `Run.end_step`: log, evaluate, save;
+  stop at --max_time or on SIGINT/SIGTERM after saving the step in hand), `Run.save`
+  (checkpoint-<step> with the trainer state); GRPO's start checkpoint, its rollout seeds and the
+  FSDP rollout copy's refresh;
 * run folders: checkpoint naming, `--resume`, a lock per out_dir, moving an earlier run aside
   (nothing a user made is deleted or overwritten);
 * the optimizer step, the lr schedule, the micro-batch plan and the shuffled stream of examples.
@@ -13,6 +15,7 @@
 As nanochat keeps `common.py` and `checkpoint_manager.py` beside `chat_sft.py` and `chat_rl.py`.
 """
 import dataclasses
+import datetime
 import functools
 import glob
 import itertools
@@ -50,6 +53,14 @@ from model import load_model, load_torch_file, resolve_preset
 TRUE_WORDS = config.TRUE_WORDS
 FALSE_WORDS = ("", *config.FALSE_WORDS)
 
+# How long a rank waits at a collective before the run fails. torch's default for nccl is 10
+# minutes, which a rank can pass without anything being wrong: ranks finish sampling at different
+# times and wait at the next all-reduce, and the others wait at a barrier while rank 0 writes a
+# checkpoint (Qwen3-4B: 16 GB of weights and 32 GB of AdamW state, 8 minutes at 100 MB/s), or
+# while the node's ranks load the model in turn (load_run). A real hang then costs this long.
+DIST_TIMEOUT_MINUTES = 30.0
+
+
 @dataclass
 class RunFlags:
     """The flags of a training run around its method (steps, seed, ranks, memory, checkpoints,
@@ -65,10 +76,15 @@ class RunFlags:
     resume: str = ""                     # a checkpoint folder, or True = the latest in out_dir
     keep_last: config.NonNegativeInt = 2       # checkpoints kept in out_dir (0 = all)
     wandb_project: str = ""              # also log log.jsonl's rows to Weights & Biases (wandb)
+    dist_timeout_minutes: config.PositiveFloat = DIST_TIMEOUT_MINUTES   # a collective's wait
 
 
 # ---------------------------------------------------------------------------------------------
 # Ranks (one process when RANK is not set)
+
+
+ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")   # either sets it
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
 
 
 @dataclass
@@ -82,13 +98,28 @@ class Dist:
         return self.rank == 0
 
 
+def use_expandable_segments(cuda: bool) -> None:
+    """On CUDA, let the caching allocator grow and shrink its segments (expandable_segments)
+    unless the user configured the allocator: GRPO frees the sampler's KV cache (~33 GB at 4B)
+    and then allocates training's blocks of other sizes, which fixed segments leave fragmented
+    (the memory plan's margin counts on it). Must run before CUDA allocates anything."""
+    if not cuda:
+        return
+    if any(name in os.environ for name in ALLOC_CONF_VARIABLES):
+        return
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = EXPANDABLE_SEGMENTS
+
+
 @contextmanager
-def distributed():
+def distributed(timeout_minutes: float = DIST_TIMEOUT_MINUTES):
     """Join torchrun's process group (nccl, one GPU per process; gloo on CPU), reusing one that
     exists, and tear it down at the end if this call made it. Without RANK: one process, the
-    collectives are no-ops. Yields a Dist."""
+    collectives are no-ops. A collective that waits longer than `timeout_minutes` (--
+    dist_timeout_minutes) fails the run. On CUDA, first `use_expandable_segments`. Yields a
+    Dist."""
     owns_group = not dist.is_initialized()
     cuda = torch.cuda.is_available()
+    use_expandable_segments(cuda)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if "RANK" not in os.environ:
         d = Dist(0, 1, torch.device("cuda" if cuda else "cpu"))
@@ -99,7 +130,8 @@ def distributed():
             torch.cuda.set_device(local_rank)
         if owns_group:
             backend = "nccl" if cuda else "gloo"
-            dist.init_process_group(backend, device_id=d.device if cuda else None)
+            dist.init_process_group(backend, device_id=d.device if cuda else None,
+                                    timeout=datetime.timedelta(minutes=timeout_minutes))
     try:
         yield d
     finally:
@@ -662,6 +694,23 @@ def set_rng_state(rng: dict) -> None:
         torch.cuda.set_rng_state(rng["cuda"])
 
 
+def load_in_turns(load):
+    """`load()` in each process, the ranks of a node one after another: a rank reads the whole
+    model in fp32 on the host before moving it to its GPU (Qwen3-4B: 16 GB), so 8 ranks at once
+    would hold 129 GB of a node's memory, one at a time 16 GB (the memory plan's host line).
+    Ranks of the same local rank on different nodes load together. One process: `load()`."""
+    if not dist.is_initialized():
+        return load()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    loaded = None
+    for turn in range(local_world_size):
+        if turn == local_rank:
+            loaded = load()
+        dist.barrier()                   # the next rank reads once this one's copy is on its GPU
+    return loaded
+
+
 def resolve_config(cfg, d: Dist, resolve_defaults, model: str):
     """The config a run trains with: `resolve_defaults(cfg, world_size)` under the preset that
     --preset names (auto: the model's, `model.resolve_preset`), which rank 0 prints with why."""
@@ -685,8 +734,8 @@ def load_run(cfg, d: Dist, name: str, cls=Run, **load_kw) -> Run:
     path = resume_path(cfg)
     if path:
         load_kw = {}
-    model, tok = load_model(path or name, dtype=torch.float32, device=d.device, seed=cfg.seed,
-                            **load_kw)
+    model, tok = load_in_turns(functools.partial(load_model, path or name, dtype=torch.float32,
+                                                 device=d.device, seed=cfg.seed, **load_kw))
     return cls(cfg, d, model, tok, TagIds.from_tokenizer(tok), resume=path)
 
 

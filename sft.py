@@ -54,7 +54,7 @@ class SFTConfig(plumbing.RunFlags):
     (config.SFT_PRESETS)."""
     model: str = "tiny"                  # "tiny", a Hugging Face hub name, or a checkpoint folder
     preset: config.Preset = "auto"       # tiny, paper, none; auto: tiny for --model=tiny
-    tokenizer: str = ""                  # model "tiny" only: build it on this tokenizer
+    tokenizer: str = ""                  # tiny, or a folder of config.json only: its tokenizer
     data: str = "synthetic:easy"         # a data.load_data spec (parallel_gsm8k, a file, ...)
     data_dir: str = ""                   # folder of the real data sets ("" = data.py's default)
     style: Style = "parallel"            # parallel, or sequential (plain CoT): prompt and traces
@@ -182,7 +182,7 @@ def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
     own_tokenizer(cfg.model)                     # a --model that cannot load fails here
     cfg = plumbing.resolve_config(cfg, d, resolve_defaults, cfg.model)
     load_kw = {}
-    if cfg.model == "tiny":
+    if cfg.tokenizer:                            # model.load_model refuses it where it is moot
         load_kw["tokenizer"] = cfg.tokenizer or None
     run = plumbing.load_run(cfg, d, cfg.model, **load_kw)
     context = getattr(run.model.config, "max_position_embeddings", None) or DEFAULT_MAX_LENGTH
@@ -234,7 +234,7 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
     """Run SFT (one process, or one rank under torchrun); `records` replace cfg.data (tests,
     notebooks). Returns {"checkpoint", "steps", "total_steps", "stopped_by" ("" or why the loop
     ended early), "final_loss", "seconds", "tokens_per_s", "eval"}."""
-    with plumbing.distributed() as d:
+    with plumbing.distributed(cfg.dist_timeout_minutes) as d:
         run, examples, eval_set = setup(cfg, d, records)
         cfg = run.cfg
         if cfg.max_steps:

@@ -1,6 +1,7 @@
 """Memory plan (issues 28, 34): what one GPU holds for a GRPO or SFT run of this code, line by line.
 
     python scripts/memory_plan.py          # the paper's run: Qwen3-4B, 8 x 80 GB, FSDP2 (README)
+    python scripts/memory_plan.py --tokenizer=<Qwen3's>    # ... at --data's longest prompt, read
     python scripts/memory_plan.py --eval_data= --largest=generate_batch_size   # the largest that
                                                                                # fits, its table
     python scripts/memory_plan.py --model=qwen3-0.6b --world_size=1 --gpu_gb=24 \\
@@ -13,7 +14,9 @@ file, or a hub name already in the local Hugging Face cache. Every other --key=v
 the trainer's config (grpo.GRPOConfig, sft.SFTConfig: see `python grpo.py --help`) over its preset
 (--preset=paper or tiny: config.GRPO_PRESETS, config.SFT_PRESETS), resolved by the trainer's own
 resolve_defaults. Without flags: 8 ranks of 80 GB (--world_size=8 --gpu_gb=80) and
---fsdp=True, the paper's run as the README plans it.
+--fsdp=True, the paper's run as the README plans it. The longest prompt is --prompt_tokens, else
+measured on --data (and --eval_data) with --tokenizer (or --model's folder's), else DAPO-17k's
+1,442 tokens, said on stderr. Below the GPU's table: the node's host memory at load.
 
 Each line is a small function below that returns bytes; tests/test_memory_plan.py checks them
 against what the code allocates at small shapes on CPU. GB = 10^9 bytes. The peak is the largest
@@ -53,9 +56,15 @@ MASK_ALIGNMENT = 8             # CUDA memory-efficient SDPA copies a mask whose 
 HEAD_GRADIENT_BYTES = {"fp32": 12, "autocast": 8, "bf16": 8}   # per (vocab x hidden) entry
 FSDP_PREFETCHED_LAYERS = 2     # unsharded layers at once: the one running and the next
 SCRATCH_SLOTS = 1              # sample.Engine.run: the slot of the dummy queries
-DEFAULT_PROMPT_TOKENS = 512    # DAPO prompts (parallel template, Qwen3 tokenizer): median 226;
-                               # the longest of 32 is <= 465 in 90% of draws (max 1,363)
-DEFAULT_MARGIN = 0.10
+ASSUMED_PROMPT_TOKENS = 1442   # DAPO-17k's longest prompt (the parallel template in Qwen3's
+                               # chat template; median 226), measured with --tokenizer: what the
+                               # plan assumes when it cannot read the data's own
+DEFAULT_MARGIN = 0.10          # the CUDA context, what no line counts, and fragmentation: small
+                               # with expandable segments (plumbing.use_expandable_segments)
+HOST_LOAD_FACTOR = 1.5         # host bytes a rank holds while it loads a bf16 checkpoint (a hub
+                               # model) in fp32, per fp32 parameter byte: the fp32 copy and the
+                               # mapped file (scripts/bench_load.py, 2 gloo ranks: 1.50, 1.52; an
+                               # fp32 checkpoint stays mapped, shared by the ranks: 0.05)
 DEFAULT_GPU_GB = 80.0
 DEFAULT_WORLD_SIZE = 8         # the paper's run: one node of 8 GPUs ...
 DEFAULT_FLAGS = ("--fsdp=True",)   # ... sharded by FSDP2 (a trainer flag the plan adds if unset)
@@ -216,6 +225,13 @@ def loaded_weights_bytes(s: ModelShape) -> int:
     """Setup: every rank loads the whole model in fp32 (plumbing.load_run) before FSDP2 shards
     it, in bytes."""
     return parameter_count(s) * FP32
+
+
+def host_load_bytes(s: ModelShape, ranks_at_once: int = 1) -> int:
+    """A node's host memory while its ranks load the model (plumbing.load_run): each loading
+    rank holds the fp32 model and the mapped bf16 file (HOST_LOAD_FACTOR) until the model is on
+    its GPU; plumbing.load_in_turns lets one rank of a node load at a time. In bytes."""
+    return int(HOST_LOAD_FACTOR * loaded_weights_bytes(s)) * ranks_at_once
 
 
 def adamw_temporary_bytes(s: ModelShape, world_size: int = 1, fsdp: bool = False,
@@ -547,7 +563,8 @@ class Setting:
     device: str = "cuda"
     gpu_gb: float = DEFAULT_GPU_GB
     margin: float = DEFAULT_MARGIN
-    prompt_tokens: int = DEFAULT_PROMPT_TOKENS
+    prompt_tokens: int = ASSUMED_PROMPT_TOKENS
+    prompt_source: str = "given"     # how prompt_tokens was found (longest_prompt)
 
 
 PHASES = ("setup", "sampling", "evaluation", "training", "optimizer step", "refresh",
@@ -730,7 +747,7 @@ def describe(st: Setting) -> str:
         parts += [f"{cfg.batch_size} prompts x {cfg.group_size}",
                   f"generate_batch_size={cfg.generate_batch_size}",
                   f"max_new_tokens={cfg.max_new_tokens}", f"mode={cfg.mode}",
-                  f"longest prompt {st.prompt_tokens}"]
+                  f"longest prompt {st.prompt_tokens} ({st.prompt_source})"]
     return ", ".join(parts)
 
 
@@ -754,8 +771,12 @@ def table(st: Setting) -> str:
         verdict = "does NOT fit"
     out.append("")
     out.append(f"peak {peak / GB:.2f} GB ({peak_phase}): {verdict} in {budget / GB:.2f} GB "
-               f"({st.gpu_gb:g} GB less a {st.margin:.0%} margin for the CUDA context, "
-               "fragmentation and buffers)")
+               f"({st.gpu_gb:g} GB less a {st.margin:.0%} margin for the CUDA context, buffers "
+               "and fragmentation, which expandable_segments keeps small: plumbing sets it)")
+    if st.device == "cuda":
+        out.append(f"host memory at load: {host_load_bytes(st.shape) / GB:.2f} GB on the node "
+                   f"(its ranks load in turn; {st.world_size} at once: "
+                   f"{host_load_bytes(st.shape, st.world_size) / GB:.2f} GB)")
     return "\n".join(out)
 
 
@@ -811,13 +832,57 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                         help="share of the GPU left free (default: 0.1)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--prompt_tokens", type=int, default=DEFAULT_PROMPT_TOKENS,
-                        help="the longest prompt of a generate call or micro-batch "
-                             f"(default: {DEFAULT_PROMPT_TOKENS})")
+    parser.add_argument("--prompt_tokens", type=int, default=None,
+                        help="the longest prompt of a generate call or micro-batch (default: the "
+                             "longest prompt of the trainer's --data and --eval_data in "
+                             "--tokenizer's tokens; without a tokenizer "
+                             f"{ASSUMED_PROMPT_TOKENS}, DAPO-17k's, said loudly)")
+    parser.add_argument("--tokenizer", default="",
+                        help="a tokenizer folder or cached hub name to measure the data's "
+                             "prompts with (default: --model's, when it is a folder holding one)")
     parser.add_argument("--largest", choices=SEARCHABLE, default=None,
                         help="also find the largest value of this field that fits, and print "
                              "the plan at it")
     return parser
+
+
+def assumed_prompt_tokens(why: str) -> tuple[int, str]:
+    """(ASSUMED_PROMPT_TOKENS, its source), said on stderr with `why` it was not measured."""
+    print(f"memory_plan.py: ASSUMED longest prompt: {ASSUMED_PROMPT_TOKENS} tokens (DAPO-17k's; "
+          f"{why}); pass --tokenizer=<folder or hub name> to measure --data's, or "
+          "--prompt_tokens=<n>", file=sys.stderr)
+    return ASSUMED_PROMPT_TOKENS, "ASSUMED: DAPO-17k's"
+
+
+def longest_prompt(cfg, trainer: str, preset: str, tokenizer_name: str) -> tuple[int, str]:
+    """(the longest prompt of the run's data in tokens, how it was found): the prompts of the
+    trainer's --data (and GRPO's --eval_data) as the trainer builds them, in `tokenizer_name`'s
+    tokens; without a tokenizer, or data it can read, assumed_prompt_tokens (the KV cache and
+    the training rows grow with it: DAPO's 1,442 against 512 is +10 GB at 4B)."""
+    if not tokenizer_name:
+        return assumed_prompt_tokens("no tokenizer to measure with")
+    from transformers import AutoTokenizer
+
+    from data import build_prompt, load_data, prompt_style_of
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_name,
+                                              local_files_only=not os.path.isdir(tokenizer_name))
+    style = "parallel"
+    if getattr(cfg, "style", None) == "sequential" or getattr(cfg, "mode", None) == "sequential":
+        style = "sequential"
+    specs = [cfg.data]
+    if trainer == "grpo" and cfg.eval_data:
+        specs.append(cfg.eval_data)
+    try:
+        records = [record for spec in specs for record in load_data(spec, style=style)]
+    except (OSError, ValueError) as e:
+        return assumed_prompt_tokens(f"the data cannot be read: {e}")
+    longest = 0
+    for record in records:
+        prompt = build_prompt(tokenizer, record["problem"], prompt_style_of(preset, style),
+                              cfg.prompt_file or None)
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        longest = max(longest, len(ids))
+    return longest, f"measured: {' + '.join(specs)}"
 
 
 def make_setting(argv: list[str]) -> tuple[Setting, str | None]:
@@ -834,8 +899,16 @@ def make_setting(argv: list[str]) -> tuple[Setting, str | None]:
     else:
         cfg = config.parse(sft.SFTConfig, [*rest, f"--preset={ours.preset}"])
         cfg = sft.resolve_defaults(cfg, ours.world_size)
+    if ours.prompt_tokens is not None:
+        prompt_tokens = ours.prompt_tokens
+        source = "given"
+    else:
+        tokenizer_name = ours.tokenizer
+        if not tokenizer_name and os.path.isfile(os.path.join(ours.model, "tokenizer.json")):
+            tokenizer_name = ours.model
+        prompt_tokens, source = longest_prompt(cfg, ours.trainer, ours.preset, tokenizer_name)
     st = Setting(shape, ours.trainer, cfg, ours.world_size, ours.device, ours.gpu_gb,
-                 ours.margin, ours.prompt_tokens)
+                 ours.margin, prompt_tokens, source)
     return st, ours.largest
 
 

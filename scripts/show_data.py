@@ -49,7 +49,11 @@ def main(argv: list[str]) -> None:
     prompt_style = prompt_style_of(cfg.preset, cfg.style)
     for r in records[:cfg.n]:
         prompt = build_prompt(tok, r["problem"], prompt_style)
-        solution = r["solution"] or "(no solution)"
+        solution = r["solution"]
+        if not solution and r.get("worked_solution"):
+            solution = f"(no trace to train on; the file's solution:)\n{r['worked_solution']}"
+        if not solution:
+            solution = "(no solution in the file)"
         separator = "" if prompt.endswith("\n") else "\n"      # the paper's template ends bare
         print(f"--- {r['id']}  (answer {r['answer']})\n{prompt}{separator}{solution}")
     solved = [r for r in records if r["solution"]]

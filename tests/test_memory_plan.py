@@ -505,15 +505,55 @@ def test_help_and_a_qwen3_4b_paper_plan():
     assert run_plan("--help").startswith("usage:")
     out = run_plan()
     assert out == run_plan("--model=qwen3-4b", "--world_size=8", "--gpu_gb=80", "--fsdp=True")
-    cache = "| KV cache (sampling) | sampling | 8 prompts x 8 = 64 rows x 3,513 slots x 144 KiB"
+    cache = "| KV cache (sampling) | sampling | 8 prompts x 8 = 64 rows x 4,443 slots x 144 KiB"
     assert cache in out
     assert "| weights (fp32) | after setup | 4.022B x 4 B, 1/8 | 2.01 |" in out
     assert "| the model as loaded (fp32) | setup | 4.022B x 4 B, whole, each rank | 16.09 |" in out
     assert "fits in 72.00 GB" in out
     out = run_plan("--generate_batch_size=32")
-    assert "32 prompts x 8 = 256 rows x 3,513 slots x 144 KiB" in out
+    assert "32 prompts x 8 = 256 rows x 4,443 slots x 144 KiB" in out
     assert "does NOT fit" in out                      # 133 GB of cache
     assert "no FSDP" in run_plan("--fsdp=False", "--world_size=1")
+
+
+def test_the_plan_reads_the_longest_prompt_or_says_it_assumed(tmp_path, capsys):
+    """Without a tokenizer the plan assumes DAPO-17k's longest prompt (1,442 tokens, not 512) and
+    says so; with one, it measures the trainer's --data as the trainer builds its prompts."""
+    st, _ = mp.make_setting([])
+    assert st.prompt_tokens == 1442
+    assert "ASSUMED" in st.prompt_source
+    assert "ASSUMED longest prompt: 1442 tokens" in capsys.readouterr().err
+    assert "longest prompt 1442 (ASSUMED: DAPO-17k's)" in mp.describe(st)
+    from data import SEQUENTIAL_TEMPLATE
+    from model import build_char_tokenizer
+    build_char_tokenizer().save_pretrained(str(tmp_path / "tok"))
+    problems = ["What is 2+3?", "A train leaves at 9 and arrives at 11; how long is the trip?"]
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps({"problem": p, "answer": "2"}) + "\n" for p in problems))
+    st, _ = mp.make_setting(["--trainer=sft", f"--tokenizer={tmp_path / 'tok'}",
+                             "--style=sequential", f"--data={data}", "--world_size=1"])
+    characters = len(SEQUENTIAL_TEMPLATE) - len("{problem}") + len(problems[1])
+    assert st.prompt_tokens == characters
+    assert st.prompt_source == f"measured: {data}"
+    st, _ = mp.make_setting(["--trainer=sft", f"--tokenizer={tmp_path / 'tok'}",
+                             f"--data={tmp_path / 'missing.jsonl'}", "--world_size=1"])
+    assert (st.prompt_tokens, st.prompt_source) == (1442, "ASSUMED: DAPO-17k's")
+    assert "the data cannot be read" in capsys.readouterr().err
+    st, _ = mp.make_setting(["--prompt_tokens=700"])
+    assert (st.prompt_tokens, st.prompt_source) == (700, "given")
+
+
+def test_the_host_memory_line():
+    """A node's host memory at load: one rank's fp32 model and mapped bf16 file (1.5 x 16.09 GB
+    for Qwen3-4B), the ranks in turn; at once, 8 times that."""
+    shape = mp.load_shape("qwen3-4b")
+    params = 4_022_468_096
+    assert mp.parameter_count(shape) == params
+    assert mp.host_load_bytes(shape) == params * 4 * 3 // 2
+    assert mp.host_load_bytes(shape, 8) == params * 4 * 3 // 2 * 8
+    out = mp.table(mp.make_setting(["--prompt_tokens=512"])[0])
+    assert "host memory at load: 24.13 GB on the node (its ranks load in turn; 8 at once: " \
+           "193.08 GB)" in out
 
 
 def phase_table(text: str) -> list[str]:

@@ -262,3 +262,38 @@ def test_a_run_folder_is_refused_with_its_latest_checkpoint(tmp_path):
     # also where only a tokenizer is read
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         check_model_name(str(tmp_path / "empty"), weights=False)
+
+
+def test_a_folder_of_config_json_only_is_an_architecture_with_random_weights(tmp_path):
+    """A folder holding only a config.json loads with random weights (seeded) on --tokenizer's
+    tokenizer; without one it asks for --tokenizer; --tokenizer beside a model that brings its own
+    tokenizer is refused, not ignored; a mistyped --tokenizer gets a tokenizer's advice."""
+    from transformers import Qwen3Config
+
+    import eval as ev
+    tok_folder = str(tmp_path / "tok")
+    build_char_tokenizer().save_pretrained(tok_folder)
+    arch = tmp_path / "arch"
+    arch.mkdir()
+    characters = len(build_char_tokenizer())
+    architecture = dict(TINY_CONFIG, hidden_size=64, intermediate_size=96, vocab_size=characters)
+    Qwen3Config(**architecture).to_json_file(str(arch / "config.json"))
+    with pytest.raises(OSError, match="no weights .* and no tokenizer: pass --tokenizer="):
+        load_model(str(arch))
+    assert ev.own_tokenizer(str(arch)) is None
+    model, tok = load_model(str(arch), tokenizer=tok_folder, seed=1)
+    again, _ = load_model(str(arch), tokenizer=tok_folder, seed=1)
+    other, _ = load_model(str(arch), tokenizer=tok_folder, seed=2)
+    assert model.config.hidden_size == 64 and model.config.intermediate_size == 96
+    assert len(tok) == characters + len(TAGS)
+    assert model.get_input_embeddings().weight.shape == (len(tok), 64)
+    weights = model.model.layers[0].mlp.up_proj.weight
+    assert torch.equal(weights, again.model.layers[0].mlp.up_proj.weight)
+    assert not torch.equal(weights, other.model.layers[0].mlp.up_proj.weight)
+    checkpoint = save_checkpoint(str(tmp_path / "ckpt"), model, tok)
+    with pytest.raises(ValueError, match="brings its own tokenizer; --tokenizer is for "
+                                         "--model=tiny or a folder holding only a config.json"):
+        load_model(checkpoint, tokenizer=tok_folder)
+    with pytest.raises(FileNotFoundError, match=r"--tokenizer=\./no/such: no such folder; pass a "
+                                                "folder holding a tokenizer.json"):
+        load_model("tiny", tokenizer="./no/such")

@@ -260,3 +260,14 @@ def test_a_grpo_resume_whose_start_model_is_gone_says_to_name_it(tmp_path):
     with pytest.raises(ValueError, match=f"started from {gone}, which is not there now.*"
                                          r"pass --model=<where it is now> with --resume"):
         plumbing.parse_args(grpo.GRPOConfig, [f"--resume={checkpoint}"])
+
+
+def test_sft_refuses_a_tokenizer_beside_a_model_with_its_own(small_model, tmp_path):
+    """sft.py --tokenizer with a checkpoint was silently ignored (only tiny read it): now an error
+    that says where --tokenizer counts, before anything is written."""
+    tokenizer = str(tmp_path / "tok")
+    load_model("tiny")[1].save_pretrained(tokenizer)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="brings its own tokenizer; --tokenizer is for "):
+        sft.train(sft_config(small_model, out, tokenizer=tokenizer))
+    assert not out.exists()

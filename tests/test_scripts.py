@@ -194,6 +194,24 @@ def test_show_data(capsys):
             show_data.main(["--show", "synthetic:hard", bad])
 
 
+def test_show_data_shows_a_files_worked_solutions(tmp_path, capsys):
+    """GSM8K's and MATH's records showed "(no solution)", though the files hold worked solutions
+    (not traces to train on): show_data prints the file's own; DAPO-like rows have none."""
+    gsm8k = "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\n#### 9"
+    math = "The sum is $1 + 2 = \\boxed{3}$."
+    rows = [{"question": "How many eggs does Janet sell?", "answer": gsm8k},
+            {"problem": "What is 1 + 2?", "solution": math, "answer": "3"},
+            {"problem": "What is 2 + 2?", "answer": "4"}]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    show_data.main(["--show", str(data), "--n=3"])
+    out = capsys.readouterr().out
+    shown = "(no trace to train on; the file's solution:)"
+    assert f"How many eggs does Janet sell?\n{shown}\n{gsm8k}\n" in out
+    assert f"What is 1 + 2?\n{shown}\n{math}\n" in out
+    assert "What is 2 + 2?\n(no solution in the file)\n" in out
+
+
 def test_show_mask_prints_the_worked_example():
     out = run_script("show_mask.py")
     assert (" unseen positions:    0    1    2    3    4    5    6    7    8    5    6    7    9"
