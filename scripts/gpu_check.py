@@ -545,6 +545,7 @@ def process_group(st: mp.Setting):
     try:
         yield d
     finally:
+        dist.barrier()          # no rank tears the group down while another still uses it
         dist.destroy_process_group()
 
 
