@@ -479,10 +479,9 @@ def kl_penalty(logprobs, ref_logprobs, estimator: str = "k3") -> torch.Tensor:
 
 def loss_weights(loss_mask: torch.Tensor, loss_agg_mode: str, max_new_tokens: int | None = None):
     """Weights w (B, T) and denominator D, loss = sum(w * l) / D (summed over micro-batches and
-    ranks: the whole batch's). n_i = loss tokens of response i, N = responses with n_i > 0.
-    token-mean: w = 1, D = sum n_i; seq-mean-token-mean: w = 1/n_i, D = N;
-    seq-mean-token-sum-norm (Dr. GRPO): w = 1, D = N max_new_tokens. A group whose rewards are
-    all equal (advantage 0) still counts in D, as in verl (--filter_groups=True drops it)."""
+    ranks: the whole batch's, zero-advantage groups too, as verl's). n_i = loss tokens of
+    response i, N = responses with n_i > 0. token-mean: w = 1, D = sum n_i; seq-mean-token-mean:
+    w = 1/n_i, D = N; seq-mean-token-sum-norm (Dr. GRPO): w = 1, D = N max_new_tokens."""
     # >>> exercise 6: the loss aggregation modes
     n = loss_mask.sum(dim=-1, keepdim=True)
     if loss_agg_mode == "token-mean":
