@@ -10,11 +10,13 @@ or the carry task, carry:*): <method>-seed<s>/eval/samples.jsonl for each method
 finds for every seed. Printed: per difficulty and rule, each method's accuracy at each cap (mean
 over seeds, then ± half the spread (max - min) / 2); per seed, each parallel method's lead over the
 sequential baseline on hard at each decode-step cap, and whether one cap has every seed ahead by
---target_lead; the failure classes of hard responses at --failures_at decode steps ("over the cap"
-when the response needs more); the rule's numbers (`rule_figures`). --json keeps the hard curves
-and the rule's numbers; --plot draws hard accuracy per method against the budget, a row per task
-(--rows: the JSON files of earlier calls; else this folder's), two panels (tokens, decode steps),
-error bars = the seeds' min and max.
+--target_lead; each seed's lead at --failures_at decode steps with a paired bootstrap 95% interval
+over the test problems (`paired_bootstrap`); on the carry task, each method's bound at each cap and
+the measured accuracy's share of it (scripts/budget_bounds.py); the failure classes of hard
+responses at --failures_at decode steps ("over the cap" when the response needs more); the rule's
+numbers (`rule_figures`). --json keeps the hard curves and the rule's numbers; --plot draws hard
+accuracy per method against the budget, a row per task (--rows: the JSON files of earlier calls;
+else this folder's), two panels (tokens, decode steps), error bars = the seeds' min and max.
 
 A response counts as right at cap c when it is right and fits in c: its T (or D) without the final
 EOS is at most c. (A sampler with budget c writes those c tokens and has no room for the EOS; the
@@ -32,7 +34,10 @@ import os
 import re
 import sys
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # scripts/failures.py
+import budget_bounds
 import failures
 import seeds_table
 
@@ -45,6 +50,8 @@ TAG = re.compile(r"</?(?:Parallel|Path|Summary)>")           # one token each
 BLOCK = re.compile(r"<Parallel>(.*?)</Parallel>\s*<Summary>(.*?)</Summary>", re.DOTALL)
 PATH = re.compile(r"<Path>(.*?)</Path>", re.DOTALL)
 PATH_TAGS = 2            # <Path> and </Path>: a path's tokens beyond its text
+BOOTSTRAP_DRAWS = 2000   # resamples of the problems behind one interval
+CONFIDENCE = 0.95        # the intervals' coverage
 
 
 def load_samples(folder: str) -> list[dict]:
@@ -146,6 +153,59 @@ def lead_table(runs: dict, caps: list[int], target: float = TARGET_LEAD) -> list
                  f"{verdict}; the largest lead every seed holds is {target_lead:+.1f} "
                  f"(at {target_cap} decode steps); the largest mean lead {best_mean_lead:+.1f} "
                  f"(at {best_cap}).")
+    return lines
+
+
+def per_problem(samples: list[dict], cap: int, rule: str) -> dict:
+    """{problem id: % of its hard samples right within the cap} (eval.py's samples: k each)."""
+    hits = collections.defaultdict(list)
+    for s in samples:
+        if difficulty(s) == "hard":
+            hits[s["id"]].append(s["correct"] and cost(s, rule) <= cap)
+    return {key: 100.0 * sum(values) / len(values) for key, values in hits.items()}
+
+
+def paired_bootstrap(mine: list[float], base: list[float], draws: int = BOOTSTRAP_DRAWS,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """The lead mean(mine - base) and its CONFIDENCE percentile interval: `draws` resamples of
+    the problems with replacement, each problem's two values drawn together (paired: what makes
+    a problem hard for both methods cancels in its difference). mine, base: one value per
+    problem, in the same order. Seeded: the same inputs give the same interval. ValueError when
+    the lists differ in length or are empty."""
+    if len(mine) != len(base) or not mine:
+        raise ValueError(f"a paired bootstrap needs one value per problem for both methods, got "
+                         f"{len(mine)} and {len(base)}")
+    differences = np.asarray(mine, dtype=np.float64) - np.asarray(base, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(differences), size=(draws, len(differences)))
+    means = differences[picks].mean(axis=1)
+    tail = 100.0 * (1.0 - CONFIDENCE) / 2.0
+    low, high = np.percentile(means, [tail, 100.0 - tail])
+    return float(differences.mean()), float(low), float(high)
+
+
+def interval_lines(runs: dict, cap: int) -> list[str]:
+    """Per parallel method and seed, its lead over the same seed's sequential run on hard at a
+    decode-step cap, with the paired bootstrap's interval over the test problems; none without a
+    baseline. SystemExit when the two evaluations hold other problems."""
+    if "sequential" not in runs:
+        return []
+    lines = []
+    for method, seeds in runs.items():
+        if method == "sequential":
+            continue
+        cells = []
+        for seed, (mine, base) in enumerate(zip(seeds, runs["sequential"])):
+            mine_by_problem = per_problem(mine, cap, "D")
+            base_by_problem = per_problem(base, cap, "D")
+            if mine_by_problem.keys() != base_by_problem.keys():
+                raise SystemExit(f"{method} and sequential (seed {seed}) were evaluated on other "
+                                 "problems: a paired interval needs the same ones")
+            problems = sorted(mine_by_problem)
+            lead, low, high = paired_bootstrap([mine_by_problem[p] for p in problems],
+                                               [base_by_problem[p] for p in problems])
+            cells.append(f"seed {seed} {lead:+.1f} [{low:+.1f}, {high:+.1f}]")
+        lines.append(f"- {method}: " + "; ".join(cells))
     return lines
 
 
@@ -291,7 +351,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval_budget", type=int, default=128,
                         help="the decode-step budget the evaluations ran with")
     parser.add_argument("--failures_at", type=int, default=48,
-                        help="the decode-step cap of the failure classes (budget.sh's GRPO budget)")
+                        help="the decode-step cap of the failure classes and of the bootstrap "
+                        "intervals (budget.sh's GRPO budget)")
     parser.add_argument("--target_lead", type=float, default=TARGET_LEAD,
                         help="the lead (points) every seed must hold at one decode-step cap")
     parser.add_argument("--json", default="", help="where to keep the hard curves (.json)")
@@ -361,6 +422,20 @@ def report(runs: dict, args: argparse.Namespace) -> dict:
     if leads:
         title = f"{task}: lead over the sequential baseline, hard, at equal decode steps (points)"
         lines += ["", f"## {title}", ""] + leads
+    intervals = interval_lines(runs, args.failures_at)
+    if intervals:
+        title = (f"{task}: lead at {args.failures_at} decode steps, hard, with a paired bootstrap "
+                 f"{CONFIDENCE:.0%} interval over the problems ({BOOTSTRAP_DRAWS} resamples)")
+        lines += ["", f"## {title}", ""] + intervals
+    if task == "carry task":
+        title = (f"{task}: each method's bound (a reasoner with perfect arithmetic that guesses "
+                 "as the teacher does, scripts/budget_bounds.py), hard, % of problems")
+        prompts = {s["id"]: s["prompt"] for s in next(iter(runs.values()))[0]
+                   if difficulty(s) == "hard"}
+        problems = [budget_bounds.problem_of_prompt(prompt) for prompt in prompts.values()]
+        measured = curves(runs, args.caps, task, {})["methods"]
+        lines += ["", f"## {title}", ""]
+        lines += budget_bounds.bound_lines(problems, args.caps, measured)
     title = f"{task}: hard responses at {args.failures_at} decode steps, by failure class"
     lines += ["", f"## {title} (seeds pooled)", ""]
     lines += failure_lines(runs, args.failures_at)

@@ -15,8 +15,9 @@ def sample(correct: bool, T: int, D: int, finish_reason: str) -> dict:
     response = "3+4=7 vs 7: ok\nFinal Answer: 3, 4"
     if not correct:
         response = "1+2=3 vs 7: ok\nFinal Answer: 1, 2"         # a false "ok"
-    return {"benchmark": HARD, "prompt": PROMPT, "response": response, "correct": correct,
-            "T": T, "D": D, "finish_reason": finish_reason, "has_parallel": T != D}
+    return {"benchmark": HARD, "id": "synthetic:hard:test-0", "prompt": PROMPT,
+            "response": response, "correct": correct, "T": T, "D": D,
+            "finish_reason": finish_reason, "has_parallel": T != D}
 
 
 # cost without the final EOS (T, D): (39, 29), (50, 50), (19, 19), (32, 32)
@@ -54,6 +55,8 @@ def test_the_command_writes_the_table_the_verdict_and_the_plot(tmp_path):
     assert "| parallel-4 | min | +50.0 | +25.0 |" in out
     assert "Target (every seed >= +5 on hard at one decode-step cap): met" in out
     assert "the largest lead every seed holds is +50.0 (at 32 decode steps)" in out
+    # one problem, so each interval is its lead: at 48 steps seed 0 50% - 50%, seed 1 100% - 50%
+    assert "- parallel-4: seed 0 +0.0 [+0.0, +0.0]; seed 1 +50.0 [+50.0, +50.0]" in out
     assert plot_path.stat().st_size > 0
 
 
@@ -86,6 +89,9 @@ def test_json_rows_make_one_plot_row_per_task_and_print_both_reports(tmp_path):
     assert saved["task"] == "carry task" and saved["caps"] == [32, 64] and saved["seeds"] == [0]
     assert saved["methods"]["sequential"]["D"] == [[50.0, 75.0]]       # as by hand above
     assert saved["report"].startswith("## Carry task: accuracy within the budget")
+    assert "## carry task: each method's bound" in saved["report"]
+    pair_report = json.loads((tmp_path / "pair.json").read_text())["report"]
+    assert "bound" not in pair_report and "paired bootstrap" in pair_report
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "budget_curve.py"),
                           f"--rows={tmp_path / 'pair.json'},{tmp_path / 'carry.json'}",
                           f"--plot={tmp_path / 'budget.png'}"],
