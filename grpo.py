@@ -82,7 +82,7 @@ class GRPOConfig(SamplingFlags, plumbing.RunFlags):
     clip_ratio_c: Annotated[float, config.Range(low=1)] = 3.0   # dual clip: a negative advantage
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = \
         "token-mean"
-    kl_coef: config.NonNegativeFloat | None = None   # > 0 loads a frozen reference; paper: 0
+    kl_coef: config.NonNegativeFloat | None = None   # > 0 loads a frozen reference; official: 0
     kl_estimator: Literal["k1", "k3"] = "k3"   # k1 = log(p/p_ref); k3: low-variance, clamped
     train_injected: bool = False         # also train on runtime-injected tokens (the official code)
     recompute_logprobs: bool = False     # logp_old from the training forward (a forward a step)
