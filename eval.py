@@ -312,7 +312,7 @@ def end_of_run_samples(run, examples: list, eval_set) -> dict | None:
     training examples (data.Example), whose lengths set the budget. Rank 0 only (an FSDP model
     would need every rank)."""
     cfg = run.cfg
-    if not (run.dist.is_main and cfg.eval_samples):
+    if not (run.dist.is_main and cfg.eval_samples) or run.signal_received:   # stopped: exit now
         return None
     if cfg.fsdp:
         return {"notes": ["FSDP run: no greedy samples here; evaluate the checkpoint with eval.py"]}

@@ -109,8 +109,11 @@ def add_parallel_tags(model, tokenizer, seed: int = 0) -> list[int]:
 
 
 def looks_like_a_path(name: str) -> bool:
-    """A name that can only be a local path (a hub name is "owner/model")."""
+    """A name that can only be a local path (a hub name is "owner/model"; "runs/sfft", whose first
+    part is a folder here, is a mistyped path, not a hub model of owner "runs")."""
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return True
+    if "/" in name and os.path.isdir(name.split("/")[0]):
         return True
     return os.sep != "/" and os.sep in name
 

@@ -297,3 +297,15 @@ def test_a_folder_of_config_json_only_is_an_architecture_with_random_weights(tmp
     with pytest.raises(FileNotFoundError, match=r"--tokenizer=\./no/such: no such folder; pass a "
                                                 "folder holding a tokenizer.json"):
         load_model("tiny", tokenizer="./no/such")
+
+
+def test_a_mistyped_two_part_path_is_a_path_not_a_hub_name(tmp_path, monkeypatch):
+    """"runs/sfft" looks like a hub name ("owner/model"), but its first part is a folder here:
+    the user mistyped a path, and hears so at once (not a failed hub download). A name whose
+    first part is no folder here stays a hub name."""
+    from model import check_model_name, looks_like_a_path
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert looks_like_a_path("runs/sfft") and not looks_like_a_path("Qwen/Qwen3-4B-Base")
+    with pytest.raises(FileNotFoundError, match="no folder 'runs/sfft'"):
+        check_model_name("runs/sfft")

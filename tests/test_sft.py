@@ -322,11 +322,10 @@ def has_logged_a_step(proc: subprocess.Popen, log: Path, stderr: Path) -> bool:
 
 def test_a_signal_saves_the_step_in_hand_and_says_how_to_go_on(model_dir, tmp_path):
     """SIGINT (Ctrl-C) to sft.py and SIGTERM (a cluster's preemption) to grpo.py, both at once,
-    once each has written its first checkpoint (--save_every=1000: not by the schedule; the
-    first is written by the signal itself, so the run waits for --log_every=1's first line):
-    the step in hand finishes, is saved, and the run ends in one line that names the checkpoint
-    to resume from, exit status 1, no traceback. Neither can be done by then
-    (--max_steps=100000)."""
+    once each has logged a step (--save_every=1000: no checkpoint by the schedule; neither can
+    be done, --max_steps=100000): the step in hand finishes and is saved, and the run ends in
+    one line that names the checkpoint to resume from, exit status 1, no traceback, no
+    end-of-run samples."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cmds = {"sft.py": (signal.SIGINT, [f"--model={model_dir}", "--preset=tiny",
@@ -359,6 +358,8 @@ def test_a_signal_saves_the_step_in_hand_and_says_how_to_go_on(model_dir, tmp_pa
                     f"--resume=True continues from {checkpoint}")
             assert said in err, err[-2000:]
             assert checkpoint.is_dir() and "Traceback" not in err, err[-2000:]
+            out = (tmp_path / f"{name}.stdout").read_text()
+            assert "greedy samples" not in out                 # a stopped run exits at once
     finally:
         for p in procs.values():
             p.kill()
