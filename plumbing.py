@@ -569,7 +569,7 @@ class Run:
     wandb: object = None                   # the Weights & Biases run (--wandb_project), rank 0
     checkpoint: str | None = None          # the latest checkpoint written (or resumed from)
     total_steps: int = 0                   # the loop's (`steps`)
-    stopped_by: str = ""                   # "", "max_time" or a signal's name: the loop ended early
+    stopped_by: str = ""                   # why the loop ended early: "--max_time=<s>", a signal
     signal_received: str = ""              # SIGINT or SIGTERM, caught by `steps`
     t_start: float = 0.0
     bar: object = None
@@ -632,8 +632,7 @@ class Run:
             self.bar.write(line)
         stop = self.stop_early()
         last = self.step == self.total_steps or bool(stop)
-        eval_every = getattr(cfg, "eval_every", 0)
-        if evaluate and eval_every and self.step % eval_every == 0 and not last:
+        if evaluate and cfg.eval_every and self.step % cfg.eval_every == 0 and not last:
             evaluate(f"step {self.step}")
         if last or (cfg.save_every and self.step % cfg.save_every == 0):
             self.checkpoint = self.save(**trainer_state)
