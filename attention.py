@@ -46,6 +46,13 @@ class TagIds:
         return frozenset((self.parallel, self.end_parallel, self.path, self.end_path,
                           self.summary, self.end_summary))
 
+    @property
+    def maskable(self) -> tuple[int, ...]:
+        """The tokens a sampler masks at some draws (sample.ban_masks): the six tags and EOS.
+        A rollout records which of them each draw masked (sample.Rollout.banned), and the
+        training forward scores the token under the same renormalized softmax (`head_scores`)."""
+        return (*sorted(self.structural), self.eos)
+
     @classmethod
     def from_tokenizer(cls, tokenizer) -> "TagIds":
         """ValueError when a tag is not one token (load the model with model.load_model) or the
@@ -400,28 +407,37 @@ def final_logit_transform(config):
     return transform
 
 
-def head_scores(hidden, weight, bias, targets, temperature: float, transform):
+def head_scores(hidden, weight, bias, targets, temperature: float, transform,
+                banned=None, maskable=None):
     """One chunk through the LM head: (`token_logprobs` of `targets` under temperature T, the
     entropy of softmax(logits / T), no gradient). hidden (C, H), targets (C,) long -> (C,), (C,)
     float32. The logits are divided by T once, here (the entropy needs them too), so
-    `token_logprobs` takes them at T = 1."""
+    `token_logprobs` takes them at T = 1. banned (C, K) bool, maskable (K,) long: the tokens each
+    position's draw masked (the sampler's bans); they leave the softmax, as they left the draw."""
     logits = transform(F.linear(hidden, weight, bias).float()) / temperature       # (C, V)
+    if banned is not None:
+        masked = torch.zeros_like(logits, dtype=torch.bool)
+        masked[:, maskable] = banned
+        logits = logits.masked_fill(masked, float("-inf"))
     logprobs = token_logprobs(logits, targets)
     with torch.no_grad():
         normalizer = torch.logsumexp(logits, dim=-1)
-        entropy = normalizer - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+        finite = logits.masked_fill(logits.isinf(), 0.0)        # p = 0 there: 0 * -inf is nan
+        entropy = normalizer - (torch.softmax(logits, dim=-1) * finite).sum(dim=-1)
     return logprobs, entropy
 
 
 def token_scores(model, batch, tag_ids: TagIds, mode: str, selected: torch.Tensor,
                  temperature: float = 1.0, chunk_tokens: int = LOGIT_CHUNK_TOKENS,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, banned: torch.Tensor | None = None):
     """The training forward of SFT's and GRPO's losses. `batch`: right-padded rows (anything with
     input_ids (B, L) long, attention_mask (B, L) 0/1 and prompt_lengths (B,): data.Batch,
     grpo.RolloutBatch), each under its own mask and positions; selected (B, L-1) bool, position t
     predicting input_ids[:, t+1]. Returns, for every selected position in row-major order, the
     log-prob of the next token under temperature T (`token_logprobs`) and the entropy (no
-    gradient): (N,) and (N,) float32.
+    gradient): (N,) and (N,) float32. banned (B, L-1, K) bool (GRPO's rollouts): which of
+    `tag_ids.maskable` the sampler masked at each draw; the softmax leaves them out too, so the
+    log-prob is that of the distribution the token was drawn from (NOTES.md §8).
 
     On a GPU the forward runs under bf16 autocast (`autocast`) with the mask in bf16 (`dtype`:
     another mask dtype). The forward stops at the last hidden states; the selected positions go
@@ -438,12 +454,15 @@ def token_scores(model, batch, tag_ids: TagIds, mode: str, selected: torch.Tenso
     with autocast(device):
         mask, positions = build_mask_and_positions(batch.input_ids, batch.prompt_lengths,
                                                    batch.attention_mask, tag_ids, mode, dtype)
+        if banned is not None:
+            banned = banned[selected]                                       # (N, K)
+        maskable = torch.tensor(tag_ids.maskable, device=device)
         return chunked_head_scores(model, batch.input_ids, mask, positions, selected,
-                                   temperature, chunk_tokens)
+                                   temperature, chunk_tokens, banned, maskable)
 
 
 def chunked_head_scores(model, input_ids, mask, positions, selected, temperature: float,
-                        chunk_tokens: int):
+                        chunk_tokens: int, banned=None, maskable=None):
     """`token_scores` after the mask: the decoder's forward, then the LM head chunk by chunk.
 
     The forward goes through `model` itself, not its decoder (`model.model`): DDP syncs the
@@ -466,9 +485,12 @@ def chunked_head_scores(model, input_ids, mask, positions, selected, temperature
     entropy = []
     for start in range(0, max(1, len(targets)), chunk_tokens):   # one chunk, also for none:
         chunk = slice(start, start + chunk_tokens)                 # the backward still reaches
+        chunk_banned = None                                        # every parameter (DDP)
+        if banned is not None:
+            chunk_banned = banned[chunk]
         chunk_logprobs, chunk_entropy = checkpoint(head_scores, hidden[chunk], head.weight,
                                                    head.bias, targets[chunk], t, transform,
-                                                   use_reentrant=False)
-        logprobs.append(chunk_logprobs)                            # every parameter (DDP)
+                                                   chunk_banned, maskable, use_reentrant=False)
+        logprobs.append(chunk_logprobs)
         entropy.append(chunk_entropy)
     return torch.cat(logprobs), torch.cat(entropy)

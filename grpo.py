@@ -266,7 +266,8 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
             last = j == len(mini.micro_batches) - 1
             with plumbing.grad_sync(model, enabled=last):
                 logprobs, entropy = token_scores(model, mb, tags, cfg.mode, mb.loss_mask.bool(),
-                                                 cfg.temperature, cfg.logit_chunk_tokens)
+                                                 cfg.temperature, cfg.logit_chunk_tokens,
+                                                 banned=mb.banned)
                 loss, stats = micro_batch_loss(logprobs, entropy, mb, cfg, clip_ratio_high,
                                                mini.denominator, world_size)
                 loss.backward()
@@ -332,6 +333,8 @@ class RolloutBatch:
     loss_mask: torch.Tensor        # (B, L-1) float: ... that the loss trains on
     old_logprobs: torch.Tensor     # (B, L-1) float32: logp_old (the sampler's, or a forward's)
     advantages: torch.Tensor       # (B, 1) float32
+    banned: torch.Tensor | None = None         # (B, L-1, K) bool: what each draw masked, of
+                                               # TagIds.maskable (None: no rollout recorded it)
     ref_logprobs: torch.Tensor | None = None   # (B, L-1) float32 when kl_coef > 0
     loss_weights: torch.Tensor | None = None   # (B, L-1) float32: w of `loss_weights`
 
@@ -365,7 +368,22 @@ def collate_rollouts(rollouts: list[Rollout], advantages, pad_id: int,
     advantages = torch.as_tensor(advantages, dtype=torch.float32).view(len(rollouts), 1)
     prompt_lengths = [len(r.prompt_ids) for r in rollouts]
     return RolloutBatch(input_ids, attention_mask, prompt_lengths, response_mask, sampled_mask,
-                        loss_mask, old_logprobs, advantages)
+                        loss_mask, old_logprobs, advantages, collate_bans(rollouts, longest))
+
+
+def collate_bans(rollouts: list[Rollout], longest: int) -> torch.Tensor | None:
+    """(B, longest-1, K) bool, aligned like `collate_rollouts`' tables: which of
+    TagIds.maskable the sampler masked at each response token's draw (False elsewhere); None
+    when no rollout recorded it (hand-made rollouts)."""
+    recorded = [r.banned for r in rollouts if r.banned]
+    if not recorded:
+        return None
+    banned = torch.zeros(len(rollouts), longest - 1, len(recorded[0][0]), dtype=torch.bool)
+    for b, r in enumerate(rollouts):
+        if r.banned:
+            first = len(r.prompt_ids) - 1
+            banned[b, first:first + len(r.banned)] = torch.tensor(r.banned, dtype=torch.bool)
+    return banned
 
 
 def empty_micro_batch(pad_id: int) -> RolloutBatch:
@@ -412,7 +430,7 @@ def response_logprobs(model, mb: RolloutBatch, cfg: GRPOConfig, tags: TagIds) ->
     response = mb.response_mask.bool()
     table = torch.zeros_like(mb.old_logprobs)
     table[response] = token_scores(model, mb, tags, cfg.mode, response, cfg.temperature,
-                                   cfg.logit_chunk_tokens)[0]
+                                   cfg.logit_chunk_tokens, banned=mb.banned)[0]
     return table
 
 

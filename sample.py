@@ -123,12 +123,15 @@ class Rollout:
     prompt_ids: list[int]
     response_ids: list[int]         # the training layout (what the training forward reads)
     sampled_mask: list[int]         # 1 = sampled by the model, 0 = injected by the runtime
-    logprobs: list[float]           # log softmax(logits / T)[token] if sampled, 0.0 if injected
+    logprobs: list[float]           # log softmax(logits / T)[token] if sampled, 0.0 if injected,
+                                    # the softmax over what the draw allowed (`banned`)
     structure: Structure            # attention.parse_structure(response_ids)
     num_tokens: int                 # T: tokens in the response (paths, summaries, tags included)
     critical_path: int              # D: decode steps a parallel machine needs (paths overlap)
     finish_reason: str              # "eos" or "budget"
     text: str = ""                  # the decoded response with its tags, without a final EOS
+    banned: list[tuple[bool, ...]] = field(default_factory=list)   # which of TagIds.maskable
+                                    # each draw masked (all False if injected); [] = none recorded
 
 
 def draw_tokens(logits: torch.Tensor, banned: torch.Tensor, sampling: SamplingConfig,
@@ -252,7 +255,8 @@ class Stream:
     forced: list = field(default_factory=list)   # tokens the runtime injects after `feed`
     pending: str | None = None      # OPEN_BLOCK or PATH_DONE: what happens once `feed` is in
     path_len: int = 0               # tokens of its current path, <Path> included
-    tokens: list = field(default_factory=list)   # (token, sampled, logprob); main's: the response
+    tokens: list = field(default_factory=list)   # (token, sampled, logprob, banned); main's: the
+                                                 # response
 
 
 @dataclass(eq=False)
@@ -404,13 +408,18 @@ class Engine:
         first_of_path = torch.tensor(first_of_path, device=self.device)[:, None]
         banned[:, [self.tags.end_path, eos]] |= first_of_path        # no empty path (NOTES.md §4)
         chosen = draw_tokens(logits, banned, self.sampling, self.generator)
-        # the log-prob under the unmasked softmax, the one the training forward computes, so the
-        # ratio compares like with like; the bans only take out tags the runtime writes itself
-        logprobs = token_logprobs(logits, chosen, self.sampling.temperature)
-        for (s, st), token, logprob in zip(fed, chosen.tolist(), logprobs.tolist()):
+        # the log-prob under the softmax the token was drawn from: the banned tokens left out.
+        # The rollout records what was banned, and the training forward leaves the same tokens
+        # out, so the ratio compares like with like. Under the full softmax, a loss with a
+        # negative advantage would push mass onto banned tags, which are never drawn and so
+        # never pushed back (NOTES.md §8)
+        logprobs = token_logprobs(logits.masked_fill(banned, float("-inf")), chosen,
+                                  self.sampling.temperature)
+        bans = banned[:, list(self.tags.maskable)].tolist()         # (n, K): Rollout.banned
+        for (s, st), token, logprob, ban in zip(fed, chosen.tolist(), logprobs.tolist(), bans):
             if s.done:
                 continue
-            self._advance(s, st, token, logprob)
+            self._advance(s, st, token, logprob, tuple(ban))
             if s.done:
                 self._finish(s)
         live = [r for r, s in enumerate(self.rows) if not s.done]
@@ -471,9 +480,10 @@ class Engine:
         return committed <= self.sampling.max_new_tokens
 
     def _append(self, s: Sample, st: Stream, token: int, sampled: int, logprob: float,
-                closing: bool = False) -> bool:
+                closing: bool = False, banned: tuple[bool, ...] | None = None) -> bool:
         """Append a response token to a stream; False (and the sample is done) once the budget is
-        spent. A closing </Path> spends the token kept free for it."""
+        spent. A closing </Path> spends the token kept free for it. banned: what its draw masked
+        (None: injected, nothing drawn)."""
         if closing:
             s.open_paths -= 1
         elif not self._fits(s, growing=st):        # the sample ends; this token is dropped
@@ -482,16 +492,20 @@ class Engine:
         s.tokens_spent += 1
         if st.owner == SHARED:                     # paths of an Unseen block count at its close
             s.steps_spent += 1
-        st.tokens.append((token, sampled, logprob))
+        if banned is None:
+            banned = (False,) * len(self.tags.maskable)
+        st.tokens.append((token, sampled, logprob, banned))
         if st.segment == PATH:
             st.path_len += 1
         return True
 
     # ---- the transitions
 
-    def _advance(self, s: Sample, st: Stream, token: int, logprob: float):
+    def _advance(self, s: Sample, st: Stream, token: int, logprob: float,
+                 banned: tuple[bool, ...]):
         """The stream's `feed` is in the cache: make its pending transition, or give it its next
-        token: a forced one, or `token` (sampled, with `logprob`)."""
+        token: a forced one, or `token` (sampled, with `logprob`; `banned`: what the draw
+        masked)."""
         if st.pending == OPEN_BLOCK:              # `token` (drawn after <Parallel>) is dropped:
             st.pending = None                     # the paths begin with an injected <Path>
             return self._open_block(s)
@@ -504,7 +518,7 @@ class Engine:
             return self._inject(s, st)
         if st.segment == PATH:
             if token == self.tags.end_path:        # fits even at the path budget: kept free
-                return self._end_path(s, st, sampled=1, logprob=logprob)
+                return self._end_path(s, st, sampled=1, logprob=logprob, banned=banned)
             out_of_path_budget = st.path_len + 1 >= self.max_path_tokens
             if out_of_path_budget or token == self.tags.eos:       # dropped: </Path> injected
                 return self._end_path(s, st, sampled=0, logprob=0.0)
@@ -513,7 +527,8 @@ class Engine:
             token = self.tags.end_summary
             sampled = 0
             logprob = 0.0
-        if not self._append(s, st, token, sampled, logprob):
+            banned = None
+        if not self._append(s, st, token, sampled, logprob, banned=banned):
             return
         st.feed = token
         if token == self.tags.eos:
@@ -563,10 +578,11 @@ class Engine:
         for path in s.paths:
             self._append(s, path, self.tags.path, 0, 0.0)
 
-    def _end_path(self, s: Sample, st: Stream, sampled: int, logprob: float):
+    def _end_path(self, s: Sample, st: Stream, sampled: int, logprob: float,
+                  banned: tuple[bool, ...] | None = None):
         """Append the path's </Path> (it spends the token kept free for it). Unseen: the path
         waits; Seen: the next path, or the summary."""
-        self._append(s, st, self.tags.end_path, sampled, logprob, closing=True)
+        self._append(s, st, self.tags.end_path, sampled, logprob, closing=True, banned=banned)
         st.feed = self.tags.end_path
         if self.mode == "unseen":
             st.pending = PATH_DONE
@@ -635,9 +651,9 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
     """`group_size` responses per prompt (strings or id lists), prompt-major, from a Hugging Face
     causal LM in eval mode. `sampling` (default SamplingConfig()), with any of its fields given
     as keywords instead (`generate(..., temperature=0.7, max_new_tokens=128)`). The same seed
-    and inputs give the same rollouts. `Rollout.logprobs`: of each sampled token before top-p,
-    top-k and the tag masks, the training forward's quantity. ValueError for a setting out of
-    range."""
+    and inputs give the same rollouts. `Rollout.logprobs`: of each sampled token under the tag masks
+    (`Rollout.banned`) but before top-p and top-k, the training forward's quantity. ValueError
+    for a setting out of range."""
     sampling = dataclasses.replace(sampling or SamplingConfig(), **settings)
     encoded = []
     for p in prompts:
@@ -657,7 +673,7 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
         samples = engine.run(encoded, group_size)
     rollouts = []
     for s in samples:
-        ids = [token for token, _, _ in s.main.tokens]
+        ids = [token for token, _, _, _ in s.main.tokens]
         structure = parse_structure(ids, tags)
         shown = ids[:-1] if ids[-1:] == [tags.eos] else ids
         text = tokenizer.decode(shown, skip_special_tokens=False)
@@ -665,8 +681,9 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
             prompt_index=s.prompt_index,
             prompt_ids=s.prompt_ids,
             response_ids=ids,
-            sampled_mask=[sampled for _, sampled, _ in s.main.tokens],
-            logprobs=[logprob for _, _, logprob in s.main.tokens],
+            sampled_mask=[sampled for _, sampled, _, _ in s.main.tokens],
+            logprobs=[logprob for _, _, logprob, _ in s.main.tokens],
+            banned=[banned for _, _, _, banned in s.main.tokens],
             structure=structure,
             num_tokens=len(ids),
             critical_path=critical_path(structure, mode),

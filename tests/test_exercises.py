@@ -377,9 +377,11 @@ def two_path_block(tok, tags):
     path_2 = FIRST_PATH_OWNER + 1
     owners = [SHARED] * 4 + [path_1] * 3 + [path_2] * 4
     seven, eight, nine = (tok.convert_tokens_to_ids(c) for c in "789")
-    first = [(tags.path, 0, 0.0), (seven, 1, -1.0), (tags.end_path, 1, -0.25)]
-    second = [(tags.path, 0, 0.0), (eight, 1, -2.0), (nine, 1, -0.5), (tags.end_path, 1, -0.75)]
-    main = Stream(MAIN, position=4, tokens=[(tags.parallel, 1, -0.5)])   # <Parallel> was fed
+    none = (False,) * len(tags.maskable)     # a token's record: (token, sampled, logprob, banned)
+    first = [(tags.path, 0, 0.0, none), (seven, 1, -1.0, none), (tags.end_path, 1, -0.25, none)]
+    second = [(tags.path, 0, 0.0, none), (eight, 1, -2.0, none), (nine, 1, -0.5, none),
+              (tags.end_path, 1, -0.75, none)]
+    main = Stream(MAIN, position=4, tokens=[(tags.parallel, 1, -0.5, none)])   # <Parallel> fed
     paths = [Stream(PATH, position=7, owner=path_1, tokens=list(first), path_len=3),
              Stream(PATH, position=8, owner=path_2, tokens=list(second), path_len=4)]
     return owners, Sample(0, [11, 12, 13], main, paths=paths, tokens_spent=8, steps_spent=1)
@@ -421,7 +423,8 @@ def test_ex9_closing_a_block_by_hand():
     assert engine.cache.owner[0, :12].tolist() == [SHARED] * 11 + [HIDDEN], \
         f"every path slot becomes SHARED, nothing else changes; got " \
         f"{engine.cache.owner[0, :12].tolist()}"
-    expected = [parallel, *first, *second, (tags.end_parallel, 0, 0.0)]
+    expected = [parallel, *first, *second, (tags.end_parallel, 0, 0.0,
+                                                 (False,) * len(tags.maskable))]
     assert main.tokens == expected, \
         f"the response: <Parallel>, path 1, path 2, then an injected </Parallel>\n  expected " \
         f"{expected}\n  got {main.tokens}"

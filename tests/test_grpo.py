@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import torchrun_two_ranks
+from test_sample import bans_by_the_rules
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 # for the torchrun worker
@@ -359,10 +360,24 @@ def setting():
     return model, tok, rollouts, advantages
 
 
+def drawn_logprobs(model, r, tags: TagIds) -> torch.Tensor:
+    """(R,): an independent forward's log-prob of each response token of an Unseen rollout,
+    under the softmax the sampler drew it from (the runtime's masks by their rules)."""
+    ids = torch.tensor([r.prompt_ids + r.response_ids])
+    p = len(r.prompt_ids)
+    logits = structured_forward(model, ids, torch.ones_like(ids), [p], tags, "unseen")
+    logits = logits[0, p - 1:-1]
+    masked = torch.zeros_like(logits, dtype=torch.bool)
+    for j, sampled in enumerate(r.sampled_mask):
+        if sampled:
+            masked[j, sorted(bans_by_the_rules(r, tags, j, "unseen"))] = True
+    return token_logprobs(logits.masked_fill(masked, float("-inf")), ids[0, p:], 1.0)
+
+
 def test_on_policy_update_is_the_policy_gradient(setting):
-    """On-policy (ratio 1) the token-mean loss's gradient is -sum(A * grad logp) / N. Checked
-    against an independent forward: SGD with lr 1 moves the weights by exactly minus that
-    gradient."""
+    """On-policy (ratio 1) the token-mean loss's gradient is -sum(A * grad logp) / N, logp under
+    the softmax each token was drawn from (the runtime's masks by their rules). Checked against
+    an independent forward: SGD with lr 1 moves the weights by exactly minus that gradient."""
     model, tok, _, _ = setting
     tags = TagIds.from_tokenizer(tok)
     rollouts = generate(model, tok, ["Ava has 3 boxes.", "Hi"], group_size=2, mode="unseen",
@@ -371,10 +386,7 @@ def test_on_policy_update_is_the_policy_gradient(setting):
     m = copy.deepcopy(model)
     total, n = 0.0, 0
     for r, a in zip(rollouts, adv):
-        ids = torch.tensor([r.prompt_ids + r.response_ids])
-        p = len(r.prompt_ids)
-        logits = structured_forward(m, ids, torch.ones_like(ids), [p], tags, "unseen")
-        lp = token_logprobs(logits[0, p - 1:-1], ids[0, p:], 1.0)
+        lp = drawn_logprobs(m, r, tags)
         keep = torch.tensor(r.sampled_mask, dtype=torch.bool)
         total = total - a * lp[keep].sum()
         n += int(keep.sum())
@@ -451,12 +463,9 @@ def test_kl_term_against_a_reference_model(setting):
     expected, n = 0.0, 0
     with torch.no_grad():
         for r in rollouts:
-            ids = torch.tensor([r.prompt_ids + r.response_ids])
-            p, keep = len(r.prompt_ids), torch.tensor(r.sampled_mask, dtype=torch.bool)
-            lp, lr = (token_logprobs(structured_forward(m, ids, torch.ones_like(ids), [p], tags,
-                                                        "unseen")[0, p - 1:-1],
-                                     ids[0, p:])[keep]
-                      for m in (model, ref))
+            keep = torch.tensor(r.sampled_mask, dtype=torch.bool)
+            lp = drawn_logprobs(model, r, tags)[keep]
+            lr = drawn_logprobs(ref, r, tags)[keep]
             expected += (torch.exp(lr - lp) - (lr - lp) - 1).sum().item()
             n += int(keep.sum())
     cfg = GRPOConfig(max_new_tokens=24, ppo_mini_batches=1, micro_batch_size=2, kl_coef=0.1)

@@ -65,10 +65,34 @@ def where_in_response(structure, j: int) -> str:
     return "main chain"
 
 
-def max_logprob_diff(model, tok, rollouts, mode, temperature):
-    """Max |recorded - training forward| log-prob over every sampled token of every rollout; a
-    difference above LOGPROB_TOLERANCE fails the test with where the first one is (sample,
-    token, path / summary / main chain, recorded against recomputed) and how many there are."""
+def bans_by_the_rules(r, tags: TagIds, j: int, mode: str, max_blocks: int = 4) -> set[int]:
+    """What the runtime masks at the draw of response token j, from the response alone: a path
+    may write only its </Path> (not as its first token, nor EOS then), a summary only its
+    </Summary>, the main chain only <Parallel> (none after max_blocks blocks); "sequential"
+    (generate's default allow_parallel) nothing."""
+    if mode == "sequential":
+        return set()
+    where = where_in_response(r.structure, j)
+    if where.startswith("path"):
+        banned = tags.structural - {tags.end_path}
+        if r.response_ids[j - 1] == tags.path:
+            banned = banned | {tags.end_path, tags.eos}
+        return banned
+    if where.startswith("summary"):
+        return tags.structural - {tags.end_summary}
+    assert where == "main chain", f"token {j} is sampled {where}: the runtime injects those"
+    opened = sum(block.start < j for block in r.structure.blocks)
+    if opened >= max_blocks:
+        return set(tags.structural)
+    return tags.structural - {tags.parallel}
+
+
+def max_logprob_diff(model, tok, rollouts, mode, temperature, max_blocks: int = 4):
+    """Max |recorded - training forward| log-prob over every sampled token of every rollout,
+    the forward's softmax without the tokens the runtime masks there (`bans_by_the_rules`; the
+    rollout's record of them is checked against the rules too); a difference above
+    LOGPROB_TOLERANCE fails the test with where the first one is (sample, token, path / summary
+    / main chain, recorded against recomputed) and how many there are."""
     tags = TagIds.from_tokenizer(tok)
     seqs = [r.prompt_ids + r.response_ids for r in rollouts]
     L = max(map(len, seqs))
@@ -84,7 +108,14 @@ def max_logprob_diff(model, tok, rollouts, mode, temperature):
     mismatches = []                                    # (sample, token, recorded, recomputed)
     for i, r in enumerate(rollouts):
         n, R = len(r.prompt_ids), len(r.response_ids)
-        lp = token_logprobs(logits[i, n - 1:n + R - 1], torch.tensor(r.response_ids), temperature)
+        row_logits = logits[i, n - 1:n + R - 1].clone()
+        for j in range(R):
+            if r.sampled_mask[j]:
+                banned = bans_by_the_rules(r, tags, j, mode, max_blocks)
+                recorded_bans = {t for t, b in zip(tags.maskable, r.banned[j]) if b}
+                assert recorded_bans == banned, f"sample {i}, token {j}: masked {recorded_bans}"
+                row_logits[j, sorted(banned)] = float("-inf")
+        lp = token_logprobs(row_logits, torch.tensor(r.response_ids), temperature)
         for j in range(R):
             if r.sampled_mask[j]:
                 recomputed = lp[j].item()
@@ -191,7 +222,7 @@ def test_budgets_hold_and_truncated_responses_still_match(models, mode):
             if r.finish_reason == "eos":
                 assert r.response_ids[-1] == tags.eos
         assert any(r.finish_reason == "budget" for r in rollouts)
-        assert max_logprob_diff(model, tok, rollouts, mode, 1.0) <= 1e-4
+        assert max_logprob_diff(model, tok, rollouts, mode, 1.0, max_blocks) <= 1e-4
 
 
 def test_max_blocks_masks_parallel_so_the_answer_can_follow(models):
@@ -215,7 +246,9 @@ def test_a_sampled_end_path_at_the_path_budget_is_kept_as_sampled(models):
     closings = [(r, end - 1) for r in rollouts for block in r.structure.blocks
                 for _, end in block.paths]
     assert closings and all(r.response_ids[i] == tags.end_path for r, i in closings)
-    assert all(r.sampled_mask[i] == 1 and r.logprobs[i] < 0 for r, i in closings)
+    assert all(r.sampled_mask[i] == 1 for r, i in closings)
+    others = tuple(t in tags.structural and t != tags.end_path for t in tags.maskable)
+    assert all(r.banned[i] == others for r, i in closings)   # drawn with the other tags masked
 
 
 @pytest.mark.parametrize("kw", [dict(num_paths=1), dict(max_blocks=-1), dict(temperature=-0.5),
@@ -303,7 +336,7 @@ def test_three_paths_of_very_different_lengths(models, mode):
     assert any(min(x) <= 4 and max(x) == 20 for x in lens), lens
     # also when the first path is the longest
     assert any(x[0] == 20 and min(x[1:]) <= 4 for x in lens), lens
-    assert max_logprob_diff(wrapped, tok, rollouts, mode, 1.0) <= 1e-4
+    assert max_logprob_diff(wrapped, tok, rollouts, mode, 1.0, max_blocks=2) <= 1e-4
 
 
 @pytest.mark.parametrize("mode", ["unseen", "seen"])
@@ -439,7 +472,7 @@ def test_sample_cli_prints_the_responses(capsys):
 def test_no_empty_path_even_when_the_logits_want_one(models, mode):
     """</Path> (and EOS, which would inject it) is banned as a path's first token (NOTES.md §4):
     with logits that favour </Path> strongly every path still holds a token; the recorded log-probs
-    stay the unmasked model's."""
+    are those of the softmax it was drawn from (the masked tokens left out)."""
     model, _, tok = models
     tags = TagIds.from_tokenizer(tok)
     bias = torch.zeros(model.get_output_embeddings().weight.shape[0])
