@@ -63,9 +63,7 @@ CARRY_EVAL_BUDGET=${CARRY_EVAL_BUDGET:-448}
 CARRY_EVAL_LIMIT=${CARRY_EVAL_LIMIT:-500}
 DEFAULT_CARRY_CAPS=64,80,96,104,112,128,160,192,256,320,384,448
 CARRY_CAPS=${CARRY_CAPS:-$DEFAULT_CARRY_CAPS}
-CARRY_SFT_STEPS=1000
-CARRY_SFT_LR=2e-3      # the tiny preset's 1e-3 learned the columns, not the neighbours, in 1,000
-CARRY_PARALLEL_FRACTION=0.5   # the SFT traces that open with a block
+CARRY_SFT_STEPS=1000   # scripts/carry_sft.sh's (its last checkpoint)
 CARRY_TARGET=10        # issue 33's target lead (points)
 WAIT_S=30              # how often a parallel carry chain looks for its base
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
@@ -227,9 +225,7 @@ carry_chain() {
   case $method in
     sequential)
       if [ ! -d "$start_model" ]; then
-        step $PY sft.py --seed="$seed" --data=carry:hard --max_paths=4 \
-          --parallel_fraction="$CARRY_PARALLEL_FRACTION" --lr="$CARRY_SFT_LR" \
-          --max_steps="$CARRY_SFT_STEPS" --eval_data=carry:hard:test --out_dir="$sft" || return 1
+        step bash scripts/carry_sft.sh "$seed" "$sft" || return 1
       fi
       grpo_args="--recipe=baseline"
       eval_args="" ;;
@@ -259,8 +255,7 @@ carry_chain() {
 }
 export -f step pair_chain carry_chain
 export PY OUT BUDGET GRPO_STEPS EVAL_BUDGET SFT_STEPS CARRY_OUT CARRY_BUDGET CARRY_GRPO_STEPS \
-  CARRY_GRPO_BATCH CARRY_EVAL_BUDGET CARRY_EVAL_LIMIT CARRY_SFT_STEPS CARRY_SFT_LR \
-  CARRY_PARALLEL_FRACTION WAIT_S
+  CARRY_GRPO_BATCH CARRY_EVAL_BUDGET CARRY_EVAL_LIMIT CARRY_SFT_STEPS WAIT_S
 
 # The jobs, longest first; a carry chain's base comes before the parallel chains that wait for it.
 jobs=""

@@ -117,3 +117,22 @@ def test_budget_sh_refuses_bad_settings_before_it_trains(tmp_path):
                              capture_output=True, text=True, timeout=60, check=False)
         assert out.returncode == 2 and message in out.stderr, (settings, out.stderr)
     assert not os.listdir(tmp_path)                   # nothing was started or created
+
+
+def test_dynamics_sh_refuses_bad_settings_before_it_trains(tmp_path):
+    """scripts/dynamics.sh checks its settings, PAIR_FLAGS with grpo.py's own parser, before the
+    first job starts (PY=false would fail a job that did start)."""
+    cases = {(("TASKS", "*"),): "unknown task '*' in TASKS",
+             (("SEEDS", "0,1"),): "give whole numbers separated by spaces",
+             (("SEEDS", "2 2"),): 'SEEDS="2 2" names seed 2 twice',
+             (("LANES", "0"),): "LANES=0: give a whole number, 1 or more",
+             (("CARRY_TOKENS", "many"),): "CARRY_TOKENS=many: give a whole number",
+             (("PAIR_FLAGS", "--kl_coef=x"), ("PY", sys.executable)): "is not a set of grpo.py",
+             (("PAIR_FLAGS", "--no_such_flag=1"), ("PY", sys.executable)): "is not a set of"}
+    for settings, message in cases.items():
+        env = dict(os.environ, PY="false", OUT=str(tmp_path / "out"))
+        env.update(dict(settings))
+        out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "dynamics.sh")], env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert out.returncode == 2 and message in out.stderr, (settings, out.stderr[-500:])
+    assert not os.listdir(tmp_path)                   # nothing was started or created

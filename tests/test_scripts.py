@@ -217,3 +217,62 @@ def test_show_mask_prints_the_worked_example():
     assert (" unseen positions:    0    1    2    3    4    5    6    7    8    5    6    7    9"
             in out)
     assert "parse_structure: valid=True" in out
+
+
+# --------------------------------------------------------------------------------------------------
+# What RL does with the choice (scripts/dynamics.py)
+
+
+def _write_run(folder, ratios, accuracies):
+    os.makedirs(os.path.join(folder, "grpo"))
+    rows = [{"step": s + 1, "parallel_ratio": r, "accuracy": a}
+            for s, (r, a) in enumerate(zip(ratios, accuracies))]
+    rows.append({"step": len(ratios), "eval/synthetic:hard:test/mean_at_k": 0.4})   # skipped
+    with open(os.path.join(folder, "grpo", "log.jsonl"), "w") as f:
+        f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def _write_eval(folder, shares, avg):
+    os.makedirs(folder)
+    parts = {f"part{i}": {"parallel_ratio": share} for i, share in enumerate(shares)}
+    with open(os.path.join(folder, "summary.json"), "w") as f:
+        json.dump({"benchmarks": parts, "avg_mean_at_k": avg}, f)
+
+
+def test_dynamics_table_and_targets_by_hand(tmp_path):
+    """Seed 0: S1 falls from 80% to 30% held-out (-50), S2 ends at 70% (+40 over S1); S1's training
+    accuracy dips to a 10-step mean of 0.3 against a start of 0.8 (0.375: a crash); S2 keeps 0.8.
+    Carry, decode steps: 50% -> 60% (+10: under the 15 points); in tokens: not run. The numbers are
+    worked out here."""
+    from scripts import dynamics
+    steps = 20
+    s1_ratio = [0.8] * 10 + [0.3] * 10
+    s1_accuracy = [0.8] * 10 + [0.3] * 10                # last 10-step mean 0.3, start 0.8
+    _write_eval(tmp_path / "pair-seed0" / "eval-sft", [0.7, 0.9], 0.60)    # share 80%, acc 60
+    _write_run(tmp_path / "pair-seed0" / "s1", s1_ratio, s1_accuracy)
+    _write_eval(tmp_path / "pair-seed0" / "s1" / "eval", [0.2, 0.4], 0.65)  # 30%, 65
+    _write_run(tmp_path / "pair-seed0" / "s2", [0.75] * steps, [0.8] * steps)
+    _write_eval(tmp_path / "pair-seed0" / "s2" / "eval", [0.7, 0.7], 0.55)  # 70%, 55
+    _write_eval(tmp_path / "carry-seed0" / "eval-sft-steps", [0.5], 0.20)
+    _write_run(tmp_path / "carry-seed0" / "steps", [0.5] * steps, [0.2] * steps)
+    _write_eval(tmp_path / "carry-seed0" / "steps" / "eval", [0.6], 0.25)
+    runs = dynamics.collect(str(tmp_path), [0, 1])       # seed 1 has nothing: left out
+    assert [len(runs[key]) for key in dynamics.SETTINGS] == [1, 1, 1, 0]
+    s1 = runs[("pair", "s1")][0]
+    assert s1["sft_share"] == pytest.approx(80.0) and s1["share"] == pytest.approx(30.0)
+    assert s1["train_first"] == pytest.approx(80.0) and s1["train_last"] == pytest.approx(30.0)
+    assert s1["lowest_accuracy"] == pytest.approx(0.3 / 0.8)
+    text = dynamics.report(runs)
+    assert "| pair | Unseen S1 (accuracy reward) | 0 | 80.0% | 30.0% | -50.0 | 80.0% -> 30.0% | " \
+           "60.0 | 65.0 | 0.37 |" in text
+    assert "S1 raises the block share by >= 15 points over its SFT's: seeds none of 0" in text
+    assert "S1 ends >= 15 points below its SFT's share: seeds 0 of 0" in text
+    assert "S2 ends >= 15 points above S1: seeds 0 of 0" in text
+    assert "S1 never crashes (training accuracy never below half its start): seeds none of 0" \
+        in text
+    assert "S2 never crashes: seeds 0 of 0" in text
+    assert "Unseen S2 (alternating, parallel reward): accuracy not below its SFT's: seeds none" \
+        in text
+    assert "S1, budget in tokens: accuracy not below its SFT's: not run" in text
+    out = run_script("dynamics.py", str(tmp_path), "--seeds=0,1", f"--md={tmp_path / 't.md'}")
+    assert text in out and (tmp_path / "t.md").read_text().endswith(text + "\n")

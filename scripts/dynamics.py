@@ -1,0 +1,218 @@
+"""What RL does with the choice to think in parallel: the block share of the training rollouts
+against the GRPO step, and where it ends, from the runs of scripts/dynamics.sh.
+
+    python scripts/dynamics.py runs/dynamics [--seeds=0,1,2] [--md=results/dynamics.md]
+        [--plot=results/dynamics.png]
+
+The folder holds, per seed s:
+  pair-seed<s>/eval-sft, pair-seed<s>/{s1,s2}/{grpo,eval}     the pair task at equal tokens
+  carry-seed<s>/eval-sft-{steps,tokens}, carry-seed<s>/{steps,tokens}/{grpo,eval}
+                                                              the carry task, S1 under each budget
+grpo/log.jsonl gives the training rollouts' block share (`parallel_ratio`) and accuracy at every
+step; eval/summary.json the held-out block share (mean over the task's test parts) and accuracy
+(Mean@k). A setting with no folder for some seed is left out (say which seeds ran).
+
+Printed (and written to --md): per setting and seed, the held-out block share and accuracy of the
+SFT and after GRPO; the training share over the first and last WINDOW steps; the lowest training
+accuracy over any WINDOW steps against the first WINDOW's (a crash: below half); then the issue's
+targets, each with the seeds that meet it. --plot: block share against the step (a WINDOW-step
+moving mean; a line per seed, the band their min and max), a column per task, training accuracy
+beneath. Needs matplotlib for --plot (pip install -r requirements-extra.txt).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+WINDOW = 10                  # steps in a moving mean (the curves) and in "first" and "last"
+RATIO_DROP = 15.0            # points: S1 below its SFT's share (pair), above it (carry, steps)
+S2_OVER_S1 = 15.0            # points: S2's final share over S1's (the paper: 63.0 vs 13.6)
+CRASH = 0.5                  # training accuracy below this share of its start is a crash
+# (task, setting): its folder under <task>-seed<s>, the SFT evaluation it is compared with, the
+# label in the table and the figure.
+SETTINGS = {
+    ("pair", "s1"): ("s1", "eval-sft", "Unseen S1 (accuracy reward)"),
+    ("pair", "s2"): ("s2", "eval-sft", "Unseen S2 (alternating, parallel reward)"),
+    ("carry", "steps"): ("steps", "eval-sft-steps", "S1, budget in decode steps"),
+    ("carry", "tokens"): ("tokens", "eval-sft-tokens", "S1, budget in tokens"),
+}
+PAPER = "the paper (Qwen3-4B, AIME25 etc.): S1 ends at 13.6% parallel, S2 at 63.0%"
+
+
+def read_log(folder: str) -> list[dict]:
+    """The training steps' records of a grpo.py run (log.jsonl), in step order."""
+    with open(os.path.join(folder, "log.jsonl"), encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return [r for r in rows if "parallel_ratio" in r and "accuracy" in r]
+
+
+def read_eval(folder: str) -> tuple[float, float]:
+    """(block share, Mean@k) of an eval.py run, each the mean over its test parts, in %."""
+    with open(os.path.join(folder, "summary.json"), encoding="utf-8") as fh:
+        summary = json.load(fh)
+    parts = summary["benchmarks"].values()
+    share = statistics.mean(part["parallel_ratio"] for part in parts)
+    return 100 * share, 100 * summary["avg_mean_at_k"]
+
+
+def moving_mean(values: list[float], window: int = WINDOW) -> list[float]:
+    """The mean of each value and the window - 1 before it (fewer at the start)."""
+    out = []
+    for i in range(len(values)):
+        recent = values[max(0, i - window + 1):i + 1]
+        out.append(sum(recent) / len(recent))
+    return out
+
+
+def run_row(root: str, task: str, setting: str, seed: int) -> dict | None:
+    """One run's numbers, or None when it has not finished (no eval summary)."""
+    folder, sft_eval, _ = SETTINGS[(task, setting)]
+    seed_dir = os.path.join(root, f"{task}-seed{seed}")
+    run_dir = os.path.join(seed_dir, folder)
+    needed = [os.path.join(run_dir, "eval", "summary.json"),
+              os.path.join(seed_dir, sft_eval, "summary.json"),
+              os.path.join(run_dir, "grpo", "log.jsonl")]
+    if not all(os.path.exists(path) for path in needed):
+        return None
+    log = read_log(os.path.join(run_dir, "grpo"))
+    ratio = [100 * r["parallel_ratio"] for r in log]
+    accuracy = [r["accuracy"] for r in log]
+    smoothed = moving_mean(accuracy)[WINDOW - 1:] or [statistics.mean(accuracy)]
+    sft_share, sft_accuracy = read_eval(os.path.join(seed_dir, sft_eval))
+    share, final_accuracy = read_eval(os.path.join(run_dir, "eval"))
+    start_accuracy = statistics.mean(accuracy[:WINDOW])
+    return {"seed": seed, "steps": len(log), "ratio": ratio, "accuracy": accuracy,
+            "sft_share": sft_share, "share": share,
+            "sft_accuracy": sft_accuracy, "final_accuracy": final_accuracy,
+            "train_first": statistics.mean(ratio[:WINDOW]),
+            "train_last": statistics.mean(ratio[-WINDOW:]),
+            "lowest_accuracy": min(smoothed) / start_accuracy}
+
+
+def collect(root: str, seeds: list[int]) -> dict:
+    """{(task, setting): [run_row per seed that finished]}."""
+    runs = {}
+    for key in SETTINGS:
+        rows = [run_row(root, *key, seed) for seed in seeds]
+        runs[key] = [row for row in rows if row is not None]
+    return runs
+
+
+def seeds_meeting(rows: list[dict], test) -> str:
+    """"seeds 0, 2 of 0, 1, 2" for the rows whose numbers pass `test`."""
+    held = [str(r["seed"]) for r in rows if test(r)]
+    ran = [str(r["seed"]) for r in rows]
+    if not ran:
+        return "not run"
+    return f"seeds {', '.join(held) or 'none'} of {', '.join(ran)}"
+
+
+def report(runs: dict) -> str:
+    header = ("| task | setting | seed | SFT blocks | final blocks | change | training share "
+              f"(first {WINDOW} -> last {WINDOW} steps) | SFT acc | final acc | lowest training "
+              "acc / start |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|"]
+    for (task, setting), rows in runs.items():
+        label = SETTINGS[(task, setting)][2]
+        for r in rows:
+            lines.append(
+                f"| {task} | {label} | {r['seed']} | {r['sft_share']:.1f}% | {r['share']:.1f}% | "
+                f"{r['share'] - r['sft_share']:+.1f} | {r['train_first']:.1f}% -> "
+                f"{r['train_last']:.1f}% | {r['sft_accuracy']:.1f} | {r['final_accuracy']:.1f} | "
+                f"{r['lowest_accuracy']:.2f} |")
+    legend = ("Blocks: responses that open a block, held-out (mean over the test parts); acc: "
+              "Mean@k within the run's budget; lowest training acc: the lowest "
+              f"{WINDOW}-step mean over the first {WINDOW} steps' (a crash: below {CRASH}).")
+    lines += ["", legend, f"For comparison, {PAPER}.", "", "Targets (every seed):"]
+    s1 = {r["seed"]: r for r in runs[("pair", "s1")]}
+    s2 = {r["seed"]: r for r in runs[("pair", "s2")]}
+    both = [r for seed, r in s2.items() if seed in s1]
+    targets = [
+        ("carry, decode steps: S1 raises the block share by >= 15 points over its SFT's",
+         runs[("carry", "steps")], lambda r: r["share"] - r["sft_share"] >= RATIO_DROP),
+        ("pair: S1 ends >= 15 points below its SFT's share", runs[("pair", "s1")],
+         lambda r: r["sft_share"] - r["share"] >= RATIO_DROP),
+        ("pair: S2 ends >= 15 points above S1", both,
+         lambda r: r["share"] - s1[r["seed"]]["share"] >= S2_OVER_S1),
+        ("pair: S1 never crashes (training accuracy never below half its start)",
+         runs[("pair", "s1")], lambda r: r["lowest_accuracy"] >= CRASH),
+        ("pair: S2 never crashes", runs[("pair", "s2")], lambda r: r["lowest_accuracy"] >= CRASH)]
+    for key in SETTINGS:
+        targets.append((f"{key[0]}, {SETTINGS[key][2]}: accuracy not below its SFT's",
+                        runs[key], lambda r: r["final_accuracy"] >= r["sft_accuracy"]))
+    for text, rows, test in targets:
+        lines.append(f"- {text}: {seeds_meeting(rows, test)}")
+    return "\n".join(lines)
+
+
+def plot(runs: dict, out: str):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex=True)
+    titles = {"pair": "pair task, equal tokens", "carry": "carry task, S1 under two budgets"}
+    for column, task in enumerate(("pair", "carry")):
+        for (key_task, setting), rows in runs.items():
+            if key_task != task or not rows:
+                continue
+            label = SETTINGS[(key_task, setting)][2]
+            steps = min(r["steps"] for r in rows)
+            x = list(range(1, steps + 1))
+            color = None
+            for row, key, scale in ((0, "ratio", 1.0), (1, "accuracy", 100.0)):
+                curves = [moving_mean([v * scale for v in r[key][:steps]]) for r in rows]
+                low = [min(values) for values in zip(*curves)]
+                high = [max(values) for values in zip(*curves)]
+                seeds = ",".join(str(r["seed"]) for r in rows)
+                for i, curve in enumerate(curves):          # each seed: S2's may part ways
+                    name = f"{label} (seeds {seeds})" if i == 0 and row == 0 else None
+                    line, = axes[row][column].plot(x, curve, color=color, linewidth=1, label=name)
+                    color = line.get_color()
+                axes[row][column].fill_between(x, low, high, alpha=0.15, color=color)
+        axes[0][column].set_title(titles[task])
+        axes[0][column].set_ylabel("responses with a block (%)")
+        axes[1][column].set_ylabel("training accuracy (%)")
+        axes[1][column].set_xlabel("GRPO step")
+        axes[0][column].set_ylim(0, 100)
+        if axes[0][column].lines:
+            axes[0][column].legend(fontsize=8, loc="center right")   # between 0 and 100%
+    fig.suptitle(f"What RL does with the choice: training rollouts, {WINDOW}-step moving mean, "
+                 "a line per seed, band = the seeds' min-max", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers separated by commas, "
+                                         "e.g. 0,1,2") from None
+
+
+def main(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("root", help="the folder scripts/dynamics.sh wrote (runs/dynamics)")
+    parser.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2])
+    parser.add_argument("--md", default="", help="also write the table here")
+    parser.add_argument("--plot", default="", help="draw the curves here (a .png)")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.root):
+        parser.error(f"{args.root}: no such folder; run scripts/dynamics.sh first")
+    runs = collect(args.root, args.seeds)
+    if not any(runs.values()):
+        parser.error(f"{args.root}: no finished run (a <task>-seed<s>/<setting>/eval/summary.json"
+                     " beside its SFT's evaluation)")
+    text = report(runs)
+    print(text)
+    if args.md:
+        with open(args.md, "w", encoding="utf-8") as fh:
+            fh.write("# When RL chooses parallel thinking (scripts/dynamics.sh)\n\n" + text + "\n")
+    if args.plot:
+        plot(runs, args.plot)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
