@@ -99,6 +99,17 @@ def collect(root: str, seeds: list[int]) -> dict:
     return runs
 
 
+def unfinished(runs: dict, seeds: list[int]) -> list[str]:
+    """"carry, S1, budget in tokens: seeds 1, 2" for each setting some asked-for seed lacks."""
+    lines = []
+    for key, rows in runs.items():
+        done = {r["seed"] for r in rows}
+        missing = [str(seed) for seed in seeds if seed not in done]
+        if missing:
+            lines.append(f"{key[0]}, {SETTINGS[key][2]}: seeds {', '.join(missing)}")
+    return lines
+
+
 def seeds_meeting(rows: list[dict], test) -> str:
     """"seeds 0, 2 of 0, 1, 2" for the rows whose numbers pass `test`."""
     held = [str(r["seed"]) for r in rows if test(r)]
@@ -108,7 +119,7 @@ def seeds_meeting(rows: list[dict], test) -> str:
     return f"seeds {', '.join(held) or 'none'} of {', '.join(ran)}"
 
 
-def report(runs: dict) -> str:
+def report(runs: dict, seeds: list[int]) -> str:
     header = ("| task | setting | seed | SFT blocks | final blocks | change | training share "
               f"(first {WINDOW} -> last {WINDOW} steps) | SFT acc | final acc | lowest training "
               "acc / start |")
@@ -143,6 +154,9 @@ def report(runs: dict) -> str:
                         runs[key], lambda r: r["final_accuracy"] >= r["sft_accuracy"]))
     for text, rows, test in targets:
         lines.append(f"- {text}: {seeds_meeting(rows, test)}")
+    missing = unfinished(runs, seeds)
+    if missing:
+        lines += ["", "Not finished (no evaluation yet):"] + [f"- {line}" for line in missing]
     return "\n".join(lines)
 
 
@@ -151,9 +165,12 @@ def plot(runs: dict, out: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex=True)
+    tasks = [task for task in ("pair", "carry")
+             if any(rows for key, rows in runs.items() if key[0] == task)]
+    fig, axes = plt.subplots(2, len(tasks), figsize=(5.5 * len(tasks), 6.5), sharex=True,
+                             squeeze=False)
     titles = {"pair": "pair task, equal tokens", "carry": "carry task, S1 under two budgets"}
-    for column, task in enumerate(("pair", "carry")):
+    for column, task in enumerate(tasks):
         for (key_task, setting), rows in runs.items():
             if key_task != task or not rows:
                 continue
@@ -186,26 +203,41 @@ def plot(runs: dict, out: str):
 
 def parse_seeds(text: str) -> list[int]:
     try:
-        return [int(s) for s in text.split(",")]
+        seeds = [int(s) for s in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers separated by commas, "
                                          "e.g. 0,1,2") from None
+    if len(set(seeds)) < len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r} names a seed twice: give each seed once")
+    return seeds
+
+
+def check_output(parser, flag: str, path: str, suffix: str):
+    """parser.error unless `path` can be written: its folder exists, it is not a folder."""
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder) or os.path.isdir(path) or not path.endswith(suffix):
+        parser.error(f"{flag}={path}: give a {suffix} file in an existing folder")
 
 
 def main(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("root", help="the folder scripts/dynamics.sh wrote (runs/dynamics)")
-    parser.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2])
+    parser.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2],
+                        help="the seeds to read, comma-separated (default 0,1,2)")
     parser.add_argument("--md", default="", help="also write the table here")
     parser.add_argument("--plot", default="", help="draw the curves here (a .png)")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.root):
         parser.error(f"{args.root}: no such folder; run scripts/dynamics.sh first")
+    if args.md:
+        check_output(parser, "--md", args.md, ".md")
+    if args.plot:
+        check_output(parser, "--plot", args.plot, ".png")
     runs = collect(args.root, args.seeds)
     if not any(runs.values()):
         parser.error(f"{args.root}: no finished run (a <task>-seed<s>/<setting>/eval/summary.json"
                      " beside its SFT's evaluation)")
-    text = report(runs)
+    text = report(runs, args.seeds)
     print(text)
     if args.md:
         with open(args.md, "w", encoding="utf-8") as fh:

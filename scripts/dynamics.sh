@@ -30,7 +30,7 @@ DEFAULT_TASKS="carry pair"
 TASKS=$(echo ${TASKS-$DEFAULT_TASKS})
 DEFAULT_SEEDS="0 1 2"
 SEEDS=$(echo ${SEEDS-$DEFAULT_SEEDS})      # one space between words
-LANES=${LANES:-2}
+LANES=${LANES-2}
 OUT=${OUT:-runs/dynamics}
 GRPO_STEPS=${GRPO_STEPS:-100}
 DEFAULT_PAIR_FLAGS="--kl_coef=0"   # the paper's: no KL anchor (README, "When RL chooses ...")
@@ -50,6 +50,10 @@ for task in $TASKS; do
     echo "dynamics.sh: unknown task '$task' in TASKS; known: $DEFAULT_TASKS" >&2
     exit 2
   fi
+  if [ "$(echo "$TASKS" | tr ' ' '\n' | grep -cx "$task")" -gt 1 ]; then
+    echo "dynamics.sh: TASKS=\"$TASKS\" names $task twice: give each task once" >&2
+    exit 2
+  fi
 done
 if [ -z "${SEEDS// /}" ] || [ -z "${TASKS// /}" ]; then
   echo "dynamics.sh: SEEDS and TASKS must not be empty (defaults: SEEDS=\"$DEFAULT_SEEDS\"," \
@@ -57,7 +61,7 @@ if [ -z "${SEEDS// /}" ] || [ -z "${TASKS// /}" ]; then
   exit 2
 fi
 for seed in $SEEDS; do
-  if ! [[ $seed =~ ^[0-9]+$ ]]; then
+  if ! [[ $seed =~ ^(0|[1-9][0-9]*)$ ]]; then
     echo "dynamics.sh: SEEDS holds '$seed': give whole numbers separated by spaces," \
       "e.g. SEEDS=\"0 1 2\"" >&2
     exit 2
@@ -73,10 +77,20 @@ for name in LANES GRPO_STEPS CARRY_STEPS CARRY_TOKENS CARRY_EVAL_LIMIT; do
     exit 2
   fi
 done
-# GRPO's own parser checks PAIR_FLAGS now, not after an SFT (an unknown flag or value exits 2).
-if ! $PY -c 'import sys, config, grpo; config.parse(grpo.GRPOConfig, sys.argv[1:])' \
-    $PAIR_FLAGS; then
-  echo "dynamics.sh: PAIR_FLAGS=\"$PAIR_FLAGS\" is not a set of grpo.py flags (above)" >&2
+# PAIR_FLAGS may not set what the script sets (each run's seed, recipe, model, folder, steps), and
+# GRPO's own parser checks the rest now, not after an SFT.
+for flag in $PAIR_FLAGS; do
+  case ${flag%%=*} in
+    --seed|--recipe|--model|--out_dir|--max_steps|--eval_data)
+      echo "dynamics.sh: PAIR_FLAGS sets ${flag%%=*}, which the script sets for each run" \
+        "(use SEEDS, GRPO_STEPS, OUT)" >&2
+      exit 2 ;;
+  esac
+done
+if ! problem=$($PY -c 'import sys, config, grpo; config.parse(grpo.GRPOConfig, sys.argv[1:])' \
+    $PAIR_FLAGS 2>&1 > /dev/null); then
+  echo "dynamics.sh: PAIR_FLAGS=\"$PAIR_FLAGS\" is not a set of grpo.py flags:" \
+    "$(echo "$problem" | tail -n 1)" >&2
   exit 2
 fi
 RESULTS_DIR=${RESULTS:-$OUT}

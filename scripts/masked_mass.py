@@ -4,7 +4,8 @@ responses, then, at every sampled token, the full softmax's mass on what that dr
     python scripts/masked_mass.py runs/demo/sft/checkpoint-400 runs/demo/grpo/checkpoint-100 \\
         [--data=synthetic:hard:test] [--limit=32] [--k=4] [--seed=0]
 
-Prompts are written as the tiny preset writes them (the problem alone).
+(the checkpoints of `make demo`; any grpo.py or sft.py checkpoint). Prompts are written as the
+tiny preset writes them (the problem alone).
 
 The sampler never draws a masked tag, so a masked tag's probability is never pushed down by the
 loss. Scored under the full softmax, a negative advantage lifts it (it lowers the drawn token and

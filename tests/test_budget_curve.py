@@ -125,10 +125,15 @@ def test_dynamics_sh_refuses_bad_settings_before_it_trains(tmp_path):
     cases = {(("TASKS", "*"),): "unknown task '*' in TASKS",
              (("SEEDS", "0,1"),): "give whole numbers separated by spaces",
              (("SEEDS", "2 2"),): 'SEEDS="2 2" names seed 2 twice',
+             (("SEEDS", "1 01"),): "SEEDS holds '01'",
+             (("TASKS", "pair pair"),): 'TASKS="pair pair" names pair twice',
              (("LANES", "0"),): "LANES=0: give a whole number, 1 or more",
+             (("LANES", ""),): "LANES=: give a whole number, 1 or more",
+             (("PAIR_FLAGS", "--seed=3"),): "PAIR_FLAGS sets --seed, which the script sets",
              (("CARRY_TOKENS", "many"),): "CARRY_TOKENS=many: give a whole number",
              (("PAIR_FLAGS", "--kl_coef=x"), ("PY", sys.executable)): "is not a set of grpo.py",
-             (("PAIR_FLAGS", "--no_such_flag=1"), ("PY", sys.executable)): "is not a set of"}
+             (("PAIR_FLAGS", "--no_such_flag=1"), ("PY", sys.executable)):
+                 "unrecognized arguments: --no_such_flag=1"}
     for settings, message in cases.items():
         env = dict(os.environ, PY="false", OUT=str(tmp_path / "out"))
         env.update(dict(settings))

@@ -262,7 +262,7 @@ def test_dynamics_table_and_targets_by_hand(tmp_path):
     assert s1["sft_share"] == pytest.approx(80.0) and s1["share"] == pytest.approx(30.0)
     assert s1["train_first"] == pytest.approx(80.0) and s1["train_last"] == pytest.approx(30.0)
     assert s1["lowest_accuracy"] == pytest.approx(0.3 / 0.8)
-    text = dynamics.report(runs)
+    text = dynamics.report(runs, [0, 1])
     assert "| pair | Unseen S1 (accuracy reward) | 0 | 80.0% | 30.0% | -50.0 | 80.0% -> 30.0% | " \
            "60.0 | 65.0 | 0.37 |" in text
     assert "S1 raises the block share by >= 15 points over its SFT's: seeds none of 0" in text
@@ -274,5 +274,7 @@ def test_dynamics_table_and_targets_by_hand(tmp_path):
     assert "Unseen S2 (alternating, parallel reward): accuracy not below its SFT's: seeds none" \
         in text
     assert "S1, budget in tokens: accuracy not below its SFT's: not run" in text
+    assert "Not finished (no evaluation yet):\n- pair, Unseen S1 (accuracy reward): seeds 1\n" \
+        in text
     out = run_script("dynamics.py", str(tmp_path), "--seeds=0,1", f"--md={tmp_path / 't.md'}")
     assert text in out and (tmp_path / "t.md").read_text().endswith(text + "\n")
