@@ -115,10 +115,12 @@ def shape_lines(runs: dict) -> list[str]:
     return lines
 
 
-def lead_table(runs: dict, caps: list[int], target: float = TARGET_LEAD) -> list[str]:
-    """Per seed, each parallel method's hard accuracy minus the sequential baseline's at each
-    decode-step cap, then the smallest over the seeds (the target's test: every seed at least
-    `target` ahead at one cap) and the mean; none without a baseline."""
+def lead_table(runs: dict, seeds: list[int], caps: list[int],
+               target: float = TARGET_LEAD) -> list[str]:
+    """Per seed (a row names it: runs hold one samples list per seed of `seeds`, in order), each
+    parallel method's hard accuracy minus the sequential baseline's at each decode-step cap, then
+    the smallest over the seeds (the target's test: every seed at least `target` ahead at one cap)
+    and the mean; none without a baseline."""
     if "sequential" not in runs:
         return []
     header = "| method | seed | " + " | ".join(str(c) for c in caps) + " |"
@@ -127,11 +129,11 @@ def lead_table(runs: dict, caps: list[int], target: float = TARGET_LEAD) -> list
     target_cap = None
     best_mean_lead = None       # the largest mean lead, and where
     best_cap = None
-    for method, seeds in runs.items():
+    for method, per_method in runs.items():
         if method == "sequential":
             continue
         per_seed = []
-        for seed, (mine, base) in enumerate(zip(seeds, runs["sequential"])):
+        for seed, mine, base in zip(seeds, per_method, runs["sequential"]):
             leads = [accuracy(mine, "hard", c, "D") - accuracy(base, "hard", c, "D")
                      for c in caps]
             per_seed.append(leads)
@@ -184,18 +186,19 @@ def paired_bootstrap(mine: list[float], base: list[float], draws: int = BOOTSTRA
     return float(differences.mean()), float(low), float(high)
 
 
-def interval_lines(runs: dict, cap: int) -> list[str]:
-    """Per parallel method and seed, its lead over the same seed's sequential run on hard at a
-    decode-step cap, with the paired bootstrap's interval over the test problems; none without a
-    baseline. SystemExit when the two evaluations hold other problems."""
+def interval_lines(runs: dict, seeds: list[int], cap: int) -> list[str]:
+    """Per parallel method and seed (of `seeds`, in the runs' order), its lead over the same
+    seed's sequential run on hard at a decode-step cap, with the paired bootstrap's interval over
+    the test problems; none without a baseline. SystemExit when the two evaluations hold other
+    problems."""
     if "sequential" not in runs:
         return []
     lines = []
-    for method, seeds in runs.items():
+    for method, per_method in runs.items():
         if method == "sequential":
             continue
         cells = []
-        for seed, (mine, base) in enumerate(zip(seeds, runs["sequential"])):
+        for seed, mine, base in zip(seeds, per_method, runs["sequential"]):
             mine_by_problem = per_problem(mine, cap, "D")
             base_by_problem = per_problem(base, cap, "D")
             if mine_by_problem.keys() != base_by_problem.keys():
@@ -418,11 +421,11 @@ def report(runs: dict, args: argparse.Namespace) -> dict:
     lines += accuracy_table(runs, args.caps)
     lines += ["", f"On the evaluation's own budget ({args.eval_budget} decode steps):"]
     lines += shape_lines(runs)
-    leads = lead_table(runs, args.caps, args.target_lead)
+    leads = lead_table(runs, args.seeds, args.caps, args.target_lead)
     if leads:
         title = f"{task}: lead over the sequential baseline, hard, at equal decode steps (points)"
         lines += ["", f"## {title}", ""] + leads
-    intervals = interval_lines(runs, args.failures_at)
+    intervals = interval_lines(runs, args.seeds, args.failures_at)
     if intervals:
         title = (f"{task}: lead at {args.failures_at} decode steps, hard, with a paired bootstrap "
                  f"{CONFIDENCE:.0%} interval over the problems ({BOOTSTRAP_DRAWS} resamples)")

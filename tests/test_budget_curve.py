@@ -33,30 +33,32 @@ def test_a_response_counts_when_right_and_within_the_cap_without_its_eos():
 
 
 def test_the_command_writes_the_table_the_verdict_and_the_plot(tmp_path):
-    """Two methods, two seeds. Within 32 decode steps parallel-4 gets 50% (seed 0: 2 of 4) and
-    100% (seed 1: 2 of 2) right, the sequential runs 0% (their right response needs 39); within 64,
-    75% and 100% against 50%."""
+    """Two methods, seeds 3 and 7 (the rows name them). Within 32 decode steps parallel-4 gets
+    50% (seed 3: 2 of 4) and 100% (seed 7: 2 of 2) right, the sequential runs 0% (their right
+    response needs 39); within 64, 75% and 100% against 50%."""
     sequential = [sample(True, 40, 40, "eos"), sample(False, 20, 20, "eos")]
     runs = {"sequential": [sequential, sequential],
             "parallel-4": [SAMPLES, SAMPLES[:1] + SAMPLES[3:]]}
     for method, seeds in runs.items():
-        for seed, samples in enumerate(seeds):
+        for seed, samples in zip([3, 7], seeds):
             folder = tmp_path / f"{method}-seed{seed}" / "eval"
             folder.mkdir(parents=True)
             lines = [json.dumps(s) for s in samples]
             (folder / "samples.jsonl").write_text("\n".join(lines) + "\n")
     plot_path = tmp_path / "budget.png"
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "budget_curve.py"),
-                          str(tmp_path), "--seeds=0,1", "--caps=32,64", f"--plot={plot_path}"],
+                          str(tmp_path), "--seeds=3,7", "--caps=32,64", f"--plot={plot_path}"],
                          capture_output=True, text=True, check=True).stdout
     assert "| hard | decode steps | parallel-4 | 75.0 ±25.0 | 87.5 ±12.5 |" in out
     assert "| hard | tokens | parallel-4 | 37.5 ±12.5 | 87.5 ±12.5 |" in out
     assert "| hard | decode steps | sequential | 0.0 ±0.0 | 50.0 ±0.0 |" in out
+    assert "| parallel-4 | 3 | +50.0 | +25.0 |" in out
+    assert "| parallel-4 | 7 | +100.0 | +50.0 |" in out
     assert "| parallel-4 | min | +50.0 | +25.0 |" in out
     assert "Target (every seed >= +5 on hard at one decode-step cap): met" in out
     assert "the largest lead every seed holds is +50.0 (at 32 decode steps)" in out
-    # one problem, so each interval is its lead: at 48 steps seed 0 50% - 50%, seed 1 100% - 50%
-    assert "- parallel-4: seed 0 +0.0 [+0.0, +0.0]; seed 1 +50.0 [+50.0, +50.0]" in out
+    # one problem, so each interval is its lead: at 48 steps seed 3 50% - 50%, seed 7 100% - 50%
+    assert "- parallel-4: seed 3 +0.0 [+0.0, +0.0]; seed 7 +50.0 [+50.0, +50.0]" in out
     assert plot_path.stat().st_size > 0
 
 
