@@ -37,6 +37,7 @@ SETTINGS = {
     ("carry", "steps"): ("steps", "eval-sft-steps", "S1, budget in decode steps"),
     ("carry", "tokens"): ("tokens", "eval-sft-tokens", "S1, budget in tokens"),
 }
+SHOWN_ONLY = ("carry", "tokens")   # shown beside the study, with no target
 PAPER = "the paper (Qwen3-4B, AIME25 etc.): S1 ends at 13.6% parallel, S2 at 63.0%"
 
 
@@ -150,10 +151,14 @@ def report(runs: dict, seeds: list[int]) -> str:
          runs[("pair", "s1")], lambda r: r["lowest_accuracy"] >= CRASH),
         ("pair: S2 never crashes", runs[("pair", "s2")], lambda r: r["lowest_accuracy"] >= CRASH)]
     for key in SETTINGS:
-        targets.append((f"{key[0]}, {SETTINGS[key][2]}: accuracy not below its SFT's",
-                        runs[key], lambda r: r["final_accuracy"] >= r["sft_accuracy"]))
+        if key != SHOWN_ONLY:
+            targets.append((f"{key[0]}, {SETTINGS[key][2]}: accuracy not below its SFT's",
+                            runs[key], lambda r: r["final_accuracy"] >= r["sft_accuracy"]))
     for text, rows, test in targets:
         lines.append(f"- {text}: {seeds_meeting(rows, test)}")
+    label = f"{SHOWN_ONLY[0]}, {SETTINGS[SHOWN_ONLY][2]}: accuracy not below its SFT's"
+    held = seeds_meeting(runs[SHOWN_ONLY], lambda r: r["final_accuracy"] >= r["sft_accuracy"])
+    lines += ["", "No target (what the token rule does to the choice):", f"- {label}: {held}"]
     missing = unfinished(runs, seeds)
     if missing:
         lines += ["", "Not finished (no evaluation yet):"] + [f"- {line}" for line in missing]

@@ -273,7 +273,8 @@ def test_dynamics_table_and_targets_by_hand(tmp_path):
     assert "S2 never crashes: seeds 0 of 0" in text
     assert "Unseen S2 (alternating, parallel reward): accuracy not below its SFT's: seeds none" \
         in text
-    assert "S1, budget in tokens: accuracy not below its SFT's: not run" in text
+    assert "No target (what the token rule does to the choice):\n- carry, S1, budget in tokens: " \
+           "accuracy not below its SFT's: not run" in text
     assert "Not finished (no evaluation yet):\n- pair, Unseen S1 (accuracy reward): seeds 1\n" \
         in text
     out = run_script("dynamics.py", str(tmp_path), "--seeds=0,1", f"--md={tmp_path / 't.md'}")
