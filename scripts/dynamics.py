@@ -37,6 +37,7 @@ SETTINGS = {
     ("carry", "steps"): ("steps", "eval-sft-steps", "S1, budget in decode steps"),
     ("carry", "tokens"): ("tokens", "eval-sft-tokens", "S1, budget in tokens"),
 }
+TASKS = ("pair", "carry")
 SHOWN_ONLY = ("carry", "tokens")   # shown beside the study, with no target
 PAPER = "the paper (Qwen3-4B, AIME25 etc.): S1 ends at 13.6% parallel, S2 at 63.0%"
 
@@ -77,33 +78,43 @@ def run_row(root: str, task: str, setting: str, seed: int) -> dict | None:
     if not all(os.path.exists(path) for path in needed):
         return None
     log = read_log(os.path.join(run_dir, "grpo"))
+    if not log:                                   # stopped before its first step was logged
+        return None
     ratio = [100 * r["parallel_ratio"] for r in log]
     accuracy = [r["accuracy"] for r in log]
     smoothed = moving_mean(accuracy)[WINDOW - 1:] or [statistics.mean(accuracy)]
     sft_share, sft_accuracy = read_eval(os.path.join(seed_dir, sft_eval))
     share, final_accuracy = read_eval(os.path.join(run_dir, "eval"))
     start_accuracy = statistics.mean(accuracy[:WINDOW])
+    lowest_accuracy = None                        # a start at 0 cannot crash
+    if start_accuracy > 0:
+        lowest_accuracy = min(smoothed) / start_accuracy
     return {"seed": seed, "steps": len(log), "ratio": ratio, "accuracy": accuracy,
             "sft_share": sft_share, "share": share,
             "sft_accuracy": sft_accuracy, "final_accuracy": final_accuracy,
             "train_first": statistics.mean(ratio[:WINDOW]),
             "train_last": statistics.mean(ratio[-WINDOW:]),
-            "lowest_accuracy": min(smoothed) / start_accuracy}
+            "lowest_accuracy": lowest_accuracy}
 
 
-def collect(root: str, seeds: list[int]) -> dict:
-    """{(task, setting): [run_row per seed that finished]}."""
+def collect(root: str, seeds: list[int], tasks: tuple[str, ...] = TASKS) -> dict:
+    """{(task, setting): [run_row per seed that finished]}; a task not in `tasks` has none."""
     runs = {}
     for key in SETTINGS:
-        rows = [run_row(root, *key, seed) for seed in seeds]
+        rows = []
+        if key[0] in tasks:
+            rows = [run_row(root, *key, seed) for seed in seeds]
         runs[key] = [row for row in rows if row is not None]
     return runs
 
 
-def unfinished(runs: dict, seeds: list[int]) -> list[str]:
-    """"carry, S1, budget in tokens: seeds 1, 2" for each setting some asked-for seed lacks."""
+def unfinished(runs: dict, seeds: list[int], tasks: tuple[str, ...] = TASKS) -> list[str]:
+    """"carry, S1, budget in tokens: seeds 1, 2" for each setting of `tasks` some asked-for seed
+    lacks."""
     lines = []
     for key, rows in runs.items():
+        if key[0] not in tasks:
+            continue
         done = {r["seed"] for r in rows}
         missing = [str(seed) for seed in seeds if seed not in done]
         if missing:
@@ -120,7 +131,12 @@ def seeds_meeting(rows: list[dict], test) -> str:
     return f"seeds {', '.join(held) or 'none'} of {', '.join(ran)}"
 
 
-def report(runs: dict, seeds: list[int]) -> str:
+def no_crash(row: dict) -> bool:
+    """Training accuracy never fell below CRASH of its start (true of a start at 0)."""
+    return row["lowest_accuracy"] is None or row["lowest_accuracy"] >= CRASH
+
+
+def report(runs: dict, seeds: list[int], tasks: tuple[str, ...] = TASKS) -> str:
     header = ("| task | setting | seed | SFT blocks | final blocks | change | training share "
               f"(first {WINDOW} -> last {WINDOW} steps) | SFT acc | final acc | lowest training "
               "acc / start |")
@@ -128,11 +144,14 @@ def report(runs: dict, seeds: list[int]) -> str:
     for (task, setting), rows in runs.items():
         label = SETTINGS[(task, setting)][2]
         for r in rows:
+            lowest = "- (starts at 0)"
+            if r["lowest_accuracy"] is not None:
+                lowest = f"{r['lowest_accuracy']:.2f}"
             lines.append(
                 f"| {task} | {label} | {r['seed']} | {r['sft_share']:.1f}% | {r['share']:.1f}% | "
                 f"{r['share'] - r['sft_share']:+.1f} | {r['train_first']:.1f}% -> "
                 f"{r['train_last']:.1f}% | {r['sft_accuracy']:.1f} | {r['final_accuracy']:.1f} | "
-                f"{r['lowest_accuracy']:.2f} |")
+                f"{lowest} |")
     legend = ("Blocks: responses that open a block, held-out (mean over the test parts); acc: "
               "Mean@k within the run's budget; lowest training acc: the lowest "
               f"{WINDOW}-step mean over the first {WINDOW} steps' (a crash: below {CRASH}).")
@@ -148,8 +167,8 @@ def report(runs: dict, seeds: list[int]) -> str:
         ("pair: S2 ends >= 15 points above S1", both,
          lambda r: r["share"] - s1[r["seed"]]["share"] >= S2_OVER_S1),
         ("pair: S1 never crashes (training accuracy never below half its start)",
-         runs[("pair", "s1")], lambda r: r["lowest_accuracy"] >= CRASH),
-        ("pair: S2 never crashes", runs[("pair", "s2")], lambda r: r["lowest_accuracy"] >= CRASH)]
+         runs[("pair", "s1")], no_crash),
+        ("pair: S2 never crashes", runs[("pair", "s2")], no_crash)]
     for key in SETTINGS:
         if key != SHOWN_ONLY:
             targets.append((f"{key[0]}, {SETTINGS[key][2]}: accuracy not below its SFT's",
@@ -159,7 +178,7 @@ def report(runs: dict, seeds: list[int]) -> str:
     label = f"{SHOWN_ONLY[0]}, {SETTINGS[SHOWN_ONLY][2]}: accuracy not below its SFT's"
     held = seeds_meeting(runs[SHOWN_ONLY], lambda r: r["final_accuracy"] >= r["sft_accuracy"])
     lines += ["", "No target (what the token rule does to the choice):", f"- {label}: {held}"]
-    missing = unfinished(runs, seeds)
+    missing = unfinished(runs, seeds, tasks)
     if missing:
         lines += ["", "Not finished (no evaluation yet):"] + [f"- {line}" for line in missing]
     return "\n".join(lines)
@@ -200,7 +219,7 @@ def plot(runs: dict, out: str):
         axes[0][column].set_ylim(0, 100)
         if axes[0][column].lines:
             axes[0][column].legend(fontsize=8, loc="center right")   # between 0 and 100%
-    fig.suptitle(f"What RL does with the choice: training rollouts, {WINDOW}-step moving mean, "
+    fig.suptitle(f"What RL does with the choice: training rollouts\n{WINDOW}-step moving mean, "
                  "a line per seed, band = the seeds' min-max", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -217,6 +236,15 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def parse_tasks(text: str) -> tuple[str, ...]:
+    tasks = tuple(text.split(","))
+    unknown = [task for task in tasks if task not in TASKS]
+    if unknown or not tasks:
+        raise argparse.ArgumentTypeError(f"{text!r}: give tasks of {','.join(TASKS)}, "
+                                         "comma-separated")
+    return tasks
+
+
 def check_output(parser, flag: str, path: str, suffix: str):
     """parser.error unless `path` can be written: its folder exists, it is not a folder."""
     folder = os.path.dirname(path) or "."
@@ -229,6 +257,8 @@ def main(argv: list[str] | None = None):
     parser.add_argument("root", help="the folder scripts/dynamics.sh wrote (runs/dynamics)")
     parser.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2],
                         help="the seeds to read, comma-separated (default 0,1,2)")
+    parser.add_argument("--tasks", type=parse_tasks, default=TASKS,
+                        help="the tasks to read, comma-separated (default pair,carry)")
     parser.add_argument("--md", default="", help="also write the table here")
     parser.add_argument("--plot", default="", help="draw the curves here (a .png)")
     args = parser.parse_args(argv)
@@ -238,11 +268,11 @@ def main(argv: list[str] | None = None):
         check_output(parser, "--md", args.md, ".md")
     if args.plot:
         check_output(parser, "--plot", args.plot, ".png")
-    runs = collect(args.root, args.seeds)
+    runs = collect(args.root, args.seeds, args.tasks)
     if not any(runs.values()):
         parser.error(f"{args.root}: no finished run (a <task>-seed<s>/<setting>/eval/summary.json"
                      " beside its SFT's evaluation)")
-    text = report(runs, args.seeds)
+    text = report(runs, args.seeds, args.tasks)
     print(text)
     if args.md:
         with open(args.md, "w", encoding="utf-8") as fh:

@@ -18,9 +18,12 @@
 # then scripts/dynamics.py: the table (results/dynamics.md) and the figure (results/dynamics.png).
 #
 # Jobs (a task and a seed: its SFT, then its runs in order) share $LANES one-thread lanes, the
-# carry jobs first (their SFT takes longest); a failed job does not stop the others, and a rerun
-# skips every step whose output exists. results/ is written only when every setting has its
-# default; any other run writes its table and figure into $OUT (or RESULTS=).
+# carry jobs first (their SFT takes longest); a failed job does not stop the others. A rerun skips
+# every step whose output exists, continues a training stopped midway from its last checkpoint
+# (--resume=True, exact), and refuses a step whose folder another command made (another setting:
+# give it its own OUT). Stopping the script (Ctrl-C, kill) stops its jobs. results/ is written
+# only when every setting has its default; any other run writes its table and figure into $OUT
+# (or RESULTS=).
 set -euo pipefail
 set -f                 # no file-name expansion: TASKS='*' is a setting, not the folder's files
 cd "$(dirname "$0")/.."
@@ -38,7 +41,7 @@ PAIR_FLAGS=${PAIR_FLAGS-$DEFAULT_PAIR_FLAGS}
 CARRY_STEPS=${CARRY_STEPS:-104}
 CARRY_TOKENS=${CARRY_TOKENS:-256}
 CARRY_EVAL_LIMIT=${CARRY_EVAL_LIMIT:-200}
-CARRY_SFT_DIR=runs/budget-carry   # scripts/budget.sh's $CARRY_OUT: one SFT per seed for both
+CARRY_SFT_DIR=${CARRY_SFT_DIR:-runs/budget-carry}   # budget.sh's $CARRY_OUT: one SFT a seed
 CARRY_SFT_STEPS=1000              # scripts/carry_sft.sh's (its last checkpoint)
 CARRY_GRPO_BATCH=16               # prompts per step, as scripts/budget.sh (long responses)
 PAIR_SFT_STEPS=400                # the tiny preset's SFT steps (its last checkpoint)
@@ -87,10 +90,20 @@ for flag in $PAIR_FLAGS; do
       exit 2 ;;
   esac
 done
+if ! command -v "$PY" > /dev/null; then
+  echo "dynamics.sh: no Python at PY=$PY: run make test or make demo first (they set up .venv)," \
+    "or set PY=" >&2
+  exit 2
+fi
 if ! problem=$($PY -c 'import sys, config, grpo; config.parse(grpo.GRPOConfig, sys.argv[1:])' \
     $PAIR_FLAGS 2>&1 > /dev/null); then
   echo "dynamics.sh: PAIR_FLAGS=\"$PAIR_FLAGS\" is not a set of grpo.py flags:" \
     "$(echo "$problem" | tail -n 1)" >&2
+  exit 2
+fi
+if ! $PY -c "import matplotlib" 2> /dev/null; then
+  echo "dynamics.sh: $PY has no matplotlib, which the figure needs: run make test or make demo" \
+    "(they install it), or $PY -m pip install matplotlib" >&2
   exit 2
 fi
 RESULTS_DIR=${RESULTS:-$OUT}
@@ -109,16 +122,34 @@ mkdir -p "$OUT" "$RESULTS_DIR"
 start=$(date +%s)
 
 # One command of a job, timed and skipped when its output ($1) exists; a failure fails the job.
+# The command is kept beside the output's folder (<folder>.command): a rerun whose command differs
+# is refused. A training (its output a checkpoint) stopped midway resumes from its latest one.
 step() {
   local output=$1
   shift
+  local folder
+  folder=$(dirname "$output")
+  if [ -f "$folder.command" ] && [ "$(cat "$folder.command")" != "$*" ]; then
+    echo "dynamics.sh: $folder was made by another command:"
+    echo "  $(cat "$folder.command")"
+    echo "this run's: $*"
+    echo "give this run its own OUT=, or move $folder aside"
+    return 1
+  fi
   if [ -e "$output" ]; then
     return 0
   fi
-  echo "[$(date +%H:%M:%S)] $*"
+  mkdir -p "$(dirname "$folder")"
+  echo "$*" > "$folder.command"
+  local resume=""
+  if [[ $(basename "$output") == checkpoint-* ]] && [ -d "$folder" ] \
+      && find "$folder" -path "$folder/checkpoint-*/trainer_state.pt" | grep -q .; then
+    resume="--resume=True"
+  fi
+  echo "[$(date +%H:%M:%S)] $* $resume"
   local t0
   t0=$(date +%s)
-  if ! "$@"; then
+  if ! "$@" $resume; then
     echo "[$(date +%H:%M:%S)] failed: $*"
     return 1
   fi
@@ -179,17 +210,30 @@ for task in $TASKS; do
 done
 echo "dynamics.sh: tasks $TASKS, seeds $SEEDS, $LANES lanes; logs: $OUT/<task>-seed<s>.log"
 lane='echo "[$(date +%H:%M:%S)] start $0 seed $1"
-if "${0}_job" "$1" > "$OUT/$0-seed$1.log" 2>&1; then
+echo "== dynamics.sh, $(date)" >> "$OUT/$0-seed$1.log"
+if "${0}_job" "$1" >> "$OUT/$0-seed$1.log" 2>&1; then
   echo "[$(date +%H:%M:%S)] done $0 seed $1"
 else
   echo "[$(date +%H:%M:%S)] FAILED $0 seed $1: see $OUT/$0-seed$1.log"
   exit 1
 fi'
+# Stopped, the script stops its jobs (xargs alone would leave them running); a stopped training
+# saves a checkpoint, and a rerun continues it.
+descendants() {
+  local child
+  for child in $(pgrep -P "$1"); do
+    echo "$child"
+    descendants "$child"
+  done
+}
+trap 'echo "dynamics.sh: stopped; a rerun continues" >&2; kill $(descendants $$) 2> /dev/null;
+  exit 143' INT TERM
 failed=0
-if ! printf "%s" "$jobs" | xargs -P "$LANES" -L 1 bash -c "$lane"; then
+printf "%s" "$jobs" | xargs -P "$LANES" -L 1 bash -c "$lane" &
+if ! wait $!; then     # in the background: a signal reaches the trap at once
   failed=1
 fi
-$PY scripts/dynamics.py "$OUT" --seeds="${SEEDS// /,}" --md="$RESULTS_DIR/dynamics.md" \
+$PY scripts/dynamics.py "$OUT" --seeds="${SEEDS// /,}" --tasks="${TASKS// /,}" --md="$RESULTS_DIR/dynamics.md" \
   --plot="$RESULTS_DIR/dynamics.png"
 echo "dynamics.sh took $(( $(date +%s) - start )) s; table: $RESULTS_DIR/dynamics.md," \
   "figure: $RESULTS_DIR/dynamics.png"

@@ -279,3 +279,84 @@ def test_dynamics_table_and_targets_by_hand(tmp_path):
         in text
     out = run_script("dynamics.py", str(tmp_path), "--seeds=0,1", f"--md={tmp_path / 't.md'}")
     assert text in out and (tmp_path / "t.md").read_text().endswith(text + "\n")
+
+
+def test_dynamics_reads_a_run_that_starts_at_zero_and_waits_for_an_empty_log(tmp_path):
+    """A run whose training accuracy starts (and stays) at 0 has no crash to report ("-"), and
+    one whose log.jsonl is still empty counts as not finished. --tasks=carry reads only carry:
+    the pair task is not listed as unfinished."""
+    _write_eval(tmp_path / "carry-seed0" / "eval-sft-steps", [0.5], 0.0)
+    _write_run(tmp_path / "carry-seed0" / "steps", [0.5] * 12, [0.0] * 12)
+    _write_eval(tmp_path / "carry-seed0" / "steps" / "eval", [0.7], 0.0)
+    _write_eval(tmp_path / "carry-seed0" / "eval-sft-tokens", [0.5], 0.0)
+    _write_run(tmp_path / "carry-seed0" / "tokens", [], [])
+    (tmp_path / "carry-seed0" / "tokens" / "grpo" / "log.jsonl").write_text("")
+    _write_eval(tmp_path / "carry-seed0" / "tokens" / "eval", [0.4], 0.0)
+    out = run_script("dynamics.py", str(tmp_path), "--seeds=0", "--tasks=carry")
+    assert "| carry | S1, budget in decode steps | 0 | 50.0% | 70.0% | +20.0 | 50.0% -> 50.0% " \
+           "| 0.0 | 0.0 | - (starts at 0) |" in out
+    assert "Not finished (no evaluation yet):\n- carry, S1, budget in tokens: seeds 0" in out
+    assert "pair, Unseen S1 (accuracy reward): seeds 0" not in out
+
+
+FAKE_PY = r"""#!/usr/bin/env bash
+# A stand-in for python: logs its arguments, makes the output each step is checked by.
+echo "$*" >> "$CALLS"
+case "$1" in
+  -c|scripts/dynamics.py) exit 0 ;;
+esac
+for arg in "$@"; do
+  case $arg in
+    --out_dir=*) out=${arg#--out_dir=} ;;
+    --max_steps=*) steps=${arg#--max_steps=} ;;
+  esac
+done
+if [ "$1" = eval.py ]; then
+  mkdir -p "$out" && echo '{}' > "$out/summary.json"
+else
+  mkdir -p "$out/checkpoint-$steps" && touch "$out/checkpoint-$steps/trainer_state.pt"
+fi
+"""
+
+
+def test_dynamics_sh_refuses_a_changed_setting_and_resumes_a_stopped_training(tmp_path):
+    """With a stand-in python: a rerun with another CARRY_STEPS into the same OUT is refused (the
+    folder keeps the command that made it), not mixed with the earlier run; a training stopped
+    at a checkpoint is continued with --resume=True; the job log is appended to, not wiped."""
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PY)
+    fake.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    out = tmp_path / "out"
+    env = dict(os.environ, PY=str(fake), CALLS=str(calls), OUT=str(out), TASKS="carry",
+               SEEDS="0", LANES="1", CARRY_SFT_DIR=str(tmp_path / "sft"))
+    script = os.path.join(ROOT, "scripts", "dynamics.sh")
+
+    def run(**settings):
+        return subprocess.run(["bash", script], env=dict(env, **settings), capture_output=True,
+                              text=True, timeout=120, check=False)
+
+    first = run()
+    assert first.returncode == 0, first.stdout + first.stderr
+    grpo_calls = [c for c in calls.read_text().splitlines() if c.startswith("grpo.py")]
+    assert len(grpo_calls) == 2 and "--max_new_tokens=104" in grpo_calls[0]
+    log = out / "carry-seed0.log"
+    first_log = log.read_text()
+
+    changed = run(CARRY_STEPS="128")
+    assert changed.returncode == 1
+    assert "eval-sft-steps was made by another command" in log.read_text()
+    assert log.read_text().startswith(first_log)                      # appended
+    assert len([c for c in calls.read_text().splitlines() if c.startswith("grpo.py")]) == 2
+
+    grpo = out / "carry-seed0" / "tokens" / "grpo"
+    (grpo / "checkpoint-100" / "trainer_state.pt").unlink()
+    (grpo / "checkpoint-100").rmdir()
+    (grpo / "checkpoint-50").mkdir()
+    (grpo / "checkpoint-50" / "trainer_state.pt").touch()
+    (out / "carry-seed0" / "tokens" / "eval" / "summary.json").unlink()
+    resumed = run()
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    last = [c for c in calls.read_text().splitlines() if c.startswith(("grpo.py", "eval.py"))]
+    assert "--max_new_tokens=256" in last[-2] and last[-2].endswith(" --resume=True")
+    assert last[-1].startswith("eval.py") and "--resume" not in last[-1]
