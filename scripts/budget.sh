@@ -23,12 +23,13 @@
 # GRPO runs under the decode-step budget (--budget=steps; for the sequential chain a step is a
 # token); budget_curve.py counts a response as right at cap c only if it is right and spent at
 # most c tokens (or decode steps): a post-hoc cut, the same for every method.
-# Jobs run on $LANES one-thread lanes; a failed chain does not stop the others, and a rerun skips
-# every step whose output exists. TASKS (default "pair carry") picks the tasks; a task left out
-# keeps its earlier table and curves (results/budget-<task>.json). Per task, budget_curve.py writes
-# its curves to results/budget-<task>.json when every setting is the default (else to the task's
-# OUT; RESULTS= chooses); then results/budget.md holds both tasks' tables and results/budget.png
-# a row per task.
+# Jobs run on $LANES one-thread lanes; a failed chain does not stop the others. A rerun skips every
+# step whose output exists, continues a training stopped midway, and refuses a step whose folder
+# another command made (scripts/jobs.sh); stopping the script stops its jobs. TASKS (default
+# "pair carry") picks the tasks; a task left out keeps its earlier table and curves
+# (results/budget-<task>.json). Per task, budget_curve.py writes its curves to
+# results/budget-<task>.json when every setting is the default (else to the task's OUT; RESULTS=
+# chooses); then results/budget.md holds both tasks' tables and results/budget.png a row per task.
 set -euo pipefail
 set -f                 # no file-name expansion: TASKS='*' is a setting, not the folder's files
 cd "$(dirname "$0")/.."
@@ -125,6 +126,16 @@ for method in $METHODS; do
     exit 2
   fi
 done
+if ! command -v "$PY" > /dev/null; then
+  echo "budget.sh: no Python at PY=$PY: run make test or make demo first (they set up .venv)," \
+    "or set PY=" >&2
+  exit 2
+fi
+if ! $PY -c "import matplotlib" 2> /dev/null; then
+  echo "budget.sh: $PY has no matplotlib, which the plot needs: run make test or make demo" \
+    "(they install it), or $PY -m pip install matplotlib" >&2
+  exit 2
+fi
 # results/ (the README's tables and figure) is written only by a run with every default setting;
 # any other run writes its report into its own OUT folder (or RESULTS=).
 # $1 = the task's "NAME=default" list; true if each of those settings has its default.
@@ -156,19 +167,8 @@ for task in $TASKS; do
 done
 start=$(date +%s)
 
-# One command of a chain, timed; a failure says so and fails the chain.
-step() {
-  echo "[$(date +%H:%M:%S)] $*"
-  local t0
-  t0=$(date +%s)
-  local status=0
-  "$@" || status=$?
-  if [ "$status" -ne 0 ]; then
-    echo "[$(date +%H:%M:%S)] failed (exit $status): $*"
-    return 1
-  fi
-  echo "[$(date +%H:%M:%S)] done in $(( $(date +%s) - t0 )) s"
-}
+JOBS_SCRIPT=budget.sh
+source scripts/jobs.sh      # step: run a command unless its output exists; run_lanes
 
 # A pair-task chain: $1 = method, $2 = seed. Writes $OUT/<method>-seed<seed>/{sft,grpo,eval}.
 pair_chain() {
@@ -197,18 +197,14 @@ pair_chain() {
       eval_args="--num_paths=4" ;;
     *) echo "unknown method $method"; return 2 ;;
   esac
-  if [ ! -d "$dir/sft/checkpoint-$SFT_STEPS" ]; then
-    step $PY sft.py --seed="$seed" $sft_args --out_dir="$dir/sft" || return 1
-  fi
-  if [ ! -d "$dir/grpo/checkpoint-$GRPO_STEPS" ]; then
-    step $PY grpo.py $grpo_args --seed="$seed" --model="$dir/sft/checkpoint-$SFT_STEPS" \
-      --budget=steps --max_new_tokens="$BUDGET" --max_steps="$GRPO_STEPS" --eval_data= \
-      --out_dir="$dir/grpo" || return 1
-  fi
-  if [ ! -f "$dir/eval/summary.json" ]; then
-    step $PY eval.py --model="$dir/grpo/checkpoint-$GRPO_STEPS" $eval_args --budget=steps \
-      --max_new_tokens="$EVAL_BUDGET" --limit=0 --k=4 --name="$method" --out_dir="$dir/eval" || return 1
-  fi
+  step "$dir/sft/checkpoint-$SFT_STEPS" $PY sft.py --seed="$seed" $sft_args \
+    --out_dir="$dir/sft" || return 1
+  step "$dir/grpo/checkpoint-$GRPO_STEPS" $PY grpo.py $grpo_args --seed="$seed" \
+    --model="$dir/sft/checkpoint-$SFT_STEPS" --budget=steps --max_new_tokens="$BUDGET" \
+    --max_steps="$GRPO_STEPS" --eval_data= --out_dir="$dir/grpo" || return 1
+  step "$dir/eval/summary.json" $PY eval.py --model="$dir/grpo/checkpoint-$GRPO_STEPS" \
+    $eval_args --budget=steps --max_new_tokens="$EVAL_BUDGET" --limit=0 --k=4 --name="$method" \
+    --out_dir="$dir/eval" || return 1
 }
 
 # A carry-task chain: $1 = method, $2 = seed. Writes $CARRY_OUT/<method>-seed<seed>/{grpo,eval};
@@ -224,9 +220,7 @@ carry_chain() {
   local eval_args
   case $method in
     sequential)
-      if [ ! -d "$start_model" ]; then
-        step bash scripts/carry_sft.sh "$seed" "$sft" || return 1
-      fi
+      step "$start_model" bash scripts/carry_sft.sh "$seed" "$sft" || return 1
       grpo_args="--recipe=baseline"
       eval_args="" ;;
     parallel-4)
@@ -242,20 +236,17 @@ carry_chain() {
       eval_args="--num_paths=4 --max_blocks=1" ;;
     *) echo "unknown method $method"; return 2 ;;
   esac
-  if [ ! -d "$dir/grpo/checkpoint-$CARRY_GRPO_STEPS" ]; then
-    step $PY grpo.py $grpo_args --seed="$seed" --model="$start_model" --data=carry:hard:rl \
-      --batch_size="$CARRY_GRPO_BATCH" --budget=steps --max_new_tokens="$CARRY_BUDGET" \
-      --max_steps="$CARRY_GRPO_STEPS" --eval_data= --out_dir="$dir/grpo" || return 1
-  fi
-  if [ ! -f "$dir/eval/summary.json" ]; then
-    step $PY eval.py --model="$dir/grpo/checkpoint-$CARRY_GRPO_STEPS" $eval_args \
-      --data=carry:hard:test --limit="$CARRY_EVAL_LIMIT" --k=4 --budget=steps \
-      --max_new_tokens="$CARRY_EVAL_BUDGET" --name="$method" --out_dir="$dir/eval" || return 1
-  fi
+  step "$dir/grpo/checkpoint-$CARRY_GRPO_STEPS" $PY grpo.py $grpo_args --seed="$seed" \
+    --model="$start_model" --data=carry:hard:rl --batch_size="$CARRY_GRPO_BATCH" --budget=steps \
+    --max_new_tokens="$CARRY_BUDGET" --max_steps="$CARRY_GRPO_STEPS" --eval_data= \
+    --out_dir="$dir/grpo" || return 1
+  step "$dir/eval/summary.json" $PY eval.py --model="$dir/grpo/checkpoint-$CARRY_GRPO_STEPS" \
+    $eval_args --data=carry:hard:test --limit="$CARRY_EVAL_LIMIT" --k=4 --budget=steps \
+    --max_new_tokens="$CARRY_EVAL_BUDGET" --name="$method" --out_dir="$dir/eval" || return 1
 }
-export -f step pair_chain carry_chain
-export PY OUT BUDGET GRPO_STEPS EVAL_BUDGET SFT_STEPS CARRY_OUT CARRY_BUDGET CARRY_GRPO_STEPS \
-  CARRY_GRPO_BATCH CARRY_EVAL_BUDGET CARRY_EVAL_LIMIT CARRY_SFT_STEPS WAIT_S
+export -f pair_chain carry_chain
+export JOBS_SCRIPT PY OUT BUDGET GRPO_STEPS EVAL_BUDGET SFT_STEPS CARRY_OUT CARRY_BUDGET \
+  CARRY_GRPO_STEPS CARRY_GRPO_BATCH CARRY_EVAL_BUDGET CARRY_EVAL_LIMIT CARRY_SFT_STEPS WAIT_S
 
 # The jobs, longest first; a carry chain's base comes before the parallel chains that wait for it.
 jobs=""
@@ -279,14 +270,15 @@ echo "budget.sh: tasks $TASKS, seeds $SEEDS, $LANES lanes; logs: <OUT>/<method>-
 # other chains go on (their outputs are kept).
 lane='echo "[$(date +%H:%M:%S)] start $0 $1 seed $2"
 rm -f "$3/$1-seed$2.failed"
-if "${0}_chain" "$1" "$2" > "$3/$1-seed$2.log" 2>&1; then
+echo "== budget.sh, $(date)" >> "$3/$1-seed$2.log"
+if "${0}_chain" "$1" "$2" >> "$3/$1-seed$2.log" 2>&1; then
   echo "[$(date +%H:%M:%S)] done $0 $1 seed $2"
 else
   touch "$3/$1-seed$2.failed"
   echo "[$(date +%H:%M:%S)] FAILED $0 $1 seed $2: see $3/$1-seed$2.log"
   exit 1
 fi'
-if ! printf "%s" "$jobs" | xargs -P "$LANES" -L 1 bash -c "$lane"; then
+if ! run_lanes "$LANES" "$lane" "$jobs"; then
   echo "budget.sh: a chain failed (above); fix it and run again: finished steps are skipped" >&2
   exit 1
 fi

@@ -121,40 +121,8 @@ fi
 mkdir -p "$OUT" "$RESULTS_DIR"
 start=$(date +%s)
 
-# One command of a job, timed and skipped when its output ($1) exists; a failure fails the job.
-# The command is kept beside the output's folder (<folder>.command): a rerun whose command differs
-# is refused. A training (its output a checkpoint) stopped midway resumes from its latest one.
-step() {
-  local output=$1
-  shift
-  local folder
-  folder=$(dirname "$output")
-  if [ -f "$folder.command" ] && [ "$(cat "$folder.command")" != "$*" ]; then
-    echo "dynamics.sh: $folder was made by another command:"
-    echo "  $(cat "$folder.command")"
-    echo "this run's: $*"
-    echo "give this run its own OUT=, or move $folder aside"
-    return 1
-  fi
-  if [ -e "$output" ]; then
-    return 0
-  fi
-  mkdir -p "$(dirname "$folder")"
-  echo "$*" > "$folder.command"
-  local resume=""
-  if [[ $(basename "$output") == checkpoint-* ]] && [ -d "$folder" ] \
-      && find "$folder" -path "$folder/checkpoint-*/trainer_state.pt" | grep -q .; then
-    resume="--resume=True"
-  fi
-  echo "[$(date +%H:%M:%S)] $* $resume"
-  local t0
-  t0=$(date +%s)
-  if ! "$@" $resume; then
-    echo "[$(date +%H:%M:%S)] failed: $*"
-    return 1
-  fi
-  echo "[$(date +%H:%M:%S)] done in $(( $(date +%s) - t0 )) s"
-}
+JOBS_SCRIPT=dynamics.sh
+source scripts/jobs.sh      # step: run a command unless its output exists; run_lanes
 
 # The pair task, seed $1: the demo's SFT, then S1 and S2 from it, each evaluated as the demo does.
 pair_job() {
@@ -198,9 +166,9 @@ carry_job() {
       --out_dir="$dir/$budget/eval" || return 1
   done
 }
-export -f step pair_job carry_job
-export PY OUT GRPO_STEPS PAIR_FLAGS CARRY_STEPS CARRY_TOKENS CARRY_EVAL_LIMIT CARRY_SFT_DIR \
-  CARRY_SFT_STEPS CARRY_GRPO_BATCH PAIR_SFT_STEPS
+export -f pair_job carry_job
+export JOBS_SCRIPT PY OUT GRPO_STEPS PAIR_FLAGS CARRY_STEPS CARRY_TOKENS CARRY_EVAL_LIMIT \
+  CARRY_SFT_DIR CARRY_SFT_STEPS CARRY_GRPO_BATCH PAIR_SFT_STEPS
 
 jobs=""
 for task in $TASKS; do
@@ -217,24 +185,12 @@ else
   echo "[$(date +%H:%M:%S)] FAILED $0 seed $1: see $OUT/$0-seed$1.log"
   exit 1
 fi'
-# Stopped, the script stops its jobs (xargs alone would leave them running); a stopped training
-# saves a checkpoint, and a rerun continues it.
-descendants() {
-  local child
-  for child in $(pgrep -P "$1"); do
-    echo "$child"
-    descendants "$child"
-  done
-}
-trap 'echo "dynamics.sh: stopped; a rerun continues" >&2; kill $(descendants $$) 2> /dev/null;
-  exit 143' INT TERM
 failed=0
-printf "%s" "$jobs" | xargs -P "$LANES" -L 1 bash -c "$lane" &
-if ! wait $!; then     # in the background: a signal reaches the trap at once
+if ! run_lanes "$LANES" "$lane" "$jobs"; then
   failed=1
 fi
-$PY scripts/dynamics.py "$OUT" --seeds="${SEEDS// /,}" --tasks="${TASKS// /,}" --md="$RESULTS_DIR/dynamics.md" \
-  --plot="$RESULTS_DIR/dynamics.png"
+$PY scripts/dynamics.py "$OUT" --seeds="${SEEDS// /,}" --tasks="${TASKS// /,}" \
+  --md="$RESULTS_DIR/dynamics.md" --plot="$RESULTS_DIR/dynamics.png"
 echo "dynamics.sh took $(( $(date +%s) - start )) s; table: $RESULTS_DIR/dynamics.md," \
   "figure: $RESULTS_DIR/dynamics.png"
 if [ $failed = 1 ]; then

@@ -111,10 +111,13 @@ def test_budget_sh_refuses_bad_settings_before_it_trains(tmp_path):
              (("CAPS", "foo"),): "CAPS=foo: give whole numbers separated by commas",
              (("EVAL_BUDGET", "64"),): "CAPS holds 80: give budgets from 1 to EVAL_BUDGET=64",
              (("CARRY_CAPS", "0,64"),): "CARRY_CAPS holds 0: give budgets from 1 to",
-             (("LANES", "0"),): "LANES=0: give the number of jobs at once"}
+             (("LANES", "0"),): "LANES=0: give the number of jobs at once",
+             (("PY", "/no/such/python"),): "no Python at PY=/no/such/python: run make test",
+             (): "has no matplotlib, which the plot needs"}      # PY=false: not a Python
     for settings, message in cases.items():
         env = dict(os.environ, PY="false", OUT=str(tmp_path / "pair"),
-                   CARRY_OUT=str(tmp_path / "carry"), **dict(settings))
+                   CARRY_OUT=str(tmp_path / "carry"))
+        env.update(dict(settings))
         out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "budget.sh")], env=env,
                              capture_output=True, text=True, timeout=60, check=False)
         assert out.returncode == 2 and message in out.stderr, (settings, out.stderr)
@@ -135,7 +138,8 @@ def test_dynamics_sh_refuses_bad_settings_before_it_trains(tmp_path):
              (("CARRY_TOKENS", "many"),): "CARRY_TOKENS=many: give a whole number",
              (("PAIR_FLAGS", "--kl_coef=x"), ("PY", sys.executable)): "is not a set of grpo.py",
              (("PAIR_FLAGS", "--no_such_flag=1"), ("PY", sys.executable)):
-                 "unrecognized arguments: --no_such_flag=1"}
+                 "unrecognized arguments: --no_such_flag=1",
+             (("PY", "/no/such/python"),): "no Python at PY=/no/such/python: run make test"}
     for settings, message in cases.items():
         env = dict(os.environ, PY="false", OUT=str(tmp_path / "out"))
         env.update(dict(settings))

@@ -303,7 +303,7 @@ FAKE_PY = r"""#!/usr/bin/env bash
 # A stand-in for python: logs its arguments, makes the output each step is checked by.
 echo "$*" >> "$CALLS"
 case "$1" in
-  -c|scripts/dynamics.py) exit 0 ;;
+  -c|scripts/dynamics.py|scripts/budget_curve.py) exit 0 ;;
 esac
 for arg in "$@"; do
   case $arg in
@@ -360,3 +360,59 @@ def test_dynamics_sh_refuses_a_changed_setting_and_resumes_a_stopped_training(tm
     last = [c for c in calls.read_text().splitlines() if c.startswith(("grpo.py", "eval.py"))]
     assert "--max_new_tokens=256" in last[-2] and last[-2].endswith(" --resume=True")
     assert last[-1].startswith("eval.py") and "--resume" not in last[-1]
+
+
+def test_budget_sh_refuses_a_changed_setting_and_appends_its_logs(tmp_path):
+    """budget.sh runs its steps through the same scripts/jobs.sh: with a stand-in python, a rerun
+    with another CARRY_BUDGET into the same CARRY_OUT is refused at the first step it changes
+    (the sequential chain's GRPO), and the chain's log keeps the first run's lines."""
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PY)
+    fake.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    out = tmp_path / "carry"
+    env = dict(os.environ, PY=str(fake), CALLS=str(calls), CARRY_OUT=str(out), TASKS="carry",
+               SEEDS="0", LANES="1")
+    script = os.path.join(ROOT, "scripts", "budget.sh")
+    first = subprocess.run(["bash", script], env=env, capture_output=True, text=True,
+                           timeout=120, check=False)
+    assert first.returncode == 0, first.stdout + first.stderr
+    trained = [c for c in calls.read_text().splitlines() if c.startswith(("sft.py", "grpo.py"))]
+    assert len(trained) == 3                 # the SFT, then each method's GRPO
+    log = out / "sequential-seed0.log"
+    first_log = log.read_text()
+    changed = subprocess.run(["bash", script], env=dict(env, CARRY_BUDGET="96"),
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert changed.returncode == 1
+    assert log.read_text().startswith(first_log)
+    assert "sequential-seed0/grpo was made by another command" in log.read_text()
+    assert len([c for c in calls.read_text().splitlines() if c.startswith("grpo.py")]) == 2
+
+
+def test_stopping_the_script_stops_its_jobs(tmp_path):
+    """Killing dynamics.sh (scripts/jobs.sh's run_lanes) stops the job it started: with xargs
+    alone the training would go on, orphaned."""
+    import signal
+    import time
+    fake = tmp_path / "python"
+    fake.write_text('#!/usr/bin/env bash\ncase "$1" in -c) exit 0 ;; esac\n'
+                    'echo $$ > "$PID_FILE"\nexec sleep 600\n')
+    fake.chmod(0o755)
+    pid_file = tmp_path / "job.pid"
+    env = dict(os.environ, PY=str(fake), PID_FILE=str(pid_file), OUT=str(tmp_path / "out"),
+               CARRY_SFT_DIR=str(tmp_path / "sft"), TASKS="carry", SEEDS="0", LANES="1")
+    script = subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "dynamics.sh")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(600):                      # up to 60 s for the job to start
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        time.sleep(0.1)
+    job = int(pid_file.read_text())
+    script.send_signal(signal.SIGTERM)
+    _, stderr = script.communicate(timeout=60)
+    assert script.returncode == 143 and "stopped; a rerun continues" in stderr
+    for _ in range(300):                      # up to 30 s for the job to go
+        if not os.path.exists(f"/proc/{job}"):
+            break
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{job}"), "the job outlived the script"
