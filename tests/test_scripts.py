@@ -319,14 +319,19 @@ fi
 """
 
 
+def _stand_in_python(tmp_path):
+    """FAKE_PY as tmp_path/python, and the file it logs its calls to."""
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PY)
+    fake.chmod(0o755)
+    return fake, tmp_path / "calls.txt"
+
+
 def test_dynamics_sh_refuses_a_changed_setting_and_resumes_a_stopped_training(tmp_path):
     """With a stand-in python: a rerun with another CARRY_STEPS into the same OUT is refused (the
     folder keeps the command that made it), not mixed with the earlier run; a training stopped
     at a checkpoint is continued with --resume=True; the job log is appended to, not wiped."""
-    fake = tmp_path / "python"
-    fake.write_text(FAKE_PY)
-    fake.chmod(0o755)
-    calls = tmp_path / "calls.txt"
+    fake, calls = _stand_in_python(tmp_path)
     out = tmp_path / "out"
     env = dict(os.environ, PY=str(fake), CALLS=str(calls), OUT=str(out), TASKS="carry",
                SEEDS="0", LANES="1", CARRY_SFT_DIR=str(tmp_path / "sft"))
@@ -366,10 +371,7 @@ def test_budget_sh_refuses_a_changed_setting_and_appends_its_logs(tmp_path):
     """budget.sh runs its steps through the same scripts/jobs.sh: with a stand-in python, a rerun
     with another CARRY_BUDGET into the same CARRY_OUT is refused at the first step it changes
     (the sequential chain's GRPO), and the chain's log keeps the first run's lines."""
-    fake = tmp_path / "python"
-    fake.write_text(FAKE_PY)
-    fake.chmod(0o755)
-    calls = tmp_path / "calls.txt"
+    fake, calls = _stand_in_python(tmp_path)
     out = tmp_path / "carry"
     env = dict(os.environ, PY=str(fake), CALLS=str(calls), CARRY_OUT=str(out), TASKS="carry",
                SEEDS="0", LANES="1")
