@@ -69,10 +69,15 @@ CARRY_TARGET=10        # issue 33's target lead (points)
 WAIT_S=30              # how often a parallel carry chain looks for its base
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 
+if [ $# -gt 0 ]; then
+  echo "budget.sh takes no arguments; its settings are environment variables, e.g." \
+    "SEEDS=\"0\" TASKS=carry bash scripts/budget.sh (all of them: the comment at its top)" >&2
+  exit 2
+fi
 # Check the settings before anything starts.
 if [ -z "${SEEDS// /}" ] || [ -z "${METHODS// /}" ] || [ -z "${TASKS// /}" ]; then
-  echo "budget.sh: SEEDS, METHODS and TASKS must not be empty (defaults: SEEDS=\"$DEFAULT_SEEDS\"," \
-    "METHODS=\"$DEFAULT_METHODS\", TASKS=\"$DEFAULT_TASKS\")" >&2
+  echo "budget.sh: SEEDS, METHODS and TASKS must not be empty (defaults:" \
+    "SEEDS=\"$DEFAULT_SEEDS\", METHODS=\"$DEFAULT_METHODS\", TASKS=\"$DEFAULT_TASKS\")" >&2
   exit 2
 fi
 for task in $TASKS; do
@@ -80,9 +85,13 @@ for task in $TASKS; do
     echo "budget.sh: unknown task '$task' in TASKS; known: $DEFAULT_TASKS" >&2
     exit 2
   fi
+  if [ "$(echo "$TASKS" | tr ' ' '\n' | grep -cx "$task")" -gt 1 ]; then
+    echo "budget.sh: TASKS=\"$TASKS\" names $task twice: give each task once" >&2
+    exit 2
+  fi
 done
 for seed in $SEEDS; do
-  if ! [[ $seed =~ ^[0-9]+$ ]]; then
+  if ! [[ $seed =~ ^(0|[1-9][0-9]*)$ ]]; then
     echo "budget.sh: SEEDS holds '$seed': give whole numbers separated by spaces," \
       "e.g. SEEDS=\"0 1 2\"" >&2
     exit 2
@@ -108,9 +117,10 @@ check_caps() {
     fi
   done
 }
-for name in EVAL_BUDGET CARRY_EVAL_BUDGET; do
+for name in BUDGET GRPO_STEPS EVAL_BUDGET CARRY_BUDGET CARRY_GRPO_STEPS CARRY_EVAL_BUDGET \
+    CARRY_EVAL_LIMIT; do
   if ! [[ ${!name} =~ ^[1-9][0-9]*$ ]]; then
-    echo "budget.sh: $name=${!name}: give a whole number of decode steps, 1 or more" >&2
+    echo "budget.sh: $name=${!name}: give a whole number, 1 or more" >&2
     exit 2
   fi
 done
@@ -125,15 +135,19 @@ for method in $METHODS; do
     echo "budget.sh: unknown method '$method' in METHODS; known: $KNOWN_METHODS" >&2
     exit 2
   fi
+  if [ "$(echo "$METHODS" | tr ' ' '\n' | grep -cx "$method")" -gt 1 ]; then
+    echo "budget.sh: METHODS=\"$METHODS\" names $method twice: give each method once" >&2
+    exit 2
+  fi
 done
 if ! command -v "$PY" > /dev/null; then
   echo "budget.sh: no Python at PY=$PY: run make test or make demo first (they set up .venv)," \
     "or set PY=" >&2
   exit 2
 fi
-if ! $PY -c "import matplotlib" 2> /dev/null; then
-  echo "budget.sh: $PY has no matplotlib, which the plot needs: run make test or make demo" \
-    "(they install it), or $PY -m pip install matplotlib" >&2
+if ! $PY -c "import torch, transformers, matplotlib" 2> /dev/null; then
+  echo "budget.sh: PY=$PY cannot import torch, transformers and matplotlib (the plot's): run" \
+    "make test or make demo (they set up .venv), or point PY= at such a Python" >&2
   exit 2
 fi
 # results/ (the README's tables and figure) is written only by a run with every default setting;
@@ -254,28 +268,40 @@ for task in $TASKS; do
   if [ "$task" = carry ]; then
     for method in $CARRY_METHODS; do
       for seed in $SEEDS; do
-        jobs+="carry $method $seed $CARRY_OUT"$'\n'
+        jobs+="carry $method $seed"$'\n'
       done
     done
   else
     for method in $METHODS; do
       for seed in $SEEDS; do
-        jobs+="pair $method $seed $OUT"$'\n'
+        jobs+="pair $method $seed"$'\n'
       done
     done
   fi
 done
-echo "budget.sh: tasks $TASKS, seeds $SEEDS, $LANES lanes; logs: <OUT>/<method>-seed<s>.log"
+logs=""
+for task in $TASKS; do
+  if [ "$task" = carry ]; then
+    logs+=" $CARRY_OUT/<method>-seed<s>.log"
+  else
+    logs+=" $OUT/<method>-seed<s>.log"
+  fi
+done
+echo "budget.sh: tasks $TASKS, seeds $SEEDS, $LANES lanes; logs:$logs"
 # Each lane: one chain; a failure is reported (and marked for the chains that wait on it), the
 # other chains go on (their outputs are kept).
 lane='echo "[$(date +%H:%M:%S)] start $0 $1 seed $2"
-rm -f "$3/$1-seed$2.failed"
-echo "== budget.sh, $(date)" >> "$3/$1-seed$2.log"
-if "${0}_chain" "$1" "$2" >> "$3/$1-seed$2.log" 2>&1; then
+dir=$OUT
+if [ "$0" = carry ]; then
+  dir=$CARRY_OUT
+fi
+rm -f "$dir/$1-seed$2.failed"
+echo "== budget.sh, $(date)" >> "$dir/$1-seed$2.log"
+if "${0}_chain" "$1" "$2" >> "$dir/$1-seed$2.log" 2>&1; then
   echo "[$(date +%H:%M:%S)] done $0 $1 seed $2"
 else
-  touch "$3/$1-seed$2.failed"
-  echo "[$(date +%H:%M:%S)] FAILED $0 $1 seed $2: see $3/$1-seed$2.log"
+  touch "$dir/$1-seed$2.failed"
+  echo "[$(date +%H:%M:%S)] FAILED $0 $1 seed $2: see $dir/$1-seed$2.log"
   exit 1
 fi'
 if ! run_lanes "$LANES" "$lane" "$jobs"; then

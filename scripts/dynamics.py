@@ -86,6 +86,8 @@ def run_row(root: str, task: str, setting: str, seed: int) -> dict | None:
     sft_share, sft_accuracy = read_eval(os.path.join(seed_dir, sft_eval))
     share, final_accuracy = read_eval(os.path.join(run_dir, "eval"))
     start_accuracy = statistics.mean(accuracy[:WINDOW])
+    smoothed_ratio = moving_mean(ratio)
+    lowest_step = min(range(len(smoothed_ratio)), key=lambda i: smoothed_ratio[i])
     lowest_accuracy = None                        # a start at 0 cannot crash
     if start_accuracy > 0:
         lowest_accuracy = min(smoothed) / start_accuracy
@@ -94,6 +96,7 @@ def run_row(root: str, task: str, setting: str, seed: int) -> dict | None:
             "sft_accuracy": sft_accuracy, "final_accuracy": final_accuracy,
             "train_first": statistics.mean(ratio[:WINDOW]),
             "train_last": statistics.mean(ratio[-WINDOW:]),
+            "lowest_share": smoothed_ratio[lowest_step], "lowest_share_step": lowest_step + 1,
             "lowest_accuracy": lowest_accuracy}
 
 
@@ -138,9 +141,9 @@ def no_crash(row: dict) -> bool:
 
 def report(runs: dict, seeds: list[int], tasks: tuple[str, ...] = TASKS) -> str:
     header = ("| task | setting | seed | SFT blocks | final blocks | change | training share "
-              f"(first {WINDOW} -> last {WINDOW} steps) | SFT acc | final acc | lowest training "
-              "acc / start |")
-    lines = [header, "|---|---|---|---|---|---|---|---|---|---|"]
+              f"(first {WINDOW} -> last {WINDOW} steps) | lowest training share ({WINDOW}-step "
+              "mean, at step) | SFT acc | final acc | lowest training acc / start |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (task, setting), rows in runs.items():
         label = SETTINGS[(task, setting)][2]
         for r in rows:
@@ -150,7 +153,8 @@ def report(runs: dict, seeds: list[int], tasks: tuple[str, ...] = TASKS) -> str:
             lines.append(
                 f"| {task} | {label} | {r['seed']} | {r['sft_share']:.1f}% | {r['share']:.1f}% | "
                 f"{r['share'] - r['sft_share']:+.1f} | {r['train_first']:.1f}% -> "
-                f"{r['train_last']:.1f}% | {r['sft_accuracy']:.1f} | {r['final_accuracy']:.1f} | "
+                f"{r['train_last']:.1f}% | {r['lowest_share']:.1f}% ({r['lowest_share_step']}) | "
+                f"{r['sft_accuracy']:.1f} | {r['final_accuracy']:.1f} | "
                 f"{lowest} |")
     legend = ("Blocks: responses that open a block, held-out (mean over the test parts); acc: "
               "Mean@k within the run's budget; lowest training acc: the lowest "

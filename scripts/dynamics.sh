@@ -47,6 +47,11 @@ CARRY_GRPO_BATCH=16               # prompts per step, as scripts/budget.sh (long
 PAIR_SFT_STEPS=400                # the tiny preset's SFT steps (its last checkpoint)
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 
+if [ $# -gt 0 ]; then
+  echo "dynamics.sh takes no arguments; its settings are environment variables, e.g." \
+    "SEEDS=1 TASKS=carry bash scripts/dynamics.sh (all of them: the comment at its top)" >&2
+  exit 2
+fi
 # Check the settings before anything starts.
 for task in $TASKS; do
   if [ "$task" != pair ] && [ "$task" != carry ]; then
@@ -95,15 +100,15 @@ if ! command -v "$PY" > /dev/null; then
     "or set PY=" >&2
   exit 2
 fi
+if ! $PY -c "import torch, transformers, matplotlib" 2> /dev/null; then
+  echo "dynamics.sh: PY=$PY cannot import torch, transformers and matplotlib (the figure's): run" \
+    "make test or make demo (they set up .venv), or point PY= at such a Python" >&2
+  exit 2
+fi
 if ! problem=$($PY -c 'import sys, config, grpo; config.parse(grpo.GRPOConfig, sys.argv[1:])' \
     $PAIR_FLAGS 2>&1 > /dev/null); then
   echo "dynamics.sh: PAIR_FLAGS=\"$PAIR_FLAGS\" is not a set of grpo.py flags:" \
     "$(echo "$problem" | tail -n 1)" >&2
-  exit 2
-fi
-if ! $PY -c "import matplotlib" 2> /dev/null; then
-  echo "dynamics.sh: $PY has no matplotlib, which the figure needs: run make test or make demo" \
-    "(they install it), or $PY -m pip install matplotlib" >&2
   exit 2
 fi
 RESULTS_DIR=${RESULTS:-$OUT}
@@ -185,12 +190,17 @@ else
   echo "[$(date +%H:%M:%S)] FAILED $0 seed $1: see $OUT/$0-seed$1.log"
   exit 1
 fi'
+# The table and the figure of what finished; results/ only when every job did (a partial table
+# goes to $OUT, and none when nothing finished).
 failed=0
 if ! run_lanes "$LANES" "$lane" "$jobs"; then
   failed=1
+  RESULTS_DIR=${RESULTS:-$OUT}
 fi
-$PY scripts/dynamics.py "$OUT" --seeds="${SEEDS// /,}" --tasks="${TASKS// /,}" \
-  --md="$RESULTS_DIR/dynamics.md" --plot="$RESULTS_DIR/dynamics.png"
+if ! $PY scripts/dynamics.py "$OUT" --seeds="${SEEDS// /,}" --tasks="${TASKS// /,}" \
+    --md="$RESULTS_DIR/dynamics.md" --plot="$RESULTS_DIR/dynamics.png"; then
+  failed=1
+fi
 echo "dynamics.sh took $(( $(date +%s) - start )) s; table: $RESULTS_DIR/dynamics.md," \
   "figure: $RESULTS_DIR/dynamics.png"
 if [ $failed = 1 ]; then

@@ -1,28 +1,32 @@
 # Sourced by scripts/budget.sh and scripts/dynamics.sh: the steps of their jobs and how a stop
 # stops them. Not the method: a reader of the study may skip it.
 #
-# `step OUTPUT COMMAND...` runs COMMAND, timed, unless OUTPUT exists. The command is kept beside
-# OUTPUT's folder (<folder>.command): a rerun whose command differs (another setting, the same
-# OUT) is refused rather than mixed with the earlier run. A training (OUTPUT a checkpoint-<step>)
-# stopped midway continues from its latest checkpoint (--resume=True, exact). Returns 1 when the
-# command fails or is refused.
+# `step OUTPUT COMMAND...` runs COMMAND, timed, unless OUTPUT exists. The command (with $PY
+# written as "python") is kept beside OUTPUT's folder (<folder>.command): a rerun whose command
+# differs (another setting, the same OUT) is refused rather than mixed with the earlier run. A
+# training (OUTPUT a checkpoint-<step>) stopped midway continues from its latest checkpoint
+# (--resume=True, exact). Returns 1 when the command fails or is refused.
 step() {
   local output=$1
   shift
   local folder
   folder=$(dirname "$output")
-  if [ -f "$folder.command" ] && [ "$(cat "$folder.command")" != "$*" ]; then
+  local command="$*"
+  if [ "$1" = "$PY" ]; then
+    command="python ${command#"$PY "}"
+  fi
+  if [ -f "$folder.command" ] && [ "$(cat "$folder.command")" != "$command" ]; then
     echo "$JOBS_SCRIPT: $folder was made by another command:"
     echo "  $(cat "$folder.command")"
-    echo "this run's: $*"
-    echo "give this run its own output folder (OUT=), or move $folder aside"
+    echo "this run's: $command"
+    echo "give this run its own output folder (OUT=), or move $folder and $folder.command aside"
     return 1
   fi
   if [ -e "$output" ]; then
     return 0
   fi
   mkdir -p "$(dirname "$folder")"
-  echo "$*" > "$folder.command"
+  echo "$command" > "$folder.command"
   local resume=""
   if [[ $(basename "$output") == checkpoint-* ]] && [ -d "$folder" ] \
       && find "$folder" -path "$folder/checkpoint-*/trainer_state.pt" | grep -q .; then
@@ -40,7 +44,7 @@ step() {
   echo "[$(date +%H:%M:%S)] done in $(( $(date +%s) - t0 )) s"
 }
 
-# The processes below $1, children first listed after their parent.
+# The processes below $1, each listed before its children.
 descendants() {
   local child
   for child in $(pgrep -P "$1"); do
@@ -49,15 +53,31 @@ descendants() {
   done
 }
 
+# `stop_jobs`: the script was stopped. Pass SIGTERM to every job (once: a training that gets a
+# second signal stops without saving), then wait for them to finish their step and save, so that
+# a rerun continues them and does not find their folders still locked.
+stop_jobs() {
+  local jobs
+  jobs=$(descendants $$)
+  echo "$JOBS_SCRIPT: stopped; waiting for the jobs to save, then a rerun continues" >&2
+  kill $jobs 2> /dev/null
+  local pid
+  for pid in $jobs; do
+    while kill -0 "$pid" 2> /dev/null; do
+      sleep 1
+    done
+  done
+}
+
 # `run_lanes LANES LANE_SCRIPT JOBS`: each line of JOBS a job, run by `bash -c LANE_SCRIPT` with
 # the line's words as $0 $1 ..., LANES at once; call it from the script itself (not in a pipe).
-# Returns non-zero when a job failed. Stopped (Ctrl-C, kill), the script stops the jobs too
-# (xargs alone would leave them running; a stopped training saves a checkpoint, and a rerun
-# continues it).
+# Returns non-zero when a job failed. The jobs run in a session of their own, so a Ctrl-C reaches
+# only the script, which stops them through stop_jobs (xargs alone would leave them running).
 run_lanes() {
-  trap 'echo "$JOBS_SCRIPT: stopped; a rerun continues" >&2; kill $(descendants $$) 2> /dev/null;
-    exit 143' INT TERM
-  xargs -P "$1" -L 1 bash -c "$2" < <(printf "%s" "$3") &
+  trap 'stop_jobs; exit 130' INT
+  trap 'stop_jobs; exit 143' TERM
+  trap 'stop_jobs; exit 129' HUP
+  setsid xargs -P "$1" -L 1 bash -c "$2" < <(printf "%s" "$3") &
   wait $!           # xargs in the background: a signal reaches the trap at once
 }
 export -f step descendants

@@ -113,7 +113,12 @@ def test_budget_sh_refuses_bad_settings_before_it_trains(tmp_path):
              (("CARRY_CAPS", "0,64"),): "CARRY_CAPS holds 0: give budgets from 1 to",
              (("LANES", "0"),): "LANES=0: give the number of jobs at once",
              (("PY", "/no/such/python"),): "no Python at PY=/no/such/python: run make test",
-             (): "has no matplotlib, which the plot needs"}      # PY=false: not a Python
+             (): "cannot import torch, transformers and matplotlib",   # PY=false: no Python
+             (("METHODS", "sequential sequential"),): 'names sequential twice',
+             (("TASKS", "pair pair"),): 'TASKS="pair pair" names pair twice',
+             (("SEEDS", "007"),): "SEEDS holds '007'",
+             (("GRPO_STEPS", "0"),): "GRPO_STEPS=0: give a whole number, 1 or more",
+             (("CARRY_BUDGET", "abc"),): "CARRY_BUDGET=abc: give a whole number"}
     for settings, message in cases.items():
         env = dict(os.environ, PY="false", OUT=str(tmp_path / "pair"),
                    CARRY_OUT=str(tmp_path / "carry"))
@@ -121,6 +126,11 @@ def test_budget_sh_refuses_bad_settings_before_it_trains(tmp_path):
         out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "budget.sh")], env=env,
                              capture_output=True, text=True, timeout=60, check=False)
         assert out.returncode == 2 and message in out.stderr, (settings, out.stderr)
+    for script in ("budget.sh", "dynamics.sh"):       # --help would otherwise start the study
+        out = subprocess.run(["bash", os.path.join(ROOT, "scripts", script), "--help"],
+                             env=dict(os.environ, PY="false", OUT=str(tmp_path / "x")),
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert out.returncode == 2 and "takes no arguments" in out.stderr, out.stderr
     assert not os.listdir(tmp_path)                   # nothing was started or created
 
 

@@ -264,7 +264,7 @@ def test_dynamics_table_and_targets_by_hand(tmp_path):
     assert s1["lowest_accuracy"] == pytest.approx(0.3 / 0.8)
     text = dynamics.report(runs, [0, 1])
     assert "| pair | Unseen S1 (accuracy reward) | 0 | 80.0% | 30.0% | -50.0 | 80.0% -> 30.0% | " \
-           "60.0 | 65.0 | 0.37 |" in text
+           "30.0% (20) | 60.0 | 65.0 | 0.37 |" in text
     assert "S1 raises the block share by >= 15 points over its SFT's: seeds none of 0" in text
     assert "S1 ends >= 15 points below its SFT's share: seeds 0 of 0" in text
     assert "S2 ends >= 15 points above S1: seeds 0 of 0" in text
@@ -294,7 +294,7 @@ def test_dynamics_reads_a_run_that_starts_at_zero_and_waits_for_an_empty_log(tmp
     _write_eval(tmp_path / "carry-seed0" / "tokens" / "eval", [0.4], 0.0)
     out = run_script("dynamics.py", str(tmp_path), "--seeds=0", "--tasks=carry")
     assert "| carry | S1, budget in decode steps | 0 | 50.0% | 70.0% | +20.0 | 50.0% -> 50.0% " \
-           "| 0.0 | 0.0 | - (starts at 0) |" in out
+           "| 50.0% (1) | 0.0 | 0.0 | - (starts at 0) |" in out
     assert "Not finished (no evaluation yet):\n- carry, S1, budget in tokens: seeds 0" in out
     assert "pair, Unseen S1 (accuracy reward): seeds 0" not in out
 
@@ -412,7 +412,7 @@ def test_stopping_the_script_stops_its_jobs(tmp_path):
     job = int(pid_file.read_text())
     script.send_signal(signal.SIGTERM)
     _, stderr = script.communicate(timeout=60)
-    assert script.returncode == 143 and "stopped; a rerun continues" in stderr
+    assert script.returncode == 143 and "stopped; waiting for the jobs to save" in stderr
     for _ in range(300):                      # up to 30 s for the job to go
         if not os.path.exists(f"/proc/{job}"):
             break
