@@ -383,6 +383,14 @@ def test_budget_sh_refuses_a_changed_setting_and_appends_its_logs(tmp_path):
     assert len(trained) == 3                 # the SFT, then each method's GRPO
     log = out / "sequential-seed0.log"
     first_log = log.read_text()
+    moved = tmp_path / "bin" / "python"                 # the same python at another path
+    moved.parent.mkdir()
+    moved.write_text(FAKE_PY)
+    moved.chmod(0o755)
+    again = subprocess.run(["bash", script], env=dict(env, PY=str(moved)), capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert again.returncode == 0, again.stdout + again.stderr   # every step found done
+    first_log = log.read_text()
     changed = subprocess.run(["bash", script], env=dict(env, CARRY_BUDGET="96"),
                              capture_output=True, text=True, timeout=120, check=False)
     assert changed.returncode == 1
