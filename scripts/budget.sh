@@ -34,6 +34,8 @@ set -euo pipefail
 set -f                 # no file-name expansion: TASKS='*' is a setting, not the folder's files
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+JOBS_SCRIPT=budget.sh
+source scripts/jobs.sh   # check_python, step (run a command unless its output exists), run_lanes
 DEFAULT_TASKS="pair carry"
 TASKS=$(echo ${TASKS-$DEFAULT_TASKS})
 DEFAULT_SEEDS="0 1 2"
@@ -140,16 +142,7 @@ for method in $METHODS; do
     exit 2
   fi
 done
-if ! command -v "$PY" > /dev/null; then
-  echo "budget.sh: no Python at PY=$PY: run make test or make demo first (they set up .venv)," \
-    "or set PY=" >&2
-  exit 2
-fi
-if ! $PY -c "import torch, transformers, matplotlib" 2> /dev/null; then
-  echo "budget.sh: PY=$PY cannot import torch, transformers and matplotlib (the plot's): run" \
-    "make test or make demo (they set up .venv), or point PY= at such a Python" >&2
-  exit 2
-fi
+check_python
 # results/ (the README's tables and figure) is written only by a run with every default setting;
 # any other run writes its report into its own OUT folder (or RESULTS=).
 # $1 = the task's "NAME=default" list; true if each of those settings has its default.
@@ -180,9 +173,6 @@ for task in $TASKS; do
   fi
 done
 start=$(date +%s)
-
-JOBS_SCRIPT=budget.sh
-source scripts/jobs.sh      # step: run a command unless its output exists; run_lanes
 
 # A pair-task chain: $1 = method, $2 = seed. Writes $OUT/<method>-seed<seed>/{sft,grpo,eval}.
 pair_chain() {

@@ -28,6 +28,8 @@ set -euo pipefail
 set -f                 # no file-name expansion: TASKS='*' is a setting, not the folder's files
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+JOBS_SCRIPT=dynamics.sh
+source scripts/jobs.sh   # check_python, step (run a command unless its output exists), run_lanes
 DEFAULTS="OUT=runs/dynamics GRPO_STEPS=100 CARRY_STEPS=104 CARRY_TOKENS=256 CARRY_EVAL_LIMIT=200"
 DEFAULT_TASKS="carry pair"
 TASKS=$(echo ${TASKS-$DEFAULT_TASKS})
@@ -95,16 +97,7 @@ for flag in $PAIR_FLAGS; do
       exit 2 ;;
   esac
 done
-if ! command -v "$PY" > /dev/null; then
-  echo "dynamics.sh: no Python at PY=$PY: run make test or make demo first (they set up .venv)," \
-    "or set PY=" >&2
-  exit 2
-fi
-if ! $PY -c "import torch, transformers, matplotlib" 2> /dev/null; then
-  echo "dynamics.sh: PY=$PY cannot import torch, transformers and matplotlib (the figure's): run" \
-    "make test or make demo (they set up .venv), or point PY= at such a Python" >&2
-  exit 2
-fi
+check_python
 if ! problem=$($PY -c 'import sys, config, grpo; config.parse(grpo.GRPOConfig, sys.argv[1:])' \
     $PAIR_FLAGS 2>&1 > /dev/null); then
   echo "dynamics.sh: PAIR_FLAGS=\"$PAIR_FLAGS\" is not a set of grpo.py flags:" \
@@ -125,9 +118,6 @@ if [ $all_defaults = 1 ] && [ "$SEEDS" = "$DEFAULT_SEEDS" ] && [ "$TASKS" = "$DE
 fi
 mkdir -p "$OUT" "$RESULTS_DIR"
 start=$(date +%s)
-
-JOBS_SCRIPT=dynamics.sh
-source scripts/jobs.sh      # step: run a command unless its output exists; run_lanes
 
 # The pair task, seed $1: the demo's SFT, then S1 and S2 from it, each evaluated as the demo does.
 pair_job() {

@@ -1,5 +1,21 @@
-# Sourced by scripts/budget.sh and scripts/dynamics.sh: the steps of their jobs and how a stop
-# stops them. Not the method: a reader of the study may skip it.
+# Sourced by scripts/budget.sh and scripts/dynamics.sh: the Python they run, the steps of their
+# jobs and how a stop stops them. Not the method: a reader of the study may skip it.
+
+# `check_python`: PY runs and imports what the study needs (matplotlib for its figure), or the
+# script stops here, before any training, saying what to do.
+check_python() {
+  if ! command -v "$PY" > /dev/null; then
+    echo "$JOBS_SCRIPT: no Python at PY=$PY: run make test or make demo first (they set up" \
+      ".venv), or set PY=" >&2
+    exit 2
+  fi
+  if ! $PY -c "import torch, transformers, matplotlib" 2> /dev/null; then
+    echo "$JOBS_SCRIPT: PY=$PY cannot import torch, transformers and matplotlib: run make test" \
+      "or make demo (they set up .venv), or point PY= at such a Python" >&2
+    exit 2
+  fi
+}
+
 #
 # `step OUTPUT COMMAND...` runs COMMAND, timed, unless OUTPUT exists. The command (with $PY
 # written as "python") is kept beside OUTPUT's folder (<folder>.command): a rerun whose command
