@@ -16,7 +16,6 @@ check_python() {
   fi
 }
 
-#
 # `step OUTPUT COMMAND...` runs COMMAND, timed, unless OUTPUT exists. The command (with $PY
 # written as "python") is kept beside OUTPUT's folder (<folder>.command): a rerun whose command
 # differs (another setting, the same OUT) is refused rather than mixed with the earlier run. A
