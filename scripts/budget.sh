@@ -106,7 +106,7 @@ done
 # A comma list of budgets, each from 1 to the evaluation's: $1 = its setting's name, $2 = the
 # list, $3 = the evaluation budget's setting, $4 = its value.
 check_caps() {
-  if ! [[ $2 =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+  if ! [[ $2 =~ ^[0-9]{1,9}(,[0-9]{1,9})*$ ]]; then
     echo "budget.sh: $1=$2: give whole numbers separated by commas, e.g. $1=48,64,128" >&2
     exit 2
   fi
@@ -121,8 +121,8 @@ check_caps() {
 }
 for name in BUDGET GRPO_STEPS EVAL_BUDGET CARRY_BUDGET CARRY_GRPO_STEPS CARRY_EVAL_BUDGET \
     CARRY_EVAL_LIMIT; do
-  if ! [[ ${!name} =~ ^[1-9][0-9]*$ ]]; then
-    echo "budget.sh: $name=${!name}: give a whole number, 1 or more" >&2
+  if ! [[ ${!name} =~ ^[1-9][0-9]{0,8}$ ]]; then
+    echo "budget.sh: $name=${!name}: give a whole number from 1 to 999999999" >&2
     exit 2
   fi
 done
@@ -142,6 +142,10 @@ for method in $METHODS; do
     exit 2
   fi
 done
+if [ "$OUT" -ef "$CARRY_OUT" ] || [ "$OUT" = "$CARRY_OUT" ]; then
+  echo "budget.sh: OUT and CARRY_OUT are one folder ($OUT): give each task its own" >&2
+  exit 2
+fi
 check_python
 # results/ (the README's tables and figure) is written only by a run with every default setting;
 # any other run writes its report into its own OUT folder (or RESULTS=).

@@ -82,8 +82,8 @@ for seed in $SEEDS; do
   fi
 done
 for name in LANES GRPO_STEPS CARRY_STEPS CARRY_TOKENS CARRY_EVAL_LIMIT; do
-  if ! [[ ${!name} =~ ^[1-9][0-9]*$ ]]; then
-    echo "dynamics.sh: $name=${!name}: give a whole number, 1 or more" >&2
+  if ! [[ ${!name} =~ ^[1-9][0-9]{0,8}$ ]]; then
+    echo "dynamics.sh: $name=${!name}: give a whole number from 1 to 999999999" >&2
     exit 2
   fi
 done
@@ -91,7 +91,7 @@ done
 # GRPO's own parser checks the rest now, not after an SFT.
 for flag in $PAIR_FLAGS; do
   case ${flag%%=*} in
-    --seed|--recipe|--model|--out_dir|--max_steps|--eval_data)
+    --seed|--recipe|--model|--out_dir|--max_steps|--eval_data|--resume)
       echo "dynamics.sh: PAIR_FLAGS sets ${flag%%=*}, which the script sets for each run" \
         "(use SEEDS, GRPO_STEPS, OUT)" >&2
       exit 2 ;;
@@ -187,12 +187,13 @@ if ! run_lanes "$LANES" "$lane" "$jobs"; then
   failed=1
   RESULTS_DIR=${RESULTS:-$OUT}
 fi
-if ! $PY scripts/dynamics.py "$OUT" --seeds="${SEEDS// /,}" --tasks="${TASKS// /,}" \
+if $PY scripts/dynamics.py "$OUT" --seeds="${SEEDS// /,}" --tasks="${TASKS// /,}" \
     --md="$RESULTS_DIR/dynamics.md" --plot="$RESULTS_DIR/dynamics.png"; then
+  echo "dynamics.sh took $(( $(date +%s) - start )) s; table: $RESULTS_DIR/dynamics.md," \
+    "figure: $RESULTS_DIR/dynamics.png"
+else
   failed=1
 fi
-echo "dynamics.sh took $(( $(date +%s) - start )) s; table: $RESULTS_DIR/dynamics.md," \
-  "figure: $RESULTS_DIR/dynamics.png"
 if [ $failed = 1 ]; then
   echo "dynamics.sh: a job failed (above); fix it and run again: finished steps are skipped" >&2
   exit 1

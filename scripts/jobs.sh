@@ -20,7 +20,10 @@ check_python() {
 # written as "python") is kept beside OUTPUT's folder (<folder>.command): a rerun whose command
 # differs (another setting, the same OUT) is refused rather than mixed with the earlier run. A
 # training (OUTPUT a checkpoint-<step>) stopped midway continues from its latest checkpoint
-# (--resume=True, exact). Returns 1 when the command fails or is refused.
+# (--resume=True, exact). Within a job, an output whose command names an output re-made before it
+# (an evaluation of a model trained again) is stale: refused too. Returns 1 when the command
+# fails or is refused.
+REMADE=""     # the outputs this job has made so far, one per line
 step() {
   local output=$1
   shift
@@ -37,9 +40,18 @@ step() {
     echo "give this run its own output folder (OUT=), or move $folder and $folder.command aside"
     return 1
   fi
+  local made
   if [ -e "$output" ]; then
+    while IFS= read -r made; do
+      if [ -n "$made" ] && [[ " $* " == *"=$made "* ]]; then
+        echo "$JOBS_SCRIPT: $folder is stale: $made, which it was made from, was made again;" \
+          "move $folder and $folder.command aside"
+        return 1
+      fi
+    done <<< "$REMADE"
     return 0
   fi
+  REMADE+="$output"$'\n'
   mkdir -p "$(dirname "$folder")"
   echo "$command" > "$folder.command"
   local resume=""
@@ -72,10 +84,11 @@ descendants() {
 # second signal stops without saving), then wait for them to finish their step and save, so that
 # a rerun continues them and does not find their folders still locked.
 stop_jobs() {
+  trap '' INT TERM HUP PIPE    # a second Ctrl-C, or a closed pipe (| tee), must not cut this short
   local jobs
   jobs=$(descendants $$)
-  echo "$JOBS_SCRIPT: stopped; waiting for the jobs to save, then a rerun continues" >&2
   kill $jobs 2> /dev/null
+  echo "$JOBS_SCRIPT: stopped; waiting for the jobs to save, then a rerun continues" >&2
   local pid
   for pid in $jobs; do
     while kill -0 "$pid" 2> /dev/null; do

@@ -117,8 +117,9 @@ def test_budget_sh_refuses_bad_settings_before_it_trains(tmp_path):
              (("METHODS", "sequential sequential"),): 'names sequential twice',
              (("TASKS", "pair pair"),): 'TASKS="pair pair" names pair twice',
              (("SEEDS", "007"),): "SEEDS holds '007'",
-             (("GRPO_STEPS", "0"),): "GRPO_STEPS=0: give a whole number, 1 or more",
-             (("CARRY_BUDGET", "abc"),): "CARRY_BUDGET=abc: give a whole number"}
+             (("GRPO_STEPS", "0"),): "GRPO_STEPS=0: give a whole number from 1",
+             (("CARRY_BUDGET", "abc"),): "CARRY_BUDGET=abc: give a whole number",
+             (("CARRY_OUT", str(tmp_path / "pair")),): "OUT and CARRY_OUT are one folder"}
     for settings, message in cases.items():
         env = dict(os.environ, PY="false", OUT=str(tmp_path / "pair"),
                    CARRY_OUT=str(tmp_path / "carry"))
@@ -142,8 +143,8 @@ def test_dynamics_sh_refuses_bad_settings_before_it_trains(tmp_path):
              (("SEEDS", "2 2"),): 'SEEDS="2 2" names seed 2 twice',
              (("SEEDS", "1 01"),): "SEEDS holds '01'",
              (("TASKS", "pair pair"),): 'TASKS="pair pair" names pair twice',
-             (("LANES", "0"),): "LANES=0: give a whole number, 1 or more",
-             (("LANES", ""),): "LANES=: give a whole number, 1 or more",
+             (("LANES", "0"),): "LANES=0: give a whole number from 1",
+             (("LANES", ""),): "LANES=: give a whole number from 1",
              (("PAIR_FLAGS", "--seed=3"),): "PAIR_FLAGS sets --seed, which the script sets",
              (("CARRY_TOKENS", "many"),): "CARRY_TOKENS=many: give a whole number",
              (("PAIR_FLAGS", "--kl_coef=x"), ("PY", sys.executable)): "is not a set of grpo.py",

@@ -397,6 +397,16 @@ def test_budget_sh_refuses_a_changed_setting_and_appends_its_logs(tmp_path):
     assert log.read_text().startswith(first_log)
     assert "sequential-seed0/grpo was made by another command" in log.read_text()
     assert len([c for c in calls.read_text().splitlines() if c.startswith("grpo.py")]) == 2
+    # moved aside as the message says, the GRPO is trained again and its old evaluation is stale
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for name in ("grpo", "grpo.command"):
+        (out / "sequential-seed0" / name).rename(aside / name)
+    moved_aside = subprocess.run(["bash", script], env=dict(env, CARRY_BUDGET="96"),
+                                 capture_output=True, text=True, timeout=120, check=False)
+    assert moved_aside.returncode == 1
+    assert "sequential-seed0/eval is stale" in log.read_text()
+    assert len([c for c in calls.read_text().splitlines() if c.startswith("grpo.py")]) == 3
 
 
 def test_stopping_the_script_stops_its_jobs(tmp_path):
