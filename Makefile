@@ -37,16 +37,16 @@ test: $(STAMP) $(EXTRA)
 
 student:
 	@test -n "$(DIR)" || { echo "usage: make student DIR=<empty or new folder>"; exit 2; }
-	$(PY) scripts/make_student.py "$(DIR)"
+	$(PY) scripts/kit/make_student.py "$(DIR)"
 
 grade: $(STAMP)
-	$(BIN)/python scripts/grade.py
+	$(BIN)/python scripts/kit/grade.py
 
 demo: $(STAMP) $(EXTRA)
-	bash scripts/demo.sh
+	bash scripts/studies/demo.sh
 
 reproduce: $(STAMP)
-	bash scripts/reproduce.sh
+	bash scripts/studies/reproduce.sh
 
 # clean keeps runs/ (trained models are a user's work): remove it by hand when you mean to
 clean:

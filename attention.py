@@ -11,7 +11,7 @@ positions (NOTES.md §1-§2).
 
 The prompt is never parsed and always numbered 0..n-1 (the paper's instruction contains the tags;
 parsing it shifted every position in the official SFT code, NOTES.md §8).
-`python scripts/show_mask.py` prints an example.
+`python scripts/look/show_mask.py` prints an example.
 """
 import os
 from collections.abc import Sequence

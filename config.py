@@ -222,8 +222,8 @@ SFT_PRESETS = {
 # GRPO, tiny (the tuning runs: results/LOG.md): RL on the rl parts (number patterns the cold start
 # never saw), 32 prompts x 4 responses a step, lr 1.5e-4 with a cosine to 0 after 10 warm-up
 # optimizer steps; the k3 KL anchor keeps the format in place. The paper's memory settings
-# (generate_batch_size, grad_checkpointing) are what scripts/memory_plan.py finds fits Qwen3-4B on
-# 8 x 80 GB (README, "The paper's run").
+# (generate_batch_size, grad_checkpointing) are what scripts/gpu/memory_plan.py finds fits Qwen3-4B
+# on 8 x 80 GB (README, "The paper's run").
 GRPO_PRESETS = {
     "tiny": dict(data="synthetic:easy:rl,synthetic:medium:rl,synthetic:hard:rl",
                  eval_data="synthetic:easy:test,synthetic:medium:test,synthetic:hard:test",

@@ -9,7 +9,7 @@ sequential traces). `load_data` takes synthetic:easy / :medium /
 patterns), the real sets of `KNOWN_DATASETS` (read from `data_dir`, else $PARALLEL_R1_DATA, else
 ../shared/data, else the hub), a comma list, or a .jsonl/.json/.parquet file.
 
-    python scripts/show_data.py --show=synthetic:hard --n=2 [--style=sequential]
+    python scripts/look/show_data.py --show=synthetic:hard --n=2 [--style=sequential]
 """
 import collections
 import dataclasses

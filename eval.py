@@ -9,7 +9,7 @@ scored by `rewards.score_batch`. Per benchmark: Mean@k, the unbiased Pass@k (the
 reports verl's bootstrap, biased low: summary.json keeps it as pass_at_k_verl), Parallel %, blocks,
 the relative <Parallel> position (Figure 3), T and D (the critical path); Avg = the mean of the
 Mean@ columns. Written to out_dir: results.md (Table 2's layout), samples.jsonl and summary.json;
-scripts/table.py joins evaluations.
+scripts/studies/table.py joins evaluations.
 """
 import dataclasses
 import json

@@ -647,7 +647,7 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None,
         stopped = f" (stopped by {run.stopped_by} of {cfg.max_steps})" if run.stopped_by else ""
         compare = ""
         if run.eval_records:
-            compare = f" (before/after: python scripts/summary.py {cfg.out_dir})"
+            compare = f" (before/after: python scripts/look/summary.py {cfg.out_dir})"
         run.log(f"GRPO done: {run.step} steps{stopped} in {summary['seconds']:.0f}s. checkpoint: "
                 f"{run.checkpoint} (python eval.py --model={run.checkpoint}); log: "
                 f"{summary['log']}{compare}")

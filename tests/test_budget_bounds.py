@@ -1,5 +1,6 @@
-"""scripts/budget_bounds.py: the carry task's bound, on a problem worked by hand, and the costs it
-counts against the teacher's own traces; scripts/budget_curve.py's paired bootstrap by hand."""
+"""scripts/studies/budget_bounds.py: the carry task's bound, on a problem worked by hand, and the
+costs it counts against the teacher's own traces; scripts/studies/budget_curve.py's paired bootstrap
+by hand."""
 import random
 
 import pytest
@@ -8,7 +9,7 @@ import data
 from attention import TagIds, parse_structure
 from model import tiny_tokenizer
 from sample import critical_path
-from scripts import budget_bounds, budget_curve
+from scripts.studies import budget_bounds, budget_curve
 
 # 6 numbers, 5 candidates (neighbours); only 54 + 65 makes 119. Every wrong attempt is 46 tokens:
 #   "10+21: 0+1=1 carry 0, 1+2+0=3 -> 31 vs 119: no"

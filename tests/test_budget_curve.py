@@ -1,12 +1,15 @@
-"""scripts/budget_curve.py: accuracy within a cap, in tokens and in decode steps, by hand."""
+"""scripts/studies/budget_curve.py: accuracy within a cap, in tokens and in decode steps,
+by hand."""
 import json
 import os
 import subprocess
 import sys
 
-from scripts import budget_curve
+from scripts.studies import budget_curve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STUDIES = os.path.join(ROOT, "scripts", "studies")
+BUDGET_CURVE = os.path.join(STUDIES, "budget_curve.py")
 HARD = "synthetic:hard:test"
 PROMPT = "Which two of 1 2 3 4 make 7?\n"
 
@@ -46,7 +49,7 @@ def test_the_command_writes_the_table_the_verdict_and_the_plot(tmp_path):
             lines = [json.dumps(s) for s in samples]
             (folder / "samples.jsonl").write_text("\n".join(lines) + "\n")
     plot_path = tmp_path / "budget.png"
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "budget_curve.py"),
+    out = subprocess.run([sys.executable, BUDGET_CURVE,
                           str(tmp_path), "--seeds=3,7", "--caps=32,64", f"--plot={plot_path}"],
                          capture_output=True, text=True, check=True).stdout
     assert "| hard | decode steps | parallel-4 | 75.0 ±25.0 | 87.5 ±12.5 |" in out
@@ -94,7 +97,7 @@ def test_json_rows_make_one_plot_row_per_task_and_print_both_reports(tmp_path):
     assert "## carry task: each method's bound" in saved["report"]
     pair_report = json.loads((tmp_path / "pair.json").read_text())["report"]
     assert "bound" not in pair_report and "paired bootstrap" in pair_report
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "budget_curve.py"),
+    out = subprocess.run([sys.executable, BUDGET_CURVE,
                           f"--rows={tmp_path / 'pair.json'},{tmp_path / 'carry.json'}",
                           f"--plot={tmp_path / 'budget.png'}"],
                          capture_output=True, text=True, check=True).stdout
@@ -124,11 +127,11 @@ def test_budget_sh_refuses_bad_settings_before_it_trains(tmp_path):
         env = dict(os.environ, PY="false", OUT=str(tmp_path / "pair"),
                    CARRY_OUT=str(tmp_path / "carry"))
         env.update(dict(settings))
-        out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "budget.sh")], env=env,
+        out = subprocess.run(["bash", os.path.join(STUDIES, "budget.sh")], env=env,
                              capture_output=True, text=True, timeout=60, check=False)
         assert out.returncode == 2 and message in out.stderr, (settings, out.stderr)
     for script in ("budget.sh", "dynamics.sh"):       # --help would otherwise start the study
-        out = subprocess.run(["bash", os.path.join(ROOT, "scripts", script), "--help"],
+        out = subprocess.run(["bash", os.path.join(STUDIES, script), "--help"],
                              env=dict(os.environ, PY="false", OUT=str(tmp_path / "x")),
                              capture_output=True, text=True, timeout=60, check=False)
         assert out.returncode == 2 and "takes no arguments" in out.stderr, out.stderr
@@ -136,8 +139,8 @@ def test_budget_sh_refuses_bad_settings_before_it_trains(tmp_path):
 
 
 def test_dynamics_sh_refuses_bad_settings_before_it_trains(tmp_path):
-    """scripts/dynamics.sh checks its settings, PAIR_FLAGS with grpo.py's own parser, before the
-    first job starts (PY=false would fail a job that did start)."""
+    """scripts/studies/dynamics.sh checks its settings, PAIR_FLAGS with grpo.py's own parser, before
+    the first job starts (PY=false would fail a job that did start)."""
     cases = {(("TASKS", "*"),): "unknown task '*' in TASKS",
              (("SEEDS", "0,1"),): "give whole numbers separated by spaces",
              (("SEEDS", "2 2"),): 'SEEDS="2 2" names seed 2 twice',
@@ -154,7 +157,7 @@ def test_dynamics_sh_refuses_bad_settings_before_it_trains(tmp_path):
     for settings, message in cases.items():
         env = dict(os.environ, PY="false", OUT=str(tmp_path / "out"))
         env.update(dict(settings))
-        out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "dynamics.sh")], env=env,
+        out = subprocess.run(["bash", os.path.join(STUDIES, "dynamics.sh")], env=env,
                              capture_output=True, text=True, timeout=120, check=False)
         assert out.returncode == 2 and message in out.stderr, (settings, out.stderr[-500:])
     assert not os.listdir(tmp_path)                   # nothing was started or created

@@ -1,7 +1,7 @@
 """data.py's carry task (long attempts): hand-worked attempts and traces, determinism, disjoint
 parts, answers by brute force and side by side, every column of every trace recomputed, the
-summaries, the answer checker, scripts/failures.py and scripts/carry_stats.py on hand-made
-responses, show_data."""
+summaries, the answer checker, scripts/look/failures.py and scripts/studies/carry_stats.py on
+hand-made responses, show_data."""
 import collections
 import re
 
@@ -219,7 +219,7 @@ OK = "45+40: 5+0=5 carry 0, 4+4+0=8 -> 85 vs 85: ok 45, 40"
 
 
 def test_failure_classes_of_carry_responses():
-    from scripts import failures
+    from scripts.look import failures
     cases = {"cut by the budget": f"{NO}\n45+40: 5+0=5 ca",
              "false ok": f"{NO.replace(': no', ': ok 94, 41')}\nFinal Answer: 94, 41",
              "missed ok": f"{OK.replace(': ok 45, 40', ': no')}\nFinal Answer: 94, 41",
@@ -233,7 +233,7 @@ def test_failure_classes_of_carry_responses():
 
 
 def test_carry_stats_by_hand():
-    from scripts import carry_stats
+    from scripts.studies import carry_stats
 
     def sample(response, correct):
         return {"prompt": PROMPT, "gold": "40, 45", "response": response, "correct": correct}
@@ -258,7 +258,7 @@ def test_carry_stats_by_hand():
 
 
 def test_show_data_shows_the_carry_task(capsys):
-    from scripts import show_data
+    from scripts.look import show_data
     show_data.main(["--show", "carry:hard", "--n=1", "--limit=20", "--max_paths=4",
                     "--parallel_fraction=1.0"])
     out = capsys.readouterr().out

@@ -1,6 +1,6 @@
-"""scripts/draw_rollout.py: the picture of one rollout (its decode steps, lanes and Unseen mask,
-checked on a hand-written response), the PNG from a tiny random model, and the error that names
-`make demo` and --model."""
+"""scripts/look/draw_rollout.py: the picture of one rollout (its decode steps, lanes and Unseen
+mask, checked on a hand-written response), the PNG from a tiny random model, and the error that
+names `make demo` and --model."""
 import os
 
 import pytest
@@ -8,7 +8,7 @@ import pytest
 from attention import TagIds, parse_structure
 from model import load_model
 from sample import Rollout, critical_path
-from scripts import draw_rollout
+from scripts.look import draw_rollout
 
 pytest.importorskip("matplotlib", reason="optional: pip install -r requirements-extra.txt")
 

@@ -3,7 +3,7 @@ recompute under gradient checkpointing, the sampler's prefill and decode steps) 
 attention.masked_sdpa, which picks SDPA's memory-efficient kernel on CUDA and says what to do when
 it refuses; the sampler's attention copies no key or value (attention.folded_query_attention);
 grpo.setup's copies compute in the policy's dtype with fp32 rotary frequencies;
-scripts/gpu_check.py --tiny runs."""
+scripts/gpu/gpu_check.py --tiny runs."""
 import os
 import subprocess
 import sys
@@ -26,9 +26,9 @@ from data import Batch
 from grpo import GRPOConfig
 from model import load_model
 from plumbing import save_checkpoint
-from scripts import gpu_check
-from scripts import memory_plan as mp
-from scripts.bench_sample import TagBias
+from scripts.bench.bench_sample import TagBias
+from scripts.gpu import gpu_check
+from scripts.gpu import memory_plan as mp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = torch.device("cuda")                  # only a name here: nothing is put on it
@@ -256,11 +256,11 @@ GPU_CHECK_PHASES = ("setup", "training", "optimizer step", "sampling", "refresh"
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_gpu_check_tiny_runs_every_phase(ranks):
-    """scripts/gpu_check.py --tiny, alone and under torchrun with 2 ranks (gloo): setup, one FSDP2
-    micro-batch with gradient checkpointing, AdamW's step, a full-size decode step, the rollout
-    copy's refresh, a checkpoint save and the log-prob gap, on the CPU; fp32 there, so the gap
-    is rounding. The profiler's own lines stay out of the output."""
-    script = os.path.join(ROOT, "scripts", "gpu_check.py")
+    """scripts/gpu/gpu_check.py --tiny, alone and under torchrun with 2 ranks (gloo): setup, one
+    FSDP2 micro-batch with gradient checkpointing, AdamW's step, a full-size decode step, the
+    rollout copy's refresh, a checkpoint save and the log-prob gap, on the CPU; fp32 there, so the
+    gap is rounding. The profiler's own lines stay out of the output."""
+    script = os.path.join(ROOT, "scripts", "gpu", "gpu_check.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     command = [sys.executable, script, "--tiny"]
     if ranks > 1:

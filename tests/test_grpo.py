@@ -43,7 +43,7 @@ from grpo import (
 from model import add_parallel_tags, build_char_tokenizer
 from plumbing import plan_micro_batches, save_checkpoint
 from sample import Rollout, generate
-from scripts.bench_sample import TagBias
+from scripts.bench.bench_sample import TagBias
 
 
 def tiny_run(**fields) -> GRPOConfig:

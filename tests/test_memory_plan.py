@@ -1,5 +1,5 @@
-"""scripts/memory_plan.py: each formula against what the code really allocates at small shapes on
-CPU (within 5%; FSDP2's gradients on 2 gloo ranks exactly), and the command line, whose plan
+"""scripts/gpu/memory_plan.py: each formula against what the code really allocates at small shapes
+on CPU (within 5%; FSDP2's gradients on 2 gloo ranks exactly), and the command line, whose plan
 without flags is the README's table.
 
 Run as a script (`torchrun --nproc_per_node=2 tests/test_memory_plan.py <dir>`) it is the worker
@@ -29,7 +29,7 @@ import plumbing
 import sample
 from attention import TagIds
 from model import frozen_copy, load_model
-from scripts import memory_plan as mp
+from scripts.gpu import memory_plan as mp
 
 TOLERANCE = 0.05              # a formula within 5% of the measured bytes
 SMALL = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -492,7 +492,7 @@ def test_loss_logits_are_one_chunk(regime):
 
 
 def run_plan(*args) -> str:
-    script = os.path.join(ROOT, "scripts", "memory_plan.py")
+    script = os.path.join(ROOT, "scripts", "gpu", "memory_plan.py")
     out = subprocess.run([sys.executable, script, *args], check=False, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -568,7 +568,7 @@ def phase_table(text: str) -> list[str]:
 
 
 MEMORY_HEADING = re.compile(r"^## The paper's run on paper: memory \(`python "
-                            r"scripts/memory_plan\.py([^`]*)`\)$", re.MULTILINE)
+                            r"scripts/gpu/memory_plan\.py([^`]*)`\)$", re.MULTILINE)
 
 
 def test_the_readme_table_is_what_its_command_prints():

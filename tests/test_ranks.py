@@ -71,14 +71,14 @@ def test_expandable_segments_on_cuda_unless_the_user_chose(monkeypatch):
 
 
 def test_the_ranks_of_a_node_load_in_turns(tmp_path):
-    """2 gloo ranks load a checkpoint as plumbing.load_run does (scripts/bench_load.py): rank 1
-    begins after rank 0 has finished, so a node holds one rank's host copy at a time."""
+    """2 gloo ranks load a checkpoint as plumbing.load_run does (scripts/bench/bench_load.py):
+    rank 1 begins after rank 0 has finished, so a node holds one rank's host copy at a time."""
     folder = str(tmp_path / "model")
     model, tok = load_model("tiny", seed=0)
     plumbing.save_checkpoint(folder, model, tok)
     out = str(tmp_path / "load.json")
-    torchrun_two_ranks(os.path.join(ROOT, "scripts", "bench_load.py"), f"--model={folder}",
-                       f"--out={out}")
+    bench_load = os.path.join(ROOT, "scripts", "bench", "bench_load.py")
+    torchrun_two_ranks(bench_load, f"--model={folder}", f"--out={out}")
     with open(out) as f:
         rows = sorted(json.load(f), key=lambda r: r["rank"])
     assert [r["rank"] for r in rows] == [0, 1]

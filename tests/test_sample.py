@@ -12,7 +12,7 @@ import sample
 from attention import TagIds, parse_structure, structured_forward, token_logprobs
 from model import add_parallel_tags, build_char_tokenizer
 from sample import generate
-from scripts.bench_sample import TagBias
+from scripts.bench.bench_sample import TagBias
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-from scripts import bench_rewards, failures, plot, show_data, summary, table
+from scripts.bench import bench_rewards
+from scripts.look import failures, plot, show_data, summary
+from scripts.studies import table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Seconds a script may take to answer --help, all of them at once on a loaded 2-core machine (~30 s
@@ -16,6 +18,7 @@ HELP_TIMEOUT = 600
 
 
 def run_script(name, *args):
+    """Run scripts/<name> (name as "look/plot.py") from the repository; its stdout."""
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", name), *args],
                          capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
@@ -25,17 +28,23 @@ def run_script(name, *args):
 def test_every_script_answers_help_and_does_nothing_else(tmp_path):
     """`--help` prints the usage and exits 0 without running: bench_sample.py once ran its 6-minute
     benchmark, summary/failures/seeds_table read "--help" as a path, show_mask/plot_s1_s2 exited 1.
-    All run at once."""
-    names = sorted(n for n in os.listdir(os.path.join(ROOT, "scripts"))
+    All run at once, each a sub-folder's (scripts/README.md: none lies loose in scripts/)."""
+    scripts = os.path.join(ROOT, "scripts")
+    loose = [n for n in os.listdir(scripts) if n.endswith((".py", ".sh"))]
+    assert not loose, f"{loose} lie loose in scripts/: move each into its purpose's sub-folder"
+    names = sorted(os.path.join(folder, n) for folder in os.listdir(scripts)
+                   if os.path.isdir(os.path.join(scripts, folder))
+                   for n in os.listdir(os.path.join(scripts, folder))
                    if n.endswith(".py") and n != "__init__.py")
-    procs = {n: subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", n), "--help"],
+    assert len(names) >= 20, names   # the walk found the sub-folders
+    procs = {n: subprocess.Popen([sys.executable, os.path.join(scripts, n), "--help"],
                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
              for n in names}
     try:
         for n, p in procs.items():
             out, err = p.communicate(timeout=HELP_TIMEOUT)
-            with open(os.path.join(ROOT, "scripts", n)) as f:
+            with open(os.path.join(scripts, n)) as f:
                 doc = f.read().split('"""')[1]                           # the module docstring
             assert p.returncode == 0 and out.startswith(("usage:", doc[:40])), (n, out[:200], err)
     finally:
@@ -64,7 +73,7 @@ def test_summary_shows_before_and_after(tmp_path):
             {"step": 1, "eval/avg_mean_at_k": 0.5, "eval/hard/mean_at_k": 0.5,
              "eval/hard/parallel_ratio": 1.0}]
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = run_script("summary.py", str(tmp_path))
+    out = run_script("look/summary.py", str(tmp_path))
     assert "1 steps logged" in out and "hard/mean_at_k" in out and "25.0" in out and "100.0" in out
     (tmp_path / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
     assert "final loss (mean of the last 1 steps): 2.0000" in summary.summary(str(tmp_path))
@@ -83,7 +92,7 @@ def test_summary_shows_before_and_after(tmp_path):
 def test_plot_writes_a_png_from_a_partial_log(tmp_path):
     pytest.importorskip("matplotlib", reason="optional: pip install -r requirements-extra.txt")
     _write_log(tmp_path)
-    run_script("plot.py", str(tmp_path))
+    run_script("look/plot.py", str(tmp_path))
     with open(tmp_path / "curves.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     # no plotted key at all
@@ -92,7 +101,8 @@ def test_plot_writes_a_png_from_a_partial_log(tmp_path):
     # once a flat line at the first point, and a traceback
     for args, msg in [(["--smooth=0"], "--smooth=0.0: the weight of the newest point"),
                       (["--out=x.txt"], "plot.py: error: Format 'txt' is not supported")]:
-        command = [sys.executable, os.path.join(ROOT, "scripts", "plot.py"), str(tmp_path), *args]
+        command = [sys.executable, os.path.join(ROOT, "scripts", "look", "plot.py"), str(tmp_path),
+                   *args]
         out = subprocess.run(command, capture_output=True, text=True, check=False)
         assert out.returncode != 0 and msg in out.stderr, out.stderr
         assert "Traceback" not in out.stderr, out.stderr
@@ -122,7 +132,7 @@ def _summary(folder, name, mean):
 def test_table_has_a_row_per_evaluation(tmp_path):
     _summary(tmp_path / "a", "SFT", 0.25)
     _summary(tmp_path / "b", "GRPO", 0.5)
-    out = run_script("table.py", f"{tmp_path / 'a'},{tmp_path / 'b'}",
+    out = run_script("studies/table.py", f"{tmp_path / 'a'},{tmp_path / 'b'}",
                      f"--out_dir={tmp_path / 'res'}")
     lines = out.strip().splitlines()
     assert lines[0] == ("| Method | Parallel % | synthetic:hard:test Mean@2 | synthetic:hard:test "
@@ -139,7 +149,8 @@ def test_table_has_a_row_per_evaluation(tmp_path):
                     f"| SFT ({tmp_path / 'c'}) | 25.0 | 75.0 | 50.0 | 75.0 |"]
     with pytest.raises(ValueError, match="is a file: name a folder"):
         table.combine_tables([str(tmp_path / "a")], out_dir=str(tmp_path / "a" / "summary.json"))
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "table.py"), ""],
+    table_py = os.path.join(ROOT, "scripts", "studies", "table.py")
+    out = subprocess.run([sys.executable, table_py, ""],
                          capture_output=True, text=True, check=False)
     # once an empty table, exit 0
     assert out.returncode == 2 and "no evaluation folder" in out.stderr
@@ -213,14 +224,14 @@ def test_show_data_shows_a_files_worked_solutions(tmp_path, capsys):
 
 
 def test_show_mask_prints_the_worked_example():
-    out = run_script("show_mask.py")
+    out = run_script("look/show_mask.py")
     assert (" unseen positions:    0    1    2    3    4    5    6    7    8    5    6    7    9"
             in out)
     assert "parse_structure: valid=True" in out
 
 
 # --------------------------------------------------------------------------------------------------
-# What RL does with the choice (scripts/dynamics.py)
+# What RL does with the choice (scripts/studies/dynamics.py)
 
 
 def _write_run(folder, ratios, accuracies):
@@ -244,7 +255,7 @@ def test_dynamics_table_and_targets_by_hand(tmp_path):
     accuracy dips to a 10-step mean of 0.3 against a start of 0.8 (0.375: a crash); S2 keeps 0.8.
     Carry, decode steps: 50% -> 60% (+10: under the 15 points); in tokens: not run. The numbers are
     worked out here."""
-    from scripts import dynamics
+    from scripts.studies import dynamics
     steps = 20
     s1_ratio = [0.8] * 10 + [0.3] * 10
     s1_accuracy = [0.8] * 10 + [0.3] * 10                # last 10-step mean 0.3, start 0.8
@@ -277,7 +288,8 @@ def test_dynamics_table_and_targets_by_hand(tmp_path):
            "accuracy not below its SFT's: not run" in text
     assert "Not finished (no evaluation yet):\n- pair, Unseen S1 (accuracy reward): seeds 1\n" \
         in text
-    out = run_script("dynamics.py", str(tmp_path), "--seeds=0,1", f"--md={tmp_path / 't.md'}")
+    out = run_script("studies/dynamics.py", str(tmp_path), "--seeds=0,1",
+                     f"--md={tmp_path / 't.md'}")
     assert text in out and (tmp_path / "t.md").read_text().endswith(text + "\n")
 
 
@@ -292,7 +304,7 @@ def test_dynamics_reads_a_run_that_starts_at_zero_and_waits_for_an_empty_log(tmp
     _write_run(tmp_path / "carry-seed0" / "tokens", [], [])
     (tmp_path / "carry-seed0" / "tokens" / "grpo" / "log.jsonl").write_text("")
     _write_eval(tmp_path / "carry-seed0" / "tokens" / "eval", [0.4], 0.0)
-    out = run_script("dynamics.py", str(tmp_path), "--seeds=0", "--tasks=carry")
+    out = run_script("studies/dynamics.py", str(tmp_path), "--seeds=0", "--tasks=carry")
     assert "| carry | S1, budget in decode steps | 0 | 50.0% | 70.0% | +20.0 | 50.0% -> 50.0% " \
            "| 50.0% (1) | 0.0 | 0.0 | - (starts at 0) |" in out
     assert "Not finished (no evaluation yet):\n- carry, S1, budget in tokens: seeds 0" in out
@@ -303,7 +315,7 @@ FAKE_PY = r"""#!/usr/bin/env bash
 # A stand-in for python: logs its arguments, makes the output each step is checked by.
 echo "$*" >> "$CALLS"
 case "$1" in
-  -c|scripts/dynamics.py|scripts/budget_curve.py) exit 0 ;;
+  -c|scripts/studies/dynamics.py|scripts/studies/budget_curve.py) exit 0 ;;
 esac
 for arg in "$@"; do
   case $arg in
@@ -335,7 +347,7 @@ def test_dynamics_sh_refuses_a_changed_setting_and_resumes_a_stopped_training(tm
     out = tmp_path / "out"
     env = dict(os.environ, PY=str(fake), CALLS=str(calls), OUT=str(out), TASKS="carry",
                SEEDS="0", LANES="1", CARRY_SFT_DIR=str(tmp_path / "sft"))
-    script = os.path.join(ROOT, "scripts", "dynamics.sh")
+    script = os.path.join(ROOT, "scripts", "studies", "dynamics.sh")
 
     def run(**settings):
         return subprocess.run(["bash", script], env=dict(env, **settings), capture_output=True,
@@ -368,14 +380,14 @@ def test_dynamics_sh_refuses_a_changed_setting_and_resumes_a_stopped_training(tm
 
 
 def test_budget_sh_refuses_a_changed_setting_and_appends_its_logs(tmp_path):
-    """budget.sh runs its steps through the same scripts/jobs.sh: with a stand-in python, a rerun
-    with another CARRY_BUDGET into the same CARRY_OUT is refused at the first step it changes
+    """budget.sh runs its steps through the same scripts/studies/jobs.sh: with a stand-in python, a
+    rerun with another CARRY_BUDGET into the same CARRY_OUT is refused at the first step it changes
     (the sequential chain's GRPO), and the chain's log keeps the first run's lines."""
     fake, calls = _stand_in_python(tmp_path)
     out = tmp_path / "carry"
     env = dict(os.environ, PY=str(fake), CALLS=str(calls), CARRY_OUT=str(out), TASKS="carry",
                SEEDS="0", LANES="1")
-    script = os.path.join(ROOT, "scripts", "budget.sh")
+    script = os.path.join(ROOT, "scripts", "studies", "budget.sh")
     first = subprocess.run(["bash", script], env=env, capture_output=True, text=True,
                            timeout=120, check=False)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -410,8 +422,8 @@ def test_budget_sh_refuses_a_changed_setting_and_appends_its_logs(tmp_path):
 
 
 def test_stopping_the_script_stops_its_jobs(tmp_path):
-    """Killing dynamics.sh (scripts/jobs.sh's run_lanes) stops the job it started: with xargs
-    alone the training would go on, orphaned."""
+    """Killing dynamics.sh (scripts/studies/jobs.sh's run_lanes) stops the job it started: with
+    xargs alone the training would go on, orphaned."""
     import signal
     import time
     fake = tmp_path / "python"
@@ -421,7 +433,8 @@ def test_stopping_the_script_stops_its_jobs(tmp_path):
     pid_file = tmp_path / "job.pid"
     env = dict(os.environ, PY=str(fake), PID_FILE=str(pid_file), OUT=str(tmp_path / "out"),
                CARRY_SFT_DIR=str(tmp_path / "sft"), TASKS="carry", SEEDS="0", LANES="1")
-    script = subprocess.Popen(["bash", os.path.join(ROOT, "scripts", "dynamics.sh")], env=env,
+    dynamics_sh = os.path.join(ROOT, "scripts", "studies", "dynamics.sh")
+    script = subprocess.Popen(["bash", dynamics_sh], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for _ in range(600):                      # up to 60 s for the job to start
         if pid_file.exists() and pid_file.read_text().strip():

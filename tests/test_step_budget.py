@@ -10,7 +10,7 @@ from test_sample import PROMPTS, max_logprob_diff, tiny  # the sampler's fixture
 from attention import TagIds, parse_structure
 from grpo import GRPOConfig, ppo_update
 from sample import SamplingConfig, critical_path, generate
-from scripts.bench_sample import TagBias
+from scripts.bench.bench_sample import TagBias
 
 
 def tags_biased(model, tok, parallel=6.0, end_path=0.0, eos=-30.0, end_summary=0.0):

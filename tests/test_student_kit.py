@@ -1,7 +1,7 @@
-"""The course kit cannot rot (ASSIGNMENTS.md): scripts/make_student.py builds the student copy in
-tmp_path; there every exercise's tests fail with NotImplementedError, on the reference they all
+"""The course kit cannot rot (ASSIGNMENTS.md): scripts/kit/make_student.py builds the student copy
+in tmp_path; there every exercise's tests fail with NotImplementedError, on the reference they all
 pass; the copy imports, stops at a missing piece with the exercise's message, and differs from the
-reference only inside the marked bodies. `make grade` (scripts/grade.py) runs in both trees, in
+reference only inside the marked bodies. `make grade` (scripts/kit/grade.py) runs in both trees, in
 subprocesses, and records each test's markers and outcome; its summary is checked by hand too."""
 
 import json
@@ -14,17 +14,17 @@ import pytest
 from conftest import NUM_EXERCISES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "kit"))
 import grade
 import make_student
 
 
 def run_grade(repo: str, tmp_path, tag: str) -> tuple[dict, subprocess.CompletedProcess]:
-    """`python scripts/grade.py --json=...` (what `make grade` runs) in `repo`: every test's
+    """`python scripts/kit/grade.py --json=...` (what `make grade` runs) in `repo`: every test's
     markers and outcome, and the process (its one line per exercise and total)."""
     report = tmp_path / f"{tag}.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    command = [sys.executable, os.path.join("scripts", "grade.py"), f"--json={report}"]
+    command = [sys.executable, os.path.join("scripts", "kit", "grade.py"), f"--json={report}"]
     proc = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600,
                           check=False)
     assert report.exists(), \
@@ -87,7 +87,7 @@ def test_copy_imports_and_stops_at_the_missing_piece(student):
 
 
 def test_exercise_tests_fail_in_the_copy_and_pass_on_the_reference(student, tmp_path):
-    """`make grade` (scripts/grade.py) in both trees: 0 of 9 exercises done in the copy, every
+    """`make grade` (scripts/kit/grade.py) in both trees: 0 of 9 exercises done in the copy, every
     test failing with its NotImplementedError; 9 of 9 on the reference, every test passing."""
     d, _ = student
     copy_record, copy_proc = run_grade(str(d), tmp_path, "student")

@@ -3,7 +3,7 @@ every micro-batch (what plumbing.grad_sync does under FSDP) against FSDP2's no-s
 (set_requires_gradient_sync(False) on every micro-batch but the last, which keeps every
 parameter's whole fp32 gradient on every rank until the last backward).
 
-    torchrun --nproc_per_node=2 scripts/bench_grad_sync.py [--micro_batches=8] [--repeats=3]
+    torchrun --nproc_per_node=2 scripts/bench/bench_grad_sync.py [--micro_batches=8] [--repeats=3]
 
 A Qwen3 of ~5M parameters (random weights) sharded as plumbing.wrap_model shards it, and one
 mini-batch of --micro_batches micro-batches of 2 rows x 256 tokens, each through the training
@@ -17,7 +17,8 @@ import sys
 import time
 import types
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # the core modules
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -71,7 +72,7 @@ def main(argv: list[str]) -> None:
     with plumbing.distributed() as d:
         if d.world_size < 2:
             raise ValueError("run it on 2 ranks: torchrun --nproc_per_node=2 "
-                             "scripts/bench_grad_sync.py")
+                             "scripts/bench/bench_grad_sync.py")
         model = sharded_model(d)
         generator = torch.Generator().manual_seed(d.rank)
         ids = torch.randint(0, FIRST_TAG, (ROWS, LENGTH), generator=generator)

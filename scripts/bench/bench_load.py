@@ -2,8 +2,9 @@
 plumbing.load_in_turns began and ended, and each rank's resident memory (RSS) before and at its
 peak.
 
-    torchrun --nproc_per_node=2 scripts/bench_load.py              # a Qwen3 of ~110M parameters
-    torchrun --nproc_per_node=2 scripts/bench_load.py --model=<checkpoint folder> [--out=x.json]
+    torchrun --nproc_per_node=2 scripts/bench/bench_load.py           # a Qwen3 of ~110M parameters
+    torchrun --nproc_per_node=2 scripts/bench/bench_load.py --model=<checkpoint folder> \
+        [--out=x.json]
 
 Without --model, rank 0 first writes a random Qwen3 (hidden 1024, 8 layers, the tiny model's
 character tokenizer) in bf16, as hub models are stored, to a temporary folder. Every rank then
@@ -19,7 +20,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # the core modules
 
 import torch
 import torch.distributed as dist

@@ -1,5 +1,5 @@
 """Memory and time of one GRPO micro-batch's loss path on CPU: the full logits against the chunked
-LM head (issue 28): python scripts/bench_memory.py [--lengths=800,1600] [--chunk_tokens=1024]
+LM head (issue 28): python scripts/bench/bench_memory.py [--lengths=800,1600] [--chunk_tokens=1024]
 
 A thin Qwen3 (2 layers, hidden 256, Qwen3's vocabulary of 151,936, random weights) and a
 micro-batch of 2 rows of L tokens (a 100-token prompt, every response token in the loss), forward
@@ -25,7 +25,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # the core modules
 
 ROWS = 2                        # a GRPO micro-batch (the paper's micro_batch_size)
 PROMPT_TOKENS = 100

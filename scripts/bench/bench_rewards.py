@@ -1,6 +1,6 @@
 """Throughput of rewards.score_batch on a realistic mixed batch:
 
-    python scripts/bench_rewards.py [--n=2048 --workers=0]
+    python scripts/bench/bench_rewards.py [--n=2048 --workers=0]
 
 A batch like one GRPO step's: responses in the canonical layout (60% with a block) whose answers
 are plain, LaTeX, symbolic, set, interval or percent forms, right or wrong, ~10% adversarial (code,
@@ -8,7 +8,8 @@ huge powers, brace bombs), on a Final Answer line (75%), in a \\boxed{} (15%) or
 sentence (10%); scored once with a cold pool (it starts the workers), then `rounds` times warm with
 fresh answers.
 
-    python scripts/bench_rewards.py --compare=HEAD~1   # also HEAD~1's rewards.py, same batches
+    python scripts/bench/bench_rewards.py --compare=HEAD~1   # also HEAD~1's rewards.py, same
+                                                             # batches
 
 --compare loads the other rewards.py from `git show REV:rewards.py` as a second module with its own
 workers and scores each batch with both, in alternating order, so both run under the same load; the
@@ -26,15 +27,14 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # the core modules
 
 import config
 import rewards
 import verifier
 from attention import TagIds
 from model import load_model
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The answer of a response: an adversarial string below ADVERSARIAL, a right form below RIGHT, a
 # wrong form below WRONG (of a uniform draw), else none at all.
@@ -52,7 +52,7 @@ SCORED_STEP = 9       # the step scored: "alternating" and "scaffold" give the t
 
 @dataclass
 class BenchConfig:
-    """python scripts/bench_rewards.py: the throughput of score_batch."""
+    """python scripts/bench/bench_rewards.py: the throughput of score_batch."""
     n: int = 2048              # items in the batch (GRPO: prompts x group_size)
     group_size: int = 8        # responses per prompt (they share a gold)
     workers: int = 0           # symbolic workers; 0 = default_workers()

@@ -1,4 +1,4 @@
-"""Speed of the branching sampler on CPU (the README's table): python scripts/bench_sample.py
+"""Speed of the branching sampler on CPU (the README's table): python scripts/bench/bench_sample.py
 (--attention: the second table alone)
 
 One Markdown table: plain sampling (EOS masked) against `transformers` generate() at the same
@@ -16,7 +16,8 @@ import time
 from contextlib import contextmanager
 from functools import partial
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # the core modules
 
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward

@@ -1,8 +1,8 @@
 """The sampler's log-prob gap in bf16 against the training forward, measured on the CPU (issue 34):
 what a GPU computes, emulated under CPU bf16 autocast, through the code GRPO runs
-(scripts/gpu_check.logprob_gap: grpo.sample_rollouts, then grpo.response_logprobs).
+(scripts/gpu/gpu_check.logprob_gap: grpo.sample_rollouts, then grpo.response_logprobs).
 
-    python scripts/bf16_gap.py [--model=runs/sft/checkpoint-400] [--seed=0]
+    python scripts/bench/bf16_gap.py [--model=runs/sft/checkpoint-400] [--seed=0]
 
 Rows, each the sampler's recorded log-probs against the training forward's for the same sampled
 tokens:
@@ -24,7 +24,8 @@ import os
 import sys
 from contextlib import nullcontext
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # the core modules and scripts.<folder>.<name>
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -32,7 +33,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 import grpo
 from attention import TagIds
 from model import frozen_copy, load_model
-from scripts.gpu_check import logprob_gap
+from scripts.gpu.gpu_check import logprob_gap
 
 DEFAULT_MODEL = "runs/sft/checkpoint-400"
 PROMPTS = ("Which two of 4 9 5 1 make 9?\n", "Which two of 3 1 2 8 6 make 5?\n",

@@ -1,9 +1,9 @@
 """A golden run: a fingerprint of short training and evaluation runs, to check that a refactor
 changes nothing.
 
-    OMP_NUM_THREADS=1 python scripts/golden_run.py --out=/tmp/golden-before.json
+    OMP_NUM_THREADS=1 python scripts/bench/golden_run.py --out=/tmp/golden-before.json
     ... refactor ...
-    OMP_NUM_THREADS=1 python scripts/golden_run.py --out=/tmp/golden-after.json \\
+    OMP_NUM_THREADS=1 python scripts/bench/golden_run.py --out=/tmp/golden-after.json \\
         --compare=/tmp/golden-before.json
 
 What runs (fixed seeds, about 5 minutes on one thread): a 150-step Unseen SFT, a 100-step Seen SFT,
@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
 TIMING_WORDS = ("time", "elapsed", "tokens_per_s", "seconds")
 OUTPUT_TAIL = 3000          # characters of a failed run's stdout and stderr shown
 SHOWN_DIFFERENCES = 50      # differences printed by --compare (all are counted)

@@ -3,13 +3,14 @@ random weights (nothing downloaded), each phase's peak memory beside the memory 
 attention kernel the masked calls ran, whether the gradients are finite, and the sampler's log-prob
 gap against the training forward; a few minutes on one 80 GB GPU.
 
-    python scripts/gpu_check.py                      # Qwen3-4B as one rank of the paper's run
-    python scripts/gpu_check.py --model=qwen3-0.6b --world_size=1 --gpu_gb=24 \\
+    python scripts/gpu/gpu_check.py                      # Qwen3-4B as one rank of the paper's run
+    python scripts/gpu/gpu_check.py --model=qwen3-0.6b --world_size=1 --gpu_gb=24 \\
         --generate_batch_size=2 --prompt_tokens=1400  # a student's 24 GB card
-    torchrun --nproc_per_node=2 scripts/gpu_check.py # two ranks (FSDP2 over both), two GPUs
-    python scripts/gpu_check.py --tiny               # a small Qwen3 on the CPU (make test runs it)
+    torchrun --nproc_per_node=2 scripts/gpu/gpu_check.py # two ranks (FSDP2 over both), two GPUs
+    python scripts/gpu/gpu_check.py --tiny               # a small Qwen3 on the CPU (make test runs
+                                                         # it)
 
-Every flag is scripts/memory_plan.py's (--model: qwen3-4b, qwen3-0.6b, a folder with a
+Every flag is scripts/gpu/memory_plan.py's (--model: qwen3-4b, qwen3-0.6b, a folder with a
 config.json or a config.json; any GRPO field), and each process runs what one rank of that plan
 runs, its state split over the processes (alone: the whole state on one GPU):
 
@@ -33,8 +34,8 @@ runs, its state split over the processes (alone: the whole state on one GPU):
 Printed by rank 0: per phase, torch.cuda.max_memory_allocated above what the phase started with
 (the largest of any rank's) beside the plan's lines that phase adds (`planned`), the SDPA kernels
 seen, the gradient norm, the gap. Random weights give flat distributions, so the gap of a trained
-model is larger (results/LOG.md: scripts/bf16_gap.py). Exit status 1 when the gradients are not
-finite, a masked call on CUDA ran another kernel than the memory-efficient one, or a phase takes
+model is larger (results/LOG.md: scripts/bench/bf16_gap.py). Exit status 1 when the gradients are
+not finite, a masked call on CUDA ran another kernel than the memory-efficient one, or a phase takes
 more than the plan's margin above its figure. --tiny: a small Qwen3 on the CPU (nothing measured
 there), so the script cannot rot.
 """
@@ -49,7 +50,8 @@ import tempfile
 import time
 from contextlib import contextmanager
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # the core modules and scripts.<folder>.<name>
 
 import torch
 import torch.distributed as dist
@@ -69,7 +71,7 @@ from attention import (
     token_scores,
 )
 from model import TAGS, frozen_copy
-from scripts import memory_plan as mp
+from scripts.gpu import memory_plan as mp
 
 TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, intermediate_size=128,
@@ -399,7 +401,7 @@ def logprob_gap(sampler, train_model, tokenizer, tags: TagIds, cfg, prompts: lis
 
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__.split("\n\n")[0],
-                                     epilog="Any other flag is scripts/memory_plan.py's.")
+                                     epilog="Any other flag is scripts/gpu/memory_plan.py's.")
     parser.add_argument("--tiny", action="store_true",
                         help="a small Qwen3 on the CPU: runs every step, measures nothing")
     return parser

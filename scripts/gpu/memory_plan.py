@@ -1,12 +1,12 @@
 """Memory plan (issues 28, 34): what one GPU holds for a GRPO or SFT run of this code, line by line.
 
-    python scripts/memory_plan.py          # the paper's run: Qwen3-4B, 8 x 80 GB, FSDP2 (README)
-    python scripts/memory_plan.py --tokenizer=<Qwen3's>    # ... at --data's longest prompt, read
-    python scripts/memory_plan.py --eval_data= --largest=generate_batch_size   # the largest that
-                                                                               # fits, its table
-    python scripts/memory_plan.py --model=qwen3-0.6b --world_size=1 --gpu_gb=24 \\
+    python scripts/gpu/memory_plan.py        # the paper's run: Qwen3-4B, 8 x 80 GB, FSDP2 (README)
+    python scripts/gpu/memory_plan.py --tokenizer=<Qwen3's>  # ... at --data's longest prompt, read
+    python scripts/gpu/memory_plan.py --eval_data= --largest=generate_batch_size  # the largest
+                                                                              # that fits, its table
+    python scripts/gpu/memory_plan.py --model=qwen3-0.6b --world_size=1 --gpu_gb=24 \\
         --generate_batch_size=2                                    # a student's 24 GB card
-    python scripts/memory_plan.py --model=qwen3-0.6b --trainer=sft --world_size=1 --gpu_gb=24
+    python scripts/gpu/memory_plan.py --model=qwen3-0.6b --trainer=sft --world_size=1 --gpu_gb=24
 
 --model: qwen3-4b or qwen3-0.6b (built-in shapes, offline), a folder with a config.json (a
 checkpoint, or `huggingface-cli download <name> config.json --local-dir <folder>`), a config.json
@@ -33,7 +33,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # the core modules
 
 import config
 import grpo
@@ -63,8 +64,8 @@ DEFAULT_MARGIN = 0.10          # the CUDA context, what no line counts, and frag
                                # with expandable segments (plumbing.use_expandable_segments)
 HOST_LOAD_FACTOR = 1.5         # host bytes a rank holds while it loads a bf16 checkpoint (a hub
                                # model) in fp32, per fp32 parameter byte: the fp32 copy and the
-                               # mapped file (scripts/bench_load.py, 2 gloo ranks: 1.50, 1.52; an
-                               # fp32 checkpoint stays mapped, shared by the ranks: 0.05)
+                               # mapped file (scripts/bench/bench_load.py, 2 gloo ranks: 1.50, 1.52;
+                               # an fp32 checkpoint stays mapped, shared by the ranks: 0.05)
 DEFAULT_GPU_GB = 80.0
 DEFAULT_WORLD_SIZE = 8         # the paper's run: one node of 8 GPUs ...
 DEFAULT_FLAGS = ("--fsdp=True",)   # ... sharded by FSDP2 (a trainer flag the plan adds if unset)

@@ -1,8 +1,8 @@
 """The course kit's grade (ASSIGNMENTS.md): every exercise's tests, one line per exercise, a total.
 
-    make grade                         # or: python scripts/grade.py
-    python scripts/grade.py 1 9        # exercises 1 and 9 only
-    python scripts/grade.py --json=grade.json      # also every test's outcome, as JSON
+    make grade                         # or: python scripts/kit/grade.py
+    python scripts/kit/grade.py 1 9        # exercises 1 and 9 only
+    python scripts/kit/grade.py --json=grade.json      # also every test's outcome, as JSON
 
 Exercise k's tests are the ones marked exercise_k (tests/test_exercises.py and the tests that
 tests/conftest.py's EXERCISE_TESTS tags); one pytest session runs them all, quietly. An exercise
@@ -18,10 +18,10 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # scripts/make_student.py
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # scripts/kit/make_student.py
 from make_student import BEGIN, tracked_files
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
 MARKER = re.compile(r"exercise_(\d+)")
 MISSING_PIECE = re.compile(r"NotImplementedError: Exercise (\d+)")
 REASON_CHARS = 110                      # a failure's first line, cut to this many characters

@@ -1,4 +1,4 @@
-"""Build the student copy of the repository: `python scripts/make_student.py DIR` (or
+"""Build the student copy of the repository: `python scripts/kit/make_student.py DIR` (or
 `make student DIR=...`).
 
 Copies the tracked files (no .venv, runs, .git) to DIR and replaces every marked exercise body, the
@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
 BEGIN = re.compile(r"^(\s*)# >>> exercise (\d+): (.+?)\s*$")
 END = re.compile(r"^(\s*)# <<< exercise (\d+)\s*$")
 SKIP_DIRS = {".git", ".venv", "runs", "__pycache__", ".pytest_cache", "out"}

@@ -1,7 +1,7 @@
 """One sampled response of a checkpoint as a picture (NOTES.md §1-§3):
 
-    python scripts/draw_rollout.py                                  # the demo's GRPO checkpoint
-    python scripts/draw_rollout.py --model=runs/sft/checkpoint-400 --out=rollout.png
+    python scripts/look/draw_rollout.py                             # the demo's GRPO checkpoint
+    python scripts/look/draw_rollout.py --model=runs/sft/checkpoint-400 --out=rollout.png
 
 Left, against the decode step: the main chain in the top lane, the paths of each block in lanes
 of their own side by side (an Unseen block's paths take as many decode steps as the longest), the
@@ -16,7 +16,8 @@ import dataclasses
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # the core modules
 
 import torch
 
@@ -25,7 +26,6 @@ from attention import Structure, TagIds, build_mask_and_positions, unseen_positi
 from model import load_model, mode_from_config, read_checkpoint_config
 from sample import PROBLEMS, Rollout, SampleConfig, generate
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_RUN = "runs/demo/grpo"       # what `make demo` trains (relative to the repository)
 CHECKPOINT_PREFIX = "checkpoint-"
 DEFAULT_PROMPT = PROBLEMS[2] + "\n"  # a six-number problem, in the tiny model's layout
@@ -69,7 +69,7 @@ DPI = 130
 
 @dataclasses.dataclass
 class DrawConfig(SampleConfig):
-    """python scripts/draw_rollout.py: one sampled response and its Unseen mask, as a PNG."""
+    """python scripts/look/draw_rollout.py: one sampled response and its Unseen mask, as a PNG."""
     model: str = DEFAULT_RUN               # a checkpoint, a run folder (its latest), hub, or tiny
     prompt: str = DEFAULT_PROMPT           # as the model reads it ("\\n" = newline)
     n: config.PositiveInt = 8              # responses drawn; the first with a block is shown

@@ -1,6 +1,6 @@
 """Where the embedded task's answers go wrong: failure classes of an eval.py samples file.
 
-    python scripts/failures.py runs/demo/eval_sft runs/demo/eval_grpo   # or their samples.jsonl
+    python scripts/look/failures.py runs/demo/eval_sft runs/demo/eval_grpo  # or samples.jsonl files
 
 Each wrong response to a synthetic pair-search problem ("Which two of 6 1 5 3 make 8?") or a carry
 problem ("Which two of 94 41 40 69 45 make 85?", data.py) falls in the first class below that it

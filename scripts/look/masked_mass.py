@@ -1,7 +1,7 @@
 """How much probability a policy puts on the tags the runtime masks (NOTES.md §8.10): sample
 responses, then, at every sampled token, the full softmax's mass on what that draw masked.
 
-    python scripts/masked_mass.py runs/demo/sft/checkpoint-400 runs/demo/grpo/checkpoint-100 \\
+    python scripts/look/masked_mass.py runs/demo/sft/checkpoint-400 runs/demo/grpo/checkpoint-100 \\
         [--data=synthetic:hard:test] [--limit=32] [--k=4] [--seed=0]
 
 (the checkpoints of `make demo`; any grpo.py or sft.py checkpoint). Prompts are written as the
@@ -22,7 +22,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # the core modules
 from attention import TagIds, structured_forward
 from data import build_prompt, load_data
 from model import load_model, mode_from_config, read_checkpoint_config

@@ -1,6 +1,6 @@
 """Training curves of a run (the paper's Figures 3-4):
 
-    python scripts/plot.py runs/grpo [--out=curves.png]
+    python scripts/look/plot.py runs/grpo [--out=curves.png]
 
 Reward, accuracy, parallel ratio and the relative <Parallel> position against step, from the run's
 log.jsonl (grpo.py or sft.py), into <run>/curves.png. Needs matplotlib (pip install -r

@@ -2,7 +2,7 @@
 of the training rollouts over GRPO steps, one line per run (moving average), S1 runs solid, S2 runs
 dashed.
 
-    python scripts/plot_s1_s2.py results/s1_vs_s2.png runs/reproduce/grpo_unseen-s1_seed0 \\
+    python scripts/look/plot_s1_s2.py results/s1_vs_s2.png runs/reproduce/grpo_unseen-s1_seed0 \\
         runs/reproduce/grpo_unseen-s2_seed0 ...
 
 Each run folder holds grpo.py's log.jsonl. Needs matplotlib (pip install -r requirements-extra.txt).

@@ -1,16 +1,17 @@
 """Problems, prompts and traces of a data spec, and their lengths:
 
-    python scripts/show_data.py --show=synthetic:hard --n=2
-    python scripts/show_data.py --show=synthetic:easy --style=sequential
-    python scripts/show_data.py --show=carry:hard --max_paths=4 --parallel_fraction=1.0
-    python scripts/show_data.py --show=parallel_gsm8k --n=1 --preset=paper
+    python scripts/look/show_data.py --show=synthetic:hard --n=2
+    python scripts/look/show_data.py --show=synthetic:easy --style=sequential
+    python scripts/look/show_data.py --show=carry:hard --max_paths=4 --parallel_fraction=1.0
+    python scripts/look/show_data.py --show=parallel_gsm8k --n=1 --preset=paper
 """
 import os
 import sys
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # the core modules
 
 import config
 from data import Style, build_prompt, load_data, prompt_style_of
@@ -70,7 +71,7 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     try:
         main(sys.argv[1:])
-    except BrokenPipeError:                        # e.g. `python scripts/show_data.py ... | head`
+    except BrokenPipeError:                   # e.g. `python scripts/look/show_data.py ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError) as e:
         sys.exit(f"show_data.py: error: {e}")

@@ -1,7 +1,7 @@
 """NOTES.md §2's worked example: its Seen and Unseen positions and the Unseen mask, from
 attention.py.
 
-    python scripts/show_mask.py
+    python scripts/look/show_mask.py
 """
 import os
 import sys
@@ -11,7 +11,8 @@ if {"-h", "--help"} & set(sys.argv[1:]):
 if sys.argv[1:]:
     given = " ".join(sys.argv[1:])
     sys.exit(f"show_mask.py takes no arguments (got {given}):\n{__doc__}")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # the core modules
 
 import torch
 

@@ -1,7 +1,7 @@
 """The end-of-run report of a training run, from its log.jsonl: SFT's final loss, or GRPO's held-out
 metrics before (the first evaluation) and after (the last) training, per benchmark.
 
-    python scripts/summary.py runs/grpo          # or runs/sft
+    python scripts/look/summary.py runs/grpo          # or runs/sft
 """
 import json
 import os
@@ -53,7 +53,7 @@ def summary(run_dir: str) -> str:
     elif any("reward_mean" in r for r in steps):     # GRPO with --eval_data= (the demo's): no table
         lines.append("no held-out evaluation before and after in this log (the run had "
                      "--eval_data= or stopped early); compare checkpoints with eval.py and "
-                     "scripts/table.py")
+                     "scripts/studies/table.py")
     return "\n".join(lines)
 
 

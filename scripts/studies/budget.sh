@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `bash scripts/budget.sh`: where parallel thinking pays (README, "Where parallel thinking pays").
+# `bash scripts/studies/budget.sh`: where parallel thinking pays (README, "Where parallel thinking pays").
 # Two tasks, each method on three seeds, trained under one decode-step budget and evaluated once;
-# the curve is read from the evaluation's samples at several caps (scripts/budget_curve.py).
+# the curve is read from the evaluation's samples at several caps (scripts/studies/budget_curve.py).
 #
 # The pair task (synthetic:*, attempts of ~15 tokens), in $OUT (runs/budget):
 #   sequential   sft.py --style=sequential --mode=seen  ->  grpo.py --recipe=baseline
@@ -25,17 +25,17 @@
 # most c tokens (or decode steps): a post-hoc cut, the same for every method.
 # Jobs run on $LANES one-thread lanes; a failed chain does not stop the others. A rerun skips every
 # step whose output exists, continues a training stopped midway, and refuses a step whose folder
-# another command made (scripts/jobs.sh); stopping the script stops its jobs. TASKS (default
+# another command made (scripts/studies/jobs.sh); stopping the script stops its jobs. TASKS (default
 # "pair carry") picks the tasks; a task left out keeps its earlier table and curves
 # (results/budget-<task>.json). Per task, budget_curve.py writes its curves to
 # results/budget-<task>.json when every setting is the default (else to the task's OUT; RESULTS=
 # chooses); then results/budget.md holds both tasks' tables and results/budget.png a row per task.
 set -euo pipefail
 set -f                 # no file-name expansion: TASKS='*' is a setting, not the folder's files
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."   # scripts/studies/ -> the repository
 PY=${PY:-.venv/bin/python}
 JOBS_SCRIPT=budget.sh
-source scripts/jobs.sh   # check_python, step (run a command unless its output exists), run_lanes
+source scripts/studies/jobs.sh   # check_python, step (run a command unless its output exists), run_lanes
 DEFAULT_TASKS="pair carry"
 TASKS=$(echo ${TASKS-$DEFAULT_TASKS})
 DEFAULT_SEEDS="0 1 2"
@@ -66,14 +66,14 @@ CARRY_EVAL_BUDGET=${CARRY_EVAL_BUDGET:-448}
 CARRY_EVAL_LIMIT=${CARRY_EVAL_LIMIT:-500}
 DEFAULT_CARRY_CAPS=64,80,96,104,112,128,160,192,256,320,384,448
 CARRY_CAPS=${CARRY_CAPS:-$DEFAULT_CARRY_CAPS}
-CARRY_SFT_STEPS=1000   # scripts/carry_sft.sh's (its last checkpoint)
+CARRY_SFT_STEPS=1000   # scripts/studies/carry_sft.sh's (its last checkpoint)
 CARRY_TARGET=10        # issue 33's target lead (points)
 WAIT_S=30              # how often a parallel carry chain looks for its base
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 
 if [ $# -gt 0 ]; then
   echo "budget.sh takes no arguments; its settings are environment variables, e.g." \
-    "SEEDS=\"0\" TASKS=carry bash scripts/budget.sh (all of them: the comment at its top)" >&2
+    "SEEDS=\"0\" TASKS=carry bash scripts/studies/budget.sh (all of them: the comment at its top)" >&2
   exit 2
 fi
 # Check the settings before anything starts.
@@ -228,7 +228,7 @@ carry_chain() {
   local eval_args
   case $method in
     sequential)
-      step "$start_model" bash scripts/carry_sft.sh "$seed" "$sft" || return 1
+      step "$start_model" bash scripts/studies/carry_sft.sh "$seed" "$sft" || return 1
       grpo_args="--recipe=baseline"
       eval_args="" ;;
     parallel-4)
@@ -306,11 +306,11 @@ fi
 # The tables and the curves of each task that ran; then both tasks' tables and the plot.
 for task in $TASKS; do
   if [ "$task" = carry ]; then
-    $PY scripts/budget_curve.py "$CARRY_OUT" --seeds="${SEEDS// /,}" --caps="$CARRY_CAPS" \
+    $PY scripts/studies/budget_curve.py "$CARRY_OUT" --seeds="${SEEDS// /,}" --caps="$CARRY_CAPS" \
       --failures_at="$CARRY_BUDGET" --eval_budget="$CARRY_EVAL_BUDGET" \
       --target_lead="$CARRY_TARGET" --json="$CARRY_RESULTS/budget-carry.json"
   else
-    $PY scripts/budget_curve.py "$OUT" --seeds="${SEEDS// /,}" --caps="$CAPS" \
+    $PY scripts/studies/budget_curve.py "$OUT" --seeds="${SEEDS// /,}" --caps="$CAPS" \
       --failures_at="$BUDGET" --eval_budget="$EVAL_BUDGET" --target_lead="$PAIR_TARGET" \
       --json="$PAIR_RESULTS/budget-pair.json"
   fi
@@ -321,7 +321,7 @@ if [ "$TASKS" = pair ]; then
   RESULTS_DIR=$PAIR_RESULTS
 fi
 if [ -f "$PAIR_RESULTS/budget-pair.json" ] && [ -f "$CARRY_RESULTS/budget-carry.json" ]; then
-  $PY scripts/budget_curve.py --rows="$rows" --plot="$RESULTS_DIR/budget.png" \
+  $PY scripts/studies/budget_curve.py --rows="$rows" --plot="$RESULTS_DIR/budget.png" \
     > "$RESULTS_DIR/budget.md"
   echo "budget.sh took $(( $(date +%s) - start )) s; tables: $RESULTS_DIR/budget.md," \
     "plot: $RESULTS_DIR/budget.png"

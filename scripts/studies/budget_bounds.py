@@ -2,7 +2,7 @@
 among neighbours as the teacher does, is right within the cap (README, "Where parallel thinking
 pays"; data.py, "The carry task").
 
-    python scripts/budget_bounds.py [--curves=results/budget-carry.json] [--limit=500]
+    python scripts/studies/budget_bounds.py [--curves=results/budget-carry.json] [--limit=500]
 
 The reasoner writes what `data.render_carry_trace` writes, every attempt's columns right: a chain,
 attempts at the candidates (the neighbouring pairs of the list) in a random order, never twice,
@@ -10,9 +10,9 @@ until one checks; or, first, a block of 4 paths, each an independent uniform dra
 candidates, whose summary copies the checked pair (or says "none"), then single attempts at the
 untried candidates. Every such response is right; it counts at cap c when its cost without the EOS,
 in tokens (T) or decode steps (D, a block's paths counted as their longest), is at most c: what
-scripts/budget_curve.py counts for a model's responses. Sequential answers with a chain; parallel-4
-(whose model may also write a chain) with whichever way fits more often at that cap, per problem:
-its bound is the better of the two. The chances are exact: every order and every draw is
+scripts/studies/budget_curve.py counts for a model's responses. Sequential answers with a chain;
+parallel-4 (whose model may also write a chain) with whichever way fits more often at that cap, per
+problem: its bound is the better of the two. The chances are exact: every order and every draw is
 enumerated, per problem (6 numbers, 5 candidates: 5! orders; 5^4 draws, then the orders of what is
 untried). On hard at 104 decode steps a chain fits one attempt (two take 119-134 tokens), so the
 chain's bound is 1/5; a block of four and its answer fit (86-91 steps), so parallel-4's is
@@ -21,7 +21,7 @@ chain's bound is 1/5; a block of four and its answer fit (86-91 steps), so paral
 Printed: per method and rule the bound at each cap over the hard test problems the evaluation
 reads (eval.py --data=carry:hard:test --limit=<limit>), and with --curves (budget_curve.py --json
 of the carry runs) the measured accuracy's share of its bound (mean over seeds / bound).
-scripts/budget_curve.py prints the same table for the carry task's own runs.
+scripts/studies/budget_curve.py prints the same table for the carry task's own runs.
 """
 import argparse
 import collections
@@ -31,12 +31,10 @@ import math
 import os
 import sys
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(SCRIPTS))   # data.py
-sys.path.insert(0, SCRIPTS)                    # carry_stats.py
-import carry_stats
-
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # data.py and scripts.<folder>.<name>
 import data
+from scripts.studies import carry_stats
 
 # budget.sh's carry methods -> the ways each may answer (0: a chain; n: a block of n paths first)
 METHOD_WAYS = {"sequential": (0,), "parallel-4": (0, 4)}

@@ -1,22 +1,22 @@
 """Accuracy against the budget, in tokens (T) and in decode steps (D), from eval.py samples.
 
-    python scripts/budget_curve.py runs/budget [--seeds=0,1,2] [--caps=32,48,64,96,128]
+    python scripts/studies/budget_curve.py runs/budget [--seeds=0,1,2] [--caps=32,48,64,96,128]
         [--failures_at=48] [--target_lead=5] [--json=results/budget-pair.json]
-    python scripts/budget_curve.py --plot=results/budget.png \
+    python scripts/studies/budget_curve.py --plot=results/budget.png \
         --rows=results/budget-pair.json,results/budget-carry.json
 
-The folder holds what scripts/budget.sh writes for one task (the pair task, data.py's synthetic:*,
-or the carry task, carry:*): <method>-seed<s>/eval/samples.jsonl for each method of METHODS it
-finds for every seed. Printed: per difficulty and rule, each method's accuracy at each cap (mean
-over seeds, then ± half the spread (max - min) / 2); per seed, each parallel method's lead over the
-sequential baseline on hard at each decode-step cap, and whether one cap has every seed ahead by
---target_lead; each seed's lead at --failures_at decode steps with a paired bootstrap 95% interval
-over the test problems (`paired_bootstrap`); on the carry task, each method's bound at each cap and
-the measured accuracy's share of it (scripts/budget_bounds.py); the failure classes of hard
-responses at --failures_at decode steps ("over the cap" when the response needs more); the rule's
-numbers (`rule_figures`). --json keeps the hard curves and the rule's numbers; --plot draws hard
-accuracy per method against the budget, a row per task (--rows: the JSON files of earlier calls;
-else this folder's), two panels (tokens, decode steps), error bars = the seeds' min and max.
+The folder holds what scripts/studies/budget.sh writes for one task (the pair task, data.py's
+synthetic:*, or the carry task, carry:*): <method>-seed<s>/eval/samples.jsonl for each method of
+METHODS it finds for every seed. Printed: per difficulty and rule, each method's accuracy at each
+cap (mean over seeds, then ± half the spread (max - min) / 2); per seed, each parallel method's lead
+over the sequential baseline on hard at each decode-step cap, and whether one cap has every seed
+ahead by --target_lead; each seed's lead at --failures_at decode steps with a paired bootstrap 95%
+interval over the test problems (`paired_bootstrap`); on the carry task, each method's bound at each
+cap and the measured accuracy's share of it (scripts/studies/budget_bounds.py); the failure classes
+of hard responses at --failures_at decode steps ("over the cap" when the response needs more); the
+rule's numbers (`rule_figures`). --json keeps the hard curves and the rule's numbers; --plot draws
+hard accuracy per method against the budget, a row per task (--rows: the JSON files of earlier
+calls; else this folder's), two panels (tokens, decode steps), error bars = the seeds' min and max.
 
 A response counts as right at cap c when it is right and fits in c: its T (or D) without the final
 EOS is at most c. (A sampler with budget c writes those c tokens and has no room for the EOS; the
@@ -36,10 +36,10 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # scripts/failures.py
-import budget_bounds
-import failures
-import seeds_table
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # scripts.<folder>.<name>
+from scripts.look import failures
+from scripts.studies import budget_bounds, seeds_table
 
 METHODS = ("sequential", "parallel-2", "parallel-4", "parallel-4-all")
 DIFFICULTIES = ("easy", "medium", "hard")
@@ -346,7 +346,7 @@ def number_list(text: str) -> list[int]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("folder", nargs="?", default="",
-                        help="what scripts/budget.sh wrote for one task (runs/budget)")
+                        help="what scripts/studies/budget.sh wrote for one task (runs/budget)")
     parser.add_argument("--seeds", type=number_list, default="0,1,2",
                         help="the seeds to pool, comma-separated")
     parser.add_argument("--caps", type=number_list, default="32,40,44,48,56,64,80,96,128",
@@ -365,9 +365,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "('' = this folder's)")
     args = parser.parse_args(argv)
     if not args.folder and not (args.plot and args.rows):
-        parser.error("give a folder of scripts/budget.sh runs, or --plot with --rows")
+        parser.error("give a folder of scripts/studies/budget.sh runs, or --plot with --rows")
     if args.folder and not os.path.isdir(args.folder):
-        parser.error(f"{args.folder} is not a folder: give the OUT folder of scripts/budget.sh")
+        parser.error(f"{args.folder} is not a folder: give the OUT folder of "
+                     "scripts/studies/budget.sh")
     if args.failures_at < 1:
         parser.error(f"--failures_at={args.failures_at}: give a decode-step cap, 1 or more")
     if not math.isfinite(args.target_lead):
@@ -380,7 +381,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for path in filter(None, args.rows.split(",")):
         if not os.path.isfile(path):
             parser.error(f"--rows names {path}, which is not a file: give the --json files of "
-                         "earlier calls (scripts/budget.sh writes results/budget-<task>.json)")
+                         "earlier calls (scripts/studies/budget.sh writes "
+                         "results/budget-<task>.json)")
     if max(args.caps) > args.eval_budget or min(args.caps) < 1:
         caps = ",".join(str(c) for c in args.caps)
         parser.error(f"--caps={caps}: give caps from 1 to --eval_budget={args.eval_budget} (the "
@@ -403,8 +405,8 @@ def load_runs(folder: str, seeds: list[int]) -> dict:
     if not runs:
         listed = ",".join(str(seed) for seed in seeds)
         raise SystemExit(f"no method under {folder} has <method>-seed<s>/eval/samples.jsonl "
-                         f"for every seed of --seeds={listed}: run scripts/budget.sh first, or "
-                         "pass the seeds it ran")
+                         f"for every seed of --seeds={listed}: run scripts/studies/budget.sh "
+                         "first, or pass the seeds it ran")
     for method, per_seed in runs.items():
         for samples in per_seed:
             if not any(difficulty(s) == "hard" for s in samples):
@@ -432,7 +434,7 @@ def report(runs: dict, args: argparse.Namespace) -> dict:
         lines += ["", f"## {title}", ""] + intervals
     if task == "carry task":
         title = (f"{task}: each method's bound (a reasoner with perfect arithmetic that guesses "
-                 "as the teacher does, scripts/budget_bounds.py), hard, % of problems")
+                 "as the teacher does, scripts/studies/budget_bounds.py), hard, % of problems")
         prompts = {s["id"]: s["prompt"] for s in next(iter(runs.values()))[0]
                    if difficulty(s) == "hard"}
         problems = [budget_bounds.problem_of_prompt(prompt) for prompt in prompts.values()]

@@ -1,6 +1,6 @@
 """How a model's attempts at the carry task go (data.py, "The carry task"): per evaluation folder.
 
-    python scripts/carry_stats.py runs/budget-carry/sequential-seed0/eval [more folders]
+    python scripts/studies/carry_stats.py runs/budget-carry/sequential-seed0/eval [more folders]
 
 Per difficulty of an eval.py samples file: the share of first-round attempts that try the right
 pair (a sequential response's first attempt; every path of a first block), that try a candidate
@@ -16,8 +16,9 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # scripts/failures.py
-import failures
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # scripts.<folder>.<name>
+from scripts.look import failures
 
 BLOCK = re.compile(r"<Parallel>(.*?)</Parallel>\s*<Summary>(.*?)</Summary>", re.DOTALL)
 PATH = re.compile(r"<Path>(.*?)</Path>", re.DOTALL)

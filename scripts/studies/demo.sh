@@ -7,7 +7,7 @@
 # then a before/after table (results.md) and one problem answered before and after RL.
 # Everything lands in runs/demo (runs/demo-seed<N> for another seed).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."   # scripts/studies/ -> the repository
 PY=.venv/bin/python
 SEED=${SEED:-0}
 OUT=${OUT:-runs/demo$([ "$SEED" = 0 ] || echo "-seed$SEED")}
@@ -24,11 +24,11 @@ GRPO_CKPT=$(latest "$OUT/grpo")
 echo "== 3/3 eval: the SFT and the GRPO checkpoints, same problems, same sampling seeds"
 $PY eval.py --model="$SFT_CKPT" --name="Parallel-SFT-Unseen (tiny)" --out_dir="$OUT/eval_sft"
 $PY eval.py --model="$GRPO_CKPT" --name="Parallel-R1-Unseen S1 (tiny)" --out_dir="$OUT/eval_grpo"
-$PY scripts/plot.py "$OUT/grpo"
+$PY scripts/look/plot.py "$OUT/grpo"
 
 echo
 echo "== Before / after RL (held-out problems, T = 1, Mean@k and unbiased Pass@k)"
-$PY scripts/table.py "$OUT/eval_sft" "$OUT/eval_grpo" --out_dir="$OUT"
+$PY scripts/studies/table.py "$OUT/eval_sft" "$OUT/eval_grpo" --out_dir="$OUT"
 echo
 echo "== The same problem before and after RL (first sample of the first hard test problem)"
 $PY - "$OUT" <<'EOF'

@@ -1,7 +1,7 @@
 """What RL does with the choice to think in parallel: the block share of the training rollouts
-against the GRPO step, and where it ends, from the runs of scripts/dynamics.sh.
+against the GRPO step, and where it ends, from the runs of scripts/studies/dynamics.sh.
 
-    python scripts/dynamics.py runs/dynamics [--seeds=0,1,2] [--md=results/dynamics.md]
+    python scripts/studies/dynamics.py runs/dynamics [--seeds=0,1,2] [--md=results/dynamics.md]
         [--plot=results/dynamics.png]
 
 The folder holds, per seed s:
@@ -258,7 +258,7 @@ def check_output(parser, flag: str, path: str, suffix: str):
 
 def main(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("root", help="the folder scripts/dynamics.sh wrote (runs/dynamics)")
+    parser.add_argument("root", help="the folder scripts/studies/dynamics.sh wrote (runs/dynamics)")
     parser.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2],
                         help="the seeds to read, comma-separated (default 0,1,2)")
     parser.add_argument("--tasks", type=parse_tasks, default=TASKS,
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--plot", default="", help="draw the curves here (a .png)")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.root):
-        parser.error(f"{args.root}: no such folder; run scripts/dynamics.sh first")
+        parser.error(f"{args.root}: no such folder; run scripts/studies/dynamics.sh first")
     if args.md:
         check_output(parser, "--md", args.md, ".md")
     if args.plot:
@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None):
     print(text)
     if args.md:
         with open(args.md, "w", encoding="utf-8") as fh:
-            fh.write("# When RL chooses parallel thinking (scripts/dynamics.sh)\n\n" + text + "\n")
+            heading = "# When RL chooses parallel thinking (scripts/studies/dynamics.sh)"
+            fh.write(heading + "\n\n" + text + "\n")
     if args.plot:
         plot(runs, args.plot)
 

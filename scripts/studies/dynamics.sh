@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `bash scripts/dynamics.sh`: what RL does with the choice to think in parallel (README, "When RL
+# `bash scripts/studies/dynamics.sh`: what RL does with the choice to think in parallel (README, "When RL
 # chooses parallel thinking"). Every run starts from an SFT model that may open a block or not;
 # GRPO then decides. Two tasks, each on SEEDS, in $OUT (runs/dynamics):
 #
@@ -8,14 +8,14 @@
 #   s1, s2       grpo.py --recipe=unseen-s1 / unseen-s2 $PAIR_FLAGS, $GRPO_STEPS steps
 #   eval-sft, s1/eval, s2/eval   eval.py as the demo evaluates (64 test problems a part x 8)
 # The carry task (hard), per seed:
-#   sft          scripts/carry_sft.sh (half the traces open with a block of 4 paths), shared with
-#                scripts/budget.sh (runs/budget-carry/sft-seed<s>)
+#   sft          scripts/studies/carry_sft.sh (half the traces open with a block of 4 paths), shared with
+#                scripts/studies/budget.sh (runs/budget-carry/sft-seed<s>)
 #   steps        grpo.py --recipe=unseen-s1 --num_paths=4 --max_blocks=1, free to open the block or
 #                not, at $CARRY_STEPS decode steps (a block costs its longest path)
 #   tokens       the same at $CARRY_TOKENS tokens (a block costs all four paths; one still fits)
 #   eval-sft-steps, eval-sft-tokens, steps/eval, tokens/eval   $CARRY_EVAL_LIMIT hard test problems
 #                x 4, each at its run's budget
-# then scripts/dynamics.py: the table (results/dynamics.md) and the figure (results/dynamics.png).
+# then scripts/studies/dynamics.py: the table (results/dynamics.md) and the figure (results/dynamics.png).
 #
 # Jobs (a task and a seed: its SFT, then its runs in order) share $LANES one-thread lanes, the
 # carry jobs first (their SFT takes longest); a failed job does not stop the others. A rerun skips
@@ -26,10 +26,10 @@
 # (or RESULTS=).
 set -euo pipefail
 set -f                 # no file-name expansion: TASKS='*' is a setting, not the folder's files
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."   # scripts/studies/ -> the repository
 PY=${PY:-.venv/bin/python}
 JOBS_SCRIPT=dynamics.sh
-source scripts/jobs.sh   # check_python, step (run a command unless its output exists), run_lanes
+source scripts/studies/jobs.sh   # check_python, step (run a command unless its output exists), run_lanes
 DEFAULTS="OUT=runs/dynamics GRPO_STEPS=100 CARRY_STEPS=104 CARRY_TOKENS=256 CARRY_EVAL_LIMIT=200"
 DEFAULT_TASKS="carry pair"
 TASKS=$(echo ${TASKS-$DEFAULT_TASKS})
@@ -44,14 +44,14 @@ CARRY_STEPS=${CARRY_STEPS:-104}
 CARRY_TOKENS=${CARRY_TOKENS:-256}
 CARRY_EVAL_LIMIT=${CARRY_EVAL_LIMIT:-200}
 CARRY_SFT_DIR=${CARRY_SFT_DIR:-runs/budget-carry}   # budget.sh's $CARRY_OUT: one SFT a seed
-CARRY_SFT_STEPS=1000              # scripts/carry_sft.sh's (its last checkpoint)
-CARRY_GRPO_BATCH=16               # prompts per step, as scripts/budget.sh (long responses)
+CARRY_SFT_STEPS=1000              # scripts/studies/carry_sft.sh's (its last checkpoint)
+CARRY_GRPO_BATCH=16               # prompts per step, as scripts/studies/budget.sh (long responses)
 PAIR_SFT_STEPS=400                # the tiny preset's SFT steps (its last checkpoint)
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 
 if [ $# -gt 0 ]; then
   echo "dynamics.sh takes no arguments; its settings are environment variables, e.g." \
-    "SEEDS=1 TASKS=carry bash scripts/dynamics.sh (all of them: the comment at its top)" >&2
+    "SEEDS=1 TASKS=carry bash scripts/studies/dynamics.sh (all of them: the comment at its top)" >&2
   exit 2
 fi
 # Check the settings before anything starts.
@@ -140,7 +140,7 @@ carry_job() {
   local dir=$OUT/carry-seed$1
   local sft=$CARRY_SFT_DIR/sft-seed$1
   local model=$sft/checkpoint-$CARRY_SFT_STEPS
-  step "$model" bash scripts/carry_sft.sh "$1" "$sft" || return 1
+  step "$model" bash scripts/studies/carry_sft.sh "$1" "$sft" || return 1
   local budget
   local cap
   for budget in steps tokens; do
@@ -187,7 +187,7 @@ if ! run_lanes "$LANES" "$lane" "$jobs"; then
   failed=1
   RESULTS_DIR=${RESULTS:-$OUT}
 fi
-if $PY scripts/dynamics.py "$OUT" --seeds="${SEEDS// /,}" --tasks="${TASKS// /,}" \
+if $PY scripts/studies/dynamics.py "$OUT" --seeds="${SEEDS// /,}" --tasks="${TASKS// /,}" \
     --md="$RESULTS_DIR/dynamics.md" --plot="$RESULTS_DIR/dynamics.png"; then
   echo "dynamics.sh took $(( $(date +%s) - start )) s; table: $RESULTS_DIR/dynamics.md," \
     "figure: $RESULTS_DIR/dynamics.png"

@@ -7,7 +7,7 @@
 # and <Parallel> position over steps) and results/curves_<recipe>.png. Two lanes (one per seed) of one
 # thread each; step counts bound every run, so the table does not depend on the machine's speed.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."   # scripts/studies/ -> the repository
 PY=.venv/bin/python
 OUT=${OUT:-runs/reproduce}
 GRPO_STEPS=${GRPO_STEPS:-60}
@@ -56,10 +56,10 @@ grep -h "^\[" "$OUT"/lane_seed*.log | sort
 
 order="sft_sequential grpo_baseline sft_seen grpo_seen sft_unseen grpo_unseen-s1 grpo_unseen-s2 grpo_scaffold"
 dirs=$(for m in $order; do for s in $SEEDS; do echo "$OUT/eval_${m}_seed$s"; done; done)
-$PY scripts/seeds_table.py $dirs --out=results/results.md
-$PY scripts/plot_s1_s2.py results/s1_vs_s2.png $(for s in $SEEDS; do echo $OUT/grpo_unseen-s1_seed$s $OUT/grpo_unseen-s2_seed$s; done) \
+$PY scripts/studies/seeds_table.py $dirs --out=results/results.md
+$PY scripts/look/plot_s1_s2.py results/s1_vs_s2.png $(for s in $SEEDS; do echo $OUT/grpo_unseen-s1_seed$s $OUT/grpo_unseen-s2_seed$s; done) \
   || echo "(no plot: pip install -r requirements-extra.txt)"
 for recipe in baseline seen unseen-s1 unseen-s2 scaffold; do
-  $PY scripts/plot.py $OUT/grpo_${recipe}_seed0 >/dev/null 2>&1 && cp $OUT/grpo_${recipe}_seed0/curves.png results/curves_$recipe.png || true
+  $PY scripts/look/plot.py $OUT/grpo_${recipe}_seed0 >/dev/null 2>&1 && cp $OUT/grpo_${recipe}_seed0/curves.png results/curves_$recipe.png || true
 done
 echo "results/results.md written; reproduce took $(( $(date +%s) - start )) s"

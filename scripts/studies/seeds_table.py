@@ -1,7 +1,7 @@
 """One Table-2 style table whose rows pool the seeds of a method: every cell is the mean over seeds
 and, after "±", half the spread (max - min) / 2.
 
-    python scripts/seeds_table.py runs/reproduce/eval_*      [--out=results/results.md]
+    python scripts/studies/seeds_table.py runs/reproduce/eval_*      [--out=results/results.md]
 
 Each argument is an eval.py output folder (it holds summary.json); folders whose summary has the
 same "name" are seeds of one method (reproduce.sh names them "<method>" and puts the seed in the

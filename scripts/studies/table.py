@@ -1,6 +1,6 @@
 """One Table-2 style table of several evaluations:
 
-    python scripts/table.py runs/eval_a runs/eval_b [--out_dir=results]
+    python scripts/studies/table.py runs/eval_a runs/eval_b [--out_dir=results]
 
 Each folder holds the summary.json of an `eval.py` run; the table (eval.format_table) is printed
 and, with --out_dir, written to <out_dir>/results.md.
@@ -10,7 +10,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the core modules
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # the core modules
 
 from eval import format_table
 
