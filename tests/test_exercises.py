@@ -362,8 +362,15 @@ def test_ex7_k_responses_cannot_be_drawn_from_fewer(n, c, k):
     """Pass@k draws k of the n responses without replacement: k > n (or c outside 0..n, or k < 1)
     has no value. The shortcut "n - c < k means 1.0" once said pass@5 = 100% for two responses
     that were both wrong."""
-    with pytest.raises(ValueError, match="pass@k needs 1 <= k <= n and 0 <= c <= n"):
-        pass_at_k(n, c, k)
+    call = f"pass_at_k(n={n}, c={c}, k={k})"
+    try:
+        got = pass_at_k(n, c, k)
+    except ValueError as error:
+        assert "pass@k" in str(error), \
+            f"{call}: a ValueError whose message contains 'pass@k' (ASSIGNMENTS.md), got {error!r}"
+        return
+    pytest.fail(f"{call}: expected a ValueError (1 <= k <= n and 0 <= c <= n: NOTES.md §7), "
+                f"got {got!r}", pytrace=False)
 
 
 # --------------------------------------------------------------------------------------------------
