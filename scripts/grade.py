@@ -177,9 +177,11 @@ def grade_lines(tests: dict, names: dict[int, str], exercises: list[int]) -> tup
             status = f"no test is marked exercise_{k}"
         else:
             status = f"{passed}/{len(mine)} tests pass; {failure_summary(k, failed, tests)}"
-        lines.append(textwrap.fill(head, LINE_CHARS, subsequent_indent=" " * 12) + "\n" +
-                     textwrap.fill(status, LINE_CHARS, initial_indent="    ",
-                                   subsequent_indent="      "))
+        head = textwrap.fill(head, LINE_CHARS, subsequent_indent=" " * 12,
+                             break_on_hyphens=False)
+        status = textwrap.fill(status, LINE_CHARS, initial_indent="    ",
+                               subsequent_indent="      ", break_on_hyphens=False)
+        lines.append(f"{head}\n{status}")
     broken = [n for n, t in tests.items() if not t["markers"] and t["outcome"] == "failed"]
     for nodeid in broken:                        # a test file that failed to import
         lines.append(f"cannot collect {nodeid}: {first_line_of_failure(tests[nodeid]['text'])}")
