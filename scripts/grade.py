@@ -5,10 +5,12 @@
     python scripts/grade.py --json=grade.json      # also every test's outcome, as JSON
 
 Exercise k's tests are the ones marked exercise_k (tests/test_exercises.py and the tests that
-tests/conftest.py's EXERCISE_TESTS tags); one pytest session runs them all, quietly. An exercise
-not done says how many of its tests stop at its own NotImplementedError (not started), at another
-exercise's (do that one first), or fail otherwise (the first line of the first). Exit status 0 when
-every exercise asked for passes, else 1. The full failure: python -m pytest -m exercise_k -x tests
+tests/conftest.py's EXERCISE_TESTS tags); one pytest session runs them all, quietly (and those of
+the exercises they go through, NEEDS). An exercise not done says how many of its tests stop at its
+own NotImplementedError (not started), at another exercise's (do that one first), or fail otherwise
+(the first line of the first, the kit's own tests first; and which exercise it goes through fails
+its own tests: fix that one first). Exit status 0 when every exercise asked for passes, else 1.
+The full failure: python -m pytest -m exercise_k -x tests
 """
 import argparse
 import ast
@@ -113,11 +115,12 @@ def first_line_of_failure(text: str) -> str:
 
 
 def tests_of(tests: dict, k: int) -> list[dict]:
-    """Exercise k's tests, the kit's own (KIT_TESTS: hand-worked, with a message that says
-    where) first, then the project's tagged ones."""
-    mine = [(nodeid, t) for nodeid, t in tests.items() if f"exercise_{k}" in t["markers"]]
-    mine.sort(key=lambda item: not item[0].startswith(KIT_TESTS))
-    return [t for _, t in mine]
+    """Exercise k's tests (each record with its "nodeid"), the kit's own (KIT_TESTS: hand-worked,
+    with a message that says where) first, then the project's tagged ones."""
+    mine = [dict(t, nodeid=nodeid) for nodeid, t in tests.items()
+            if f"exercise_{k}" in t["markers"]]
+    mine.sort(key=lambda t: not t["nodeid"].startswith(KIT_TESTS))
+    return mine
 
 
 def is_done(tests: dict, k: int) -> bool:
@@ -150,7 +153,10 @@ def failure_summary(k: int, failed: list[dict], tests: dict) -> str:
             if j not in waiting and tests_of(tests, j) and not is_done(tests, j):
                 parts.append(f"exercise {j} fails its own tests: fix it first (these tests go "
                              "through its code)")
-        parts.append(f"{len(other)} fail; the first: {first_line_of_failure(other[0]['text'])}")
+        first = other[0]
+        test_name = first["nodeid"].split("::")[-1]
+        parts.append(f"{len(other)} fail; the first, {test_name}: "
+                     f"{first_line_of_failure(first['text'])}")
     return "; ".join(parts)
 
 

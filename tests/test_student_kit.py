@@ -130,7 +130,7 @@ def test_grade_says_what_to_do_first():
     lines, all_done = grade.grade_lines(record, names, [5, 7, 9])
     assert "\n".join(lines).splitlines() == [
         "exercise 5  grpo.py: loss",
-        "    0/1 tests pass; 1 fail; the first: AssertionError: A = +1, ratios [1.1]",
+        "    0/1 tests pass; 1 fail; the first, f: AssertionError: A = +1, ratios [1.1]",
         "exercise 7  eval.py: pass@k",
         "    2/2 tests pass: done",
         "exercise 9  sample.py: the sampler",
@@ -168,26 +168,30 @@ PLANTED = [
     ("the hidden block written into every row", "attention.py",
      "allowed[b, r0 + s:r0 + e, hidden] = False", "allowed[:, r0 + s:r0 + e, hidden] = False",
      (3, 9),
-     {3: ([("the first: AssertionError: row 0 of a 2-row batch: 12 (query, key) hidden that "
+     {3: ([("AssertionError: row 0 of a 2-row batch: 12 (query, key) hidden that "
             "this row's blocks do not hide")], []),
-      9: ([FIX_3_FIRST, "the first: sample 0"], ["exercise 4"])}),
+      9: ([FIX_3_FIRST, "test_recorded_logprobs_equal_training_forward[", ": sample 0"],
+          ["exercise 4"])}),
     ("row 0's prompt length used for every row", "attention.py",
      "n_prompt = prompt_lengths[b]", "n_prompt = prompt_lengths[0]",
      (3, 9),
-     {3: ([("the first: AssertionError: row 1 of a 2-row batch: 0 (query, key) hidden that "
+     {3: ([("AssertionError: row 1 of a 2-row batch: 0 (query, key) hidden that "
             "this row's blocks do not hide, 12 visible that they hide")], []),
       9: ([FIX_3_FIRST], ["exercise 4"])}),
     ("the log-prob recorded after top-k and top-p", "sample.py", RIGHT_LOGPROB,
      LOGPROB_AFTER_THE_FILTERS, (9,),
-     {9: (["2 fail; the first: sample 0", "top_k 10, top_p 0.9)"], ["fix it first"])}),
+     {9: (["2 fail; the first, test_recorded_logprobs_are_taken_before_top_k_and_top_p[unseen]",
+           ": sample 0", "top_k 10, top_p 0.9)"], ["fix it first"])}),
     ("loss_weights counts a response without loss tokens", "grpo.py",
      "return loss_mask / n.clamp(min=1), float((n > 0).sum())",
      "return loss_mask / n.clamp(min=1), float(n.shape[0])", (6,),
      {6: (["loss_weights (the loss aggregation modes)",
-           "the first: AssertionError: seq-mean-token-mean, loss mask"], [])}),
+           "the first, test_ex6_weights_and_denominators",
+           "AssertionError: seq-mean-token-mean, loss mask"], [])}),
     ("pass_at_k without its guard", "eval.py",
      "    if not (1 <= k <= n and 0 <= c <= n):\n", "    if False:\n", (7,),
-     {7: (["the first: pass_at_k(n=2, c=0, k=5): expected a ValueError"], [])}),
+     {7: (["the first, test_ex7_k_responses_cannot_be_drawn_from_fewer[2-0-5]",
+           "pass_at_k(n=2, c=0, k=5): expected a ValueError"], [])}),
 ]
 
 
@@ -247,20 +251,20 @@ def test_grade_shows_the_kits_message_first_and_what_to_fix_first():
                                             "text": "    assert x\nE   assert False"},
         "tests/test_exercises.py::test_ex3": {"markers": ["exercise_3"], "outcome": "failed",
                                               "text": "E   AssertionError: row 1 of a 2-row batch"},
-        "tests/test_sample.py::test_b": {"markers": ["exercise_9"], "outcome": "failed",
-                                         "text": sampler},
+        "tests/test_sample.py::test_b[unseen]": {"markers": ["exercise_9"], "outcome": "failed",
+                                                 "text": sampler},
     }
     names = {3: "attention.py: the mask", 9: "sample.py: the sampler"}
     lines, all_done = grade.grade_lines(record, names, [3, 9])
     assert "\n".join(lines).splitlines() == [
         "exercise 3  attention.py: the mask",
-        "    0/2 tests pass; 2 fail; the first: AssertionError: row 1 of a 2-row batch",
+        "    0/2 tests pass; 2 fail; the first, test_ex3: AssertionError: row 1 of a 2-row batch",
         "exercise 9  sample.py: the sampler",
         ("    0/1 tests pass; exercise 3 fails its own tests: fix it first (these tests go through "
          "its code);"),
-        ("      1 fail; the first: sample 0 (prompt 0), response token 3 'x' in the main chain: "
-         "recorded"),
-        "      log-prob -1.0, the training forward's -2.0",
+        ("      1 fail; the first, test_b[unseen]: sample 0 (prompt 0), response token 3 'x' in "
+         "the main"),
+        "      chain: recorded log-prob -1.0, the training forward's -2.0",
         "total: 0 of 2 exercises done, 0 of 3 tests pass",
     ]
     assert not all_done
