@@ -69,6 +69,7 @@ EXERCISE_TESTS = {
     "test_sample.py": {
         # end to end: the sampler (9) over the format, the masks and the log-probs (1-4)
         "test_recorded_logprobs_equal_training_forward": (9,),
+        "test_recorded_logprobs_are_taken_before_top_k_and_top_p": (9,),
         "test_unseen_paths_share_the_prefix_and_positions": (9,),
     },
     "test_eval.py": {

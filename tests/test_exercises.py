@@ -191,6 +191,79 @@ def test_ex3_padding_sees_itself_and_positions_start_at_zero():
         f"positions: padding 0, real tokens from 0; got {pos[0].tolist()}"
 
 
+# Two rows that differ in everything a row may own: row 0 is left-padded, has a 3-token prompt and
+# NOTES.md §2's response; row 1 is right-padded, has a 2-token prompt and a response whose block
+# starts at its first token and whose second path is longer. Columns are row coordinates.
+ROW_1_RESPONSE = [P, A, 25, EA, A, 26, 27, EA, EP, NL, S, 28, ES, EOS]
+TWO_ROWS = [
+    # (padding before, prompt, response, padding after)
+    (2, [21, 22, 23], RESPONSE, 0),
+    (0, [21, 22], ROW_1_RESPONSE, 5),
+]
+# worked by hand from each row's own prompt length: row 0's response starts at column 2 + 3 = 5,
+# its path 2 (response 6..8) is columns 11-13 and may not see path 1 (response 2..5): columns 7-10.
+# Row 1's response starts at column 0 + 2 = 2; its path 2 (response 4..7) is columns 6-9 and may
+# not see path 1 (response 1..3): columns 3-5.
+TWO_ROWS_HIDDEN = [
+    [(q, k) for q in (11, 12, 13) for k in (7, 8, 9, 10)],
+    [(q, k) for q in (6, 7, 8, 9) for k in (3, 4, 5)],
+]
+TWO_ROWS_POSITIONS = [
+    [0, 0] + [0, 1, 2] + [3, 4, 5, 6, 7, 8, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15],
+    [0, 1] + [2, 3, 4, 5, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] + [0] * 5,
+]
+
+
+def two_row_batch():
+    """input_ids, prompt_lengths and attention_mask_2d of TWO_ROWS (pad id 0)."""
+    rows = []
+    masks = []
+    for before, prompt, response, after in TWO_ROWS:
+        rows.append([0] * before + prompt + response + [0] * after)
+        masks.append([0] * before + [1] * (len(prompt) + len(response)) + [0] * after)
+    prompt_lengths = [len(prompt) for _, prompt, _, _ in TWO_ROWS]
+    return torch.tensor(rows), prompt_lengths, torch.tensor(masks)
+
+
+@pytest.mark.exercise_3
+def test_ex3_each_row_of_a_batch_has_its_own_prompt_padding_and_blocks():
+    """Each row's mask and positions come from that row alone: its padding, its prompt length
+    (prompt_lengths[b]) and its own parsed response. A hidden rectangle written into every row
+    (allowed[:, ...] instead of allowed[b, ...]) or row 0's prompt length used for every row
+    passes every one-row test and fails here."""
+    ids, prompt_lengths, am = two_row_batch()
+    mask, pos = build_mask_and_positions(ids, prompt_lengths, am, TAGS, "unseen")
+    L = ids.shape[1]
+    assert mask.shape == (2, 1, L, L) and pos.shape == (2, L), (mask.shape, pos.shape)
+    for b, (before, prompt, response, after) in enumerate(TWO_ROWS):
+        real = range(before, L - after)
+        hidden = (mask[b, 0] != 0).nonzero().tolist()
+        extra = sorted((q, k) for q, k in hidden if q in real and k in real and k <= q)
+        where = (f"the row: {before} padding before, prompt {prompt} "
+                 f"(prompt_lengths[{b}] = {len(prompt)}), response {show(response)}, {after} "
+                 f"padding after")
+        wrongly_hidden = sorted(set(extra) - set(TWO_ROWS_HIDDEN[b]))
+        wrongly_seen = sorted(set(TWO_ROWS_HIDDEN[b]) - set(extra))
+        assert extra == TWO_ROWS_HIDDEN[b], \
+            (f"row {b} of a 2-row batch: {len(wrongly_hidden)} (query, key) hidden that this "
+             f"row's blocks do not hide, {len(wrongly_seen)} visible that they hide\n  {where}"
+             f"\n  hidden beyond the causal mask, in row coordinates, expected\n  "
+             f"{TWO_ROWS_HIDDEN[b]}\n  got\n  {extra}\n  hidden but should be seen: "
+             f"{wrongly_hidden}\n  seen but should be hidden: {wrongly_seen}\n  (each row's "
+             f"hidden rectangles come from its own blocks and go into that row only, its response "
+             f"starting at its own padding + prompt_lengths[b]; NOTES.md §2)")
+        got_positions = pos[b].tolist()
+        differ = [i for i, (g, e) in enumerate(zip(got_positions, TWO_ROWS_POSITIONS[b])) if g != e]
+        assert got_positions == TWO_ROWS_POSITIONS[b], \
+            (f"row {b} of a 2-row batch: position ids differ at columns {differ}\n  {where}\n  "
+             f"expected\n  {TWO_ROWS_POSITIONS[b]}\n  got\n  {got_positions}\n  (the prompt "
+             f"0..n-1 with n = prompt_lengths[{b}], the response from exercise 2 starting at n, "
+             f"padding 0; NOTES.md §2)")
+        for q in set(range(L)) - set(real):
+            seen = (mask[b, 0, q] == 0).nonzero().flatten().tolist()
+            assert seen == [q], f"{where}\n  padding query {q} sees {seen}, expected only itself"
+
+
 # --------------------------------------------------------------------------------------------------
 # Exercise 4: token_logprobs
 
@@ -289,8 +362,15 @@ def test_ex7_k_responses_cannot_be_drawn_from_fewer(n, c, k):
     """Pass@k draws k of the n responses without replacement: k > n (or c outside 0..n, or k < 1)
     has no value. The shortcut "n - c < k means 1.0" once said pass@5 = 100% for two responses
     that were both wrong."""
-    with pytest.raises(ValueError, match="pass@k needs 1 <= k <= n and 0 <= c <= n"):
-        pass_at_k(n, c, k)
+    call = f"pass_at_k(n={n}, c={c}, k={k})"
+    try:
+        got = pass_at_k(n, c, k)
+    except ValueError as error:
+        assert "pass@k" in str(error), \
+            f"{call}: a ValueError whose message contains 'pass@k' (ASSIGNMENTS.md), got {error!r}"
+        return
+    pytest.fail(f"{call}: expected a ValueError (1 <= k <= n and 0 <= c <= n: NOTES.md §7), "
+                f"got {got!r}", pytrace=False)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -87,12 +87,14 @@ def bans_by_the_rules(r, tags: TagIds, j: int, mode: str, max_blocks: int = 4) -
     return tags.structural - {tags.parallel}
 
 
-def max_logprob_diff(model, tok, rollouts, mode, temperature, max_blocks: int = 4):
+def max_logprob_diff(model, tok, rollouts, mode, temperature, max_blocks: int = 4,
+                     top_k: int = 0, top_p: float = 1.0):
     """Max |recorded - training forward| log-prob over every sampled token of every rollout,
     the forward's softmax without the tokens the runtime masks there (`bans_by_the_rules`; the
     rollout's record of them is checked against the rules too); a difference above
     LOGPROB_TOLERANCE fails the test with where the first one is (sample, token, path / summary
-    / main chain, recorded against recomputed) and how many there are."""
+    / main chain, recorded against recomputed: the message's first line) and how many there are.
+    top_k, top_p: what the rollouts were sampled with (for the message only)."""
     tags = TagIds.from_tokenizer(tok)
     seqs = [r.prompt_ids + r.response_ids for r in rollouts]
     L = max(map(len, seqs))
@@ -131,16 +133,27 @@ def max_logprob_diff(model, tok, rollouts, mode, temperature, max_blocks: int = 
     if mismatches:
         i, j, recorded, recomputed = mismatches[0]
         r = rollouts[i]
+        samples_off = sorted({m[0] for m in mismatches})
+        filters = ""
+        if top_k or top_p < 1.0:
+            filters = f", top_k {top_k}, top_p {top_p}"
         pytest.fail(
-            f"{len(mismatches)} of {checked} sampled log-probs differ from the training forward's "
-            f"(mode {mode}, T = {temperature}) by more than {LOGPROB_TOLERANCE} (worst "
-            f"{worst:.4f}). The first: sample {i} (prompt {r.prompt_index}), response token {j} "
-            f"{tok.decode([r.response_ids[j]])!r}, in the {where_in_response(r.structure, j)}: "
-            f"recorded {recorded:.4f}, recomputed {recomputed:.4f}.\n"
+            f"sample {i} (prompt {r.prompt_index}), response token {j} "
+            f"{tok.decode([r.response_ids[j]])!r} in the {where_in_response(r.structure, j)}: "
+            f"recorded log-prob {recorded:.4f}, the training forward's {recomputed:.4f} (the "
+            f"first of {len(mismatches)} of {checked} sampled tokens that differ by more than "
+            f"{LOGPROB_TOLERANCE}, in samples {samples_off} of 0..{len(rollouts) - 1}; worst "
+            f"{worst:.4f}; mode {mode}, T = {temperature}{filters})\n"
             f"Its response: {tok.decode(r.response_ids)!r}\n"
-            "Wrong in a path only: the decode mask or the Unseen training mask (exercises 9, 3); "
-            "after a block (summary, main chain): the positions (</Parallel> at p + longest + 1: "
-            "exercises 2, 9); everywhere: token_logprobs (exercise 4).", pytrace=False)
+            "Where to look. Exercises 1-4 first: a bug there shows here too, and their own "
+            "tests say where (python scripts/grade.py 1 2 3 4). Then: wrong in a path only: the "
+            "decode mask (exercise 9) or the Unseen training mask (exercise 3); after a block "
+            "only (summary, main chain): the positions (</Parallel> at p + longest + 1: "
+            "exercises 2, 9); in some samples while others match: one row's training mask or "
+            "positions built from another row's (exercise 3: each row its own prompt length and "
+            "blocks); at every token: token_logprobs (exercise 4), or, under top-k/top-p only, "
+            "the log-prob taken after the filters (sample.py records it before them).",
+            pytrace=False)
     return worst
 
 
@@ -156,6 +169,27 @@ def test_recorded_logprobs_equal_training_forward(models, mode, num_paths, tempe
     assert sum(len(r.structure.blocks) >= 2 for r in rollouts) >= 2
     assert any(len(b.paths) == num_paths and b.summary for b in blocks)
     assert max_logprob_diff(model, tok, rollouts, mode, temperature) <= 1e-4
+
+
+TOP_P = 0.9
+TOP_K = 10
+
+
+@pytest.mark.parametrize("mode", ["unseen", "seen"])
+def test_recorded_logprobs_are_taken_before_top_k_and_top_p(models, mode):
+    """Under top-k and top-p the token is drawn from the filtered softmax, but the recorded
+    log-prob is the one of the softmax before the filters (tags masked, temperature applied):
+    the training forward knows no top-k or top-p, so a log-prob taken after them makes every
+    ratio start away from 1. The tiny random model's softmax is flat over ~100 tokens, so top-k
+    cuts it at every draw: a log-prob recorded after the filters differs at every token."""
+    _, model, tok = models
+    temperature = 0.7
+    rollouts = generate(model, tok, PROMPTS, group_size=3, mode=mode, max_new_tokens=90,
+                        max_path_tokens=12, temperature=temperature, top_p=TOP_P, top_k=TOP_K,
+                        seed=7)
+    assert sum(len(r.structure.blocks) >= 1 for r in rollouts) >= 2
+    worst = max_logprob_diff(model, tok, rollouts, mode, temperature, top_k=TOP_K, top_p=TOP_P)
+    assert worst <= LOGPROB_TOLERANCE
 
 
 @pytest.mark.parametrize("mode", ["unseen", "seen", "sequential"])

@@ -7,6 +7,7 @@ subprocesses, and records each test's markers and outcome; its summary is checke
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -129,15 +130,151 @@ def test_grade_says_what_to_do_first():
     lines, all_done = grade.grade_lines(record, names, [5, 7, 9])
     assert "\n".join(lines).splitlines() == [
         "exercise 5  grpo.py: loss",
-        "    0/1 tests pass; 1 fail; the first: AssertionError: A = +1, ratios [1.1]",
+        "    0/1 tests pass; 1 fail; the first, f: AssertionError: A = +1, ratios [1.1]",
         "exercise 7  eval.py: pass@k",
         "    2/2 tests pass: done",
         "exercise 9  sample.py: the sampler",
-        ("    1/3 tests pass; 1 not started (its NotImplementedError); 1 wait for exercise 1 (its "
-         "NotImplementedError: do it first)"),
+        "    1/3 tests pass; 1 not started (its NotImplementedError); 1 wait for exercise 1 (its",
+        "      NotImplementedError: do it first)",
         "total: 1 of 3 exercises done, 3 of 6 tests pass",
     ]
     assert not all_done
     assert grade.grade_lines({"a": record["a"]}, names, [7]) == \
         (["exercise 7  eval.py: pass@k\n    1/1 tests pass: done",
           "total: 1 of 1 exercises done, 1 of 1 tests pass"], True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Bugs a student's solution once carried past the kit (issue 47), planted into a solved copy (the
+# reference bodies are the solutions): `python scripts/grade.py k ...` there must fail the exercise
+# and its line must say where. Each: (what, file, the right code, the bug, the exercises graded,
+# {exercise that must fail: (phrases its line must hold, phrases it must not hold)}).
+RIGHT_LOGPROB = ('        logprobs = token_logprobs(logits.masked_fill(banned, float("-inf")), '
+                 'chosen,\n                                  self.sampling.temperature)')
+LOGPROB_AFTER_THE_FILTERS = '''\
+        filtered = logits.masked_fill(banned, float("-inf"))
+        filtered = filtered / self.sampling.temperature
+        if self.sampling.top_k:
+            kth = filtered.topk(self.sampling.top_k, dim=-1).values[:, -1:]
+            filtered = filtered.masked_fill(filtered < kth, float("-inf"))
+        if self.sampling.top_p < 1.0:
+            sorted_logits, order = filtered.sort(dim=-1, descending=True)
+            probs = sorted_logits.softmax(-1)
+            drop = probs.cumsum(-1) - probs > self.sampling.top_p
+            filtered = filtered.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+        logprobs = token_logprobs(filtered, chosen)'''
+FIX_3_FIRST = "exercise 3 fails its own tests: fix it first"
+PLANTED = [
+    ("the hidden block written into every row", "attention.py",
+     "allowed[b, r0 + s:r0 + e, hidden] = False", "allowed[:, r0 + s:r0 + e, hidden] = False",
+     (3, 9),
+     {3: ([("AssertionError: row 0 of a 2-row batch: 12 (query, key) hidden that "
+            "this row's blocks do not hide")], []),
+      9: ([FIX_3_FIRST, "test_recorded_logprobs_equal_training_forward[", ": sample 0"],
+          ["exercise 4"])}),
+    ("row 0's prompt length used for every row", "attention.py",
+     "n_prompt = prompt_lengths[b]", "n_prompt = prompt_lengths[0]",
+     (3, 9),
+     {3: ([("AssertionError: row 1 of a 2-row batch: 0 (query, key) hidden that "
+            "this row's blocks do not hide, 12 visible that they hide")], []),
+      9: ([FIX_3_FIRST], ["exercise 4"])}),
+    ("the log-prob recorded after top-k and top-p", "sample.py", RIGHT_LOGPROB,
+     LOGPROB_AFTER_THE_FILTERS, (9,),
+     {9: (["2 fail; the first, test_recorded_logprobs_are_taken_before_top_k_and_top_p[unseen]",
+           ": sample 0", "top_k 10, top_p 0.9)"], ["fix it first"])}),
+    ("loss_weights counts a response without loss tokens", "grpo.py",
+     "return loss_mask / n.clamp(min=1), float((n > 0).sum())",
+     "return loss_mask / n.clamp(min=1), float(n.shape[0])", (6,),
+     {6: (["loss_weights (the loss aggregation modes)",
+           "the first, test_ex6_weights_and_denominators",
+           "AssertionError: seq-mean-token-mean, loss mask"], [])}),
+    ("pass_at_k without its guard", "eval.py",
+     "    if not (1 <= k <= n and 0 <= c <= n):\n", "    if False:\n", (7,),
+     {7: (["the first, test_ex7_k_responses_cannot_be_drawn_from_fewer[2-0-5]",
+           "pass_at_k(n=2, c=0, k=5): expected a ValueError"], [])}),
+]
+
+
+@pytest.fixture(scope="module")
+def solved(tmp_path_factory):
+    """A solved student copy: every tracked file as the reference has it (the marked bodies are
+    the solutions), without the kit's own test."""
+    d = tmp_path_factory.mktemp("kit") / "solved"
+    for rel in make_student.tracked_files(ROOT):
+        if rel in make_student.LEAVE_OUT or rel.split(os.sep)[0] in make_student.SKIP_DIRS:
+            continue
+        os.makedirs(d / os.path.dirname(rel), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, rel), d / rel)
+    return d
+
+
+def exercise_block(stdout: str, k: int) -> str:
+    """Exercise k's lines of grade.py's output, the wrapping undone (one space between words)."""
+    blocks = re.split(r"^(?=exercise \d+ |total: )", stdout, flags=re.MULTILINE)
+    mine = [b for b in blocks if b.startswith(f"exercise {k} ")]
+    assert len(mine) == 1, stdout
+    return " ".join(mine[0].split())
+
+
+@pytest.mark.parametrize("what, rel, right, bug, graded, checks", PLANTED,
+                         ids=[p[0] for p in PLANTED])
+def test_planted_bugs_are_caught_where_they_are(solved, what, rel, right, bug, graded, checks):
+    path = solved / rel
+    original = path.read_text()
+    assert original.count(right) == 1, f"{rel} no longer holds {right!r}: update PLANTED"
+    path.write_text(original.replace(right, bug))
+    try:
+        command = [sys.executable, os.path.join("scripts", "grade.py"), *map(str, graded)]
+        proc = subprocess.run(command, cwd=solved, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                              capture_output=True, text=True, timeout=600, check=False)
+    finally:
+        path.write_text(original)
+    assert proc.returncode == 1, f"{what}: grade.py exits {proc.returncode}\n{proc.stdout}"
+    for k, (says, never) in checks.items():
+        line = exercise_block(proc.stdout, k)
+        assert "tests pass: done" not in line, f"{what}: exercise {k} says done\n{proc.stdout}"
+        for phrase in says:
+            assert phrase in line, f"{what}: exercise {k}'s line lacks {phrase!r}:\n{line}"
+        for phrase in never:
+            assert phrase not in line, f"{what}: exercise {k}'s line says {phrase!r}:\n{line}"
+
+
+def test_grade_shows_the_kits_message_first_and_what_to_fix_first():
+    """grade.grade_lines on a hand-made record: the kit's own failure (tests/test_exercises.py)
+    before a project test's bare assert, whatever the order; a pytrace=False failure (the
+    sampler's end-to-end test) by its first line; an exercise whose tests go through a failing
+    one (grade.NEEDS) says to fix that first."""
+    sampler = ("sample 0 (prompt 0), response token 3 'x' in the main chain: recorded log-prob "
+               "-1.0, the training forward's -2.0\nIts response: 'x'\nWhere to look. ...")
+    record = {
+        "tests/test_attention.py::test_a": {"markers": ["exercise_3"], "outcome": "failed",
+                                            "text": "    assert x\nE   assert False"},
+        "tests/test_exercises.py::test_ex3": {"markers": ["exercise_3"], "outcome": "failed",
+                                              "text": "E   AssertionError: row 1 of a 2-row batch"},
+        "tests/test_sample.py::test_b[unseen]": {"markers": ["exercise_9"], "outcome": "failed",
+                                                 "text": sampler},
+    }
+    names = {3: "attention.py: the mask", 9: "sample.py: the sampler"}
+    lines, all_done = grade.grade_lines(record, names, [3, 9])
+    assert "\n".join(lines).splitlines() == [
+        "exercise 3  attention.py: the mask",
+        "    0/2 tests pass; 2 fail; the first, test_ex3: AssertionError: row 1 of a 2-row batch",
+        "exercise 9  sample.py: the sampler",
+        ("    0/1 tests pass; exercise 3 fails its own tests: fix it first (these tests go through "
+         "its code);"),
+        ("      1 fail; the first, test_b[unseen]: sample 0 (prompt 0), response token 3 'x' in "
+         "the main"),
+        "      chain: recorded log-prob -1.0, the training forward's -2.0",
+        "total: 0 of 2 exercises done, 0 of 3 tests pass",
+    ]
+    assert not all_done
+
+
+def test_grade_names_every_function_of_an_exercise():
+    names = grade.exercise_names()
+    assert names[6] == ("grpo.py: compute_advantages (group-relative advantages), loss_weights "
+                        "(the loss aggregation modes)")
+    assert names[9].startswith("sample.py: SlotCache.mask (")
+    assert "Engine._close_block (" in names[9]
+    assert names[3] == ("attention.py: build_mask_and_positions (the Seen/Unseen attention mask "
+                        "and positions)")

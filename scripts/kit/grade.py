@@ -5,16 +5,20 @@
     python scripts/kit/grade.py --json=grade.json      # also every test's outcome, as JSON
 
 Exercise k's tests are the ones marked exercise_k (tests/test_exercises.py and the tests that
-tests/conftest.py's EXERCISE_TESTS tags); one pytest session runs them all, quietly. An exercise
-not done says how many of its tests stop at its own NotImplementedError (not started), at another
-exercise's (do that one first), or fail otherwise (the first line of the first). Exit status 0 when
-every exercise asked for passes, else 1. The full failure: python -m pytest -m exercise_k -x tests
+tests/conftest.py's EXERCISE_TESTS tags); one pytest session runs them all, quietly (and those of
+the exercises they go through, NEEDS). An exercise not done says how many of its tests stop at its
+own NotImplementedError (not started), at another exercise's (do that one first), or fail otherwise
+(the first line of the first, the kit's own tests first; and which exercise it goes through fails
+its own tests: fix that one first). Exit status 0 when every exercise asked for passes, else 1.
+The full failure: python -m pytest -m exercise_k -x tests
 """
 import argparse
+import ast
 import json
 import os
 import re
 import sys
+import textwrap
 
 import pytest
 
@@ -24,8 +28,13 @@ from make_student import BEGIN, tracked_files
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
 MARKER = re.compile(r"exercise_(\d+)")
 MISSING_PIECE = re.compile(r"NotImplementedError: Exercise (\d+)")
-REASON_CHARS = 110                      # a failure's first line, cut to this many characters
+REASON_CHARS = 400                      # a failure's first line, cut to this many characters
+LINE_CHARS = 100                        # and wrapped at this width
 TEXT_CHARS = 3000                       # the end of a failure's report kept in the JSON
+KIT_TESTS = "tests/test_exercises.py"   # the kit's own tests: their messages are shown first
+# Which other exercises an exercise's tests go through (ASSIGNMENTS.md's last column): a failure
+# there fails these tests too, so the grade line says to fix that one first.
+NEEDS = {3: (1, 2), 8: (1,), 9: (1, 2, 3, 4)}
 
 
 class Recorder:
@@ -53,25 +62,51 @@ class Recorder:
             test["text"] = report.longreprtext[-TEXT_CHARS:]
 
 
+def enclosing_function(tree: ast.Module, line: int) -> str:
+    """The qualified name (Class.method) of the innermost function around `line`."""
+    name = "?"
+    todo = [(node, "") for node in tree.body]
+    while todo:
+        node, prefix = todo.pop()
+        if not node.lineno <= line <= node.end_lineno:
+            continue
+        if isinstance(node, ast.ClassDef):
+            todo += [(child, f"{prefix}{node.name}.") for child in node.body]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            name = f"{prefix}{node.name}"
+            todo += [(child, f"{name}.") for child in node.body]
+    return name
+
+
 def exercise_names(root: str = ROOT) -> dict[int, str]:
-    """{k: "file: what"} of each exercise's first marked body in the code (# >>> exercise k:)."""
-    names = {}
+    """{k: "file: function (what), function (what)"} of the bodies marked `# >>> exercise k: what`
+    in the code: every function of an exercise, in the order they appear."""
+    parts = {}                                   # k -> {file: ["function (what)", ...]}
     for rel in tracked_files(root):
         if not rel.endswith(".py") or rel.startswith(("tests", "scripts")):
             continue
         with open(os.path.join(root, rel), encoding="utf-8") as f:
-            for line in f:
-                begin = BEGIN.match(line)
-                if begin:
-                    names.setdefault(int(begin[2]), f"{rel}: {begin[3]}")
+            text = f.read()
+        if "# >>> exercise" not in text:
+            continue
+        tree = ast.parse(text)
+        for n, line in enumerate(text.splitlines(), 1):
+            begin = BEGIN.match(line)
+            if begin:
+                in_file = parts.setdefault(int(begin[2]), {}).setdefault(rel, [])
+                in_file.append(f"{enclosing_function(tree, n)} ({begin[3]})")
+    names = {}
+    for k, files in parts.items():
+        names[k] = "; ".join(f"{rel}: {', '.join(functions)}" for rel, functions in files.items())
     return names
 
 
 def first_line_of_failure(text: str) -> str:
-    """The first "E   ..." line of a pytest failure report (else its last line), cut short."""
-    lines = text.splitlines() or [""]
+    """The first "E   ..." line of a pytest failure report (else its first line: a test that
+    fails with pytest.fail(..., pytrace=False) reports its message alone), cut short."""
+    lines = [line for line in text.splitlines() if line.strip()] or [""]
     errors = [line[1:].strip() for line in lines if line.startswith("E ")]
-    line = lines[-1].strip()
+    line = lines[0].strip()
     if errors:
         line = errors[0]
     if len(line) > REASON_CHARS:
@@ -79,9 +114,26 @@ def first_line_of_failure(text: str) -> str:
     return line
 
 
-def failure_summary(k: int, failed: list[dict]) -> str:
+def tests_of(tests: dict, k: int) -> list[dict]:
+    """Exercise k's tests (each record with its "nodeid"), the kit's own (KIT_TESTS: hand-worked,
+    with a message that says where) first, then the project's tagged ones."""
+    mine = [dict(t, nodeid=nodeid) for nodeid, t in tests.items()
+            if f"exercise_{k}" in t["markers"]]
+    mine.sort(key=lambda t: not t["nodeid"].startswith(KIT_TESTS))
+    return mine
+
+
+def is_done(tests: dict, k: int) -> bool:
+    """Whether exercise k has tests in the record and none of them failed."""
+    mine = tests_of(tests, k)
+    return bool(mine) and all(t["outcome"] != "failed" for t in mine)
+
+
+def failure_summary(k: int, failed: list[dict], tests: dict) -> str:
     """Why exercise k's failed tests fail: stopped by its own NotImplementedError (not started),
-    by another exercise's (which to do first), or by something else (the first such failure)."""
+    by another exercise's (which to do first), or by something else (the first such failure,
+    the kit's own first; and, when an exercise these tests go through (NEEDS) fails its own
+    tests, that one to fix first)."""
     waiting = {}                                 # exercise j -> tests stopped by its raise
     other = []
     for test in failed:
@@ -97,20 +149,28 @@ def failure_summary(k: int, failed: list[dict]) -> str:
     for j in sorted(waiting):
         parts.append(f"{waiting[j]} wait for exercise {j} (its NotImplementedError: do it first)")
     if other:
-        parts.append(f"{len(other)} fail; the first: {first_line_of_failure(other[0]['text'])}")
+        for j in NEEDS.get(k, ()):
+            if j not in waiting and tests_of(tests, j) and not is_done(tests, j):
+                parts.append(f"exercise {j} fails its own tests: fix it first (these tests go "
+                             "through its code)")
+        first = other[0]
+        test_name = first["nodeid"].split("::")[-1]
+        parts.append(f"{len(other)} fail; the first, {test_name}: "
+                     f"{first_line_of_failure(first['text'])}")
     return "; ".join(parts)
 
 
 def grade_lines(tests: dict, names: dict[int, str], exercises: list[int]) -> tuple[list[str], bool]:
     """One line per exercise (its tests that pass, of all; done, or why the others fail:
-    failure_summary) and a total; and whether every exercise in `exercises` is done. A skipped
-    test does not count against it; an exercise without a test is not done."""
+    failure_summary), wrapped at LINE_CHARS, and a total; and whether every exercise in
+    `exercises` is done. A skipped test does not count against it; an exercise without a test
+    is not done. `tests` may hold other exercises' tests too (those of NEEDS)."""
     lines = []
     done = 0
     passed_tests = 0
     total_tests = 0
     for k in exercises:
-        mine = [t for t in tests.values() if f"exercise_{k}" in t["markers"]]
+        mine = tests_of(tests, k)
         passed = sum(t["outcome"] != "failed" for t in mine)
         failed = [t for t in mine if t["outcome"] == "failed"]
         passed_tests += passed
@@ -118,12 +178,16 @@ def grade_lines(tests: dict, names: dict[int, str], exercises: list[int]) -> tup
         head = f"exercise {k}  {names.get(k, '?')}"
         if mine and not failed:
             done += 1
-            lines.append(f"{head}\n    {passed}/{len(mine)} tests pass: done")
-            continue
-        if not mine:
-            lines.append(f"{head}\n    no test is marked exercise_{k}")
-            continue
-        lines.append(f"{head}\n    {passed}/{len(mine)} tests pass; {failure_summary(k, failed)}")
+            status = f"{passed}/{len(mine)} tests pass: done"
+        elif not mine:
+            status = f"no test is marked exercise_{k}"
+        else:
+            status = f"{passed}/{len(mine)} tests pass; {failure_summary(k, failed, tests)}"
+        head = textwrap.fill(head, LINE_CHARS, subsequent_indent=" " * 12,
+                             break_on_hyphens=False)
+        status = textwrap.fill(status, LINE_CHARS, initial_indent="    ",
+                               subsequent_indent="      ", break_on_hyphens=False)
+        lines.append(f"{head}\n{status}")
     broken = [n for n, t in tests.items() if not t["markers"] and t["outcome"] == "failed"]
     for nodeid in broken:                        # a test file that failed to import
         lines.append(f"cannot collect {nodeid}: {first_line_of_failure(tests[nodeid]['text'])}")
@@ -154,7 +218,8 @@ def main(argv: list[str]) -> int:
     if unknown:
         parser.error(f"no exercise {unknown}: the code marks {sorted(names)}")
     json_path = os.path.abspath(args.json) if args.json else ""
-    tests = run_tests(exercises)
+    needed = {j for k in exercises for j in NEEDS.get(k, ()) if j in names}
+    tests = run_tests(sorted(needed | set(exercises)))     # NEEDS: to say which to fix first
     if json_path:
         with open(json_path, "w", encoding="utf-8") as f:
             json.dump(tests, f)
