@@ -146,7 +146,7 @@ def max_logprob_diff(model, tok, rollouts, mode, temperature, max_blocks: int = 
             f"{worst:.4f}; mode {mode}, T = {temperature}{filters})\n"
             f"Its response: {tok.decode(r.response_ids)!r}\n"
             "Where to look. Exercises 1-4 first: a bug there shows here too, and their own "
-            "tests say where (python scripts/grade.py 1 2 3 4). Then: wrong in a path only: the "
+            "tests say where (python scripts/kit/grade.py 1 2 3 4). Then: wrong in a path only: the "
             "decode mask (exercise 9) or the Unseen training mask (exercise 3); after a block "
             "only (summary, main chain): the positions (</Parallel> at p + longest + 1: "
             "exercises 2, 9); in some samples while others match: one row's training mask or "
