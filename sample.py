@@ -42,16 +42,20 @@ The budget counts every response token (paths, summaries and injected tags; the 
 with budget="steps" the decode steps D (a block spends its longest path, not the sum of its
 paths), and keeps one token free for each open path's </Path>: the rule, with its reasons, is
 `Engine._fits` and the comment above it. A token it cannot hold ends the whole sample, not only
-the stream that drew it: every open path gets its </Path>, and nothing more is written. In
-decode steps a path's token costs a step only when it makes its path the block's longest, so the
-sample ends when the longest open path cannot grow: its shorter siblings are closed where they
-stand, though growing to its length would have cost no step. A sample whose budget cannot hold
-the block it opened ends after its <Parallel>; one whose budget ends after the paths or in the
-summary ends there. Such a response is malformed (a block left open), and only the gated
-rewards say so (NOTES.md §4): parallel_gated scores it -1, and tiered -1 too (it has a block),
-whatever its answer; the accuracy reward (S1, S2's accuracy steps, evaluation) reads the answer
-alone (rewards.extract_answer on the tag-free text, down to its last number): +1 if right.
-Finished rows leave the cache once half the batch is done.
+the stream that drew it: every open path gets its </Path>, and nothing more is written (a block
+it cuts gets no </Parallel>, summary or answer). The open paths of an Unseen block are always
+equally long (each gets one token a step), and in decode steps a path's token costs a step only
+when it makes the block longer than its longest path so far; so under budget="steps" the sample
+ends at the step where its longest open path cannot grow: the first open path's draw is refused
+(OVER_BUDGET), the others' are SAMPLE_ENDED, and all close at the same length. (Counting tokens,
+it ends at the first path, in path order, whose token does not fit: the paths before it got one
+token more.) A sample whose budget cannot hold the block it opened ends after its <Parallel>;
+one whose budget ends after the paths or in the summary ends there. Such a response is malformed
+(a block left open), and only the gated rewards say so (NOTES.md §4): parallel_gated scores it
+-1, and tiered -1 too (it has a block), whatever its answer; the accuracy reward (S1, S2's
+accuracy steps, evaluation) reads the answer alone (rewards.extract_answer on the tag-free text,
+down to its last number): +1 if right. Finished rows leave the cache once half the batch is
+done.
 """
 import dataclasses
 import os
