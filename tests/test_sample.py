@@ -684,7 +684,7 @@ def test_the_budget_ends_the_whole_sample(budget):
     """Paths that never close, 3 of them, under a budget of 12: the first draw the budget cannot
     hold is dropped (over_budget) and the sample ends; the draws after it in the same step are
     sample_ended; every open path gets its </Path>, and no </Parallel> or summary follows.
-    Decode steps: a \\n <Parallel> (D = 2), then 2 steps kept for <Path></Path>: the paths grow
+    Decode steps: a <Parallel> (D = 2), then 2 steps kept for <Path></Path>: the paths grow
     together (one token a step) until a path's token with its </Path> would make D 13, so path 1's
     draw is refused at <Path> + 8 tokens (D = 2 + 1 + 8 + 1 = 12) and paths 2 and 3 end with it.
     Tokens: a <Parallel> (T = 2), 3 x <Path> (T = 5, with the 3 </Path> kept free 8); then every
@@ -694,8 +694,7 @@ def test_the_budget_ends_the_whole_sample(budget):
     rules = {"\n": ("a",), "a": ("<Parallel>",), "<Path>": ("x",), "x": ("x",)}
     draws, rollout = trace_draws(HandSetModel(tok, rules), tok, BLOCK_PROMPT, mode="unseen",
                                  num_paths=3, max_new_tokens=12, budget=budget, seed=0)
-    last = draws[-1]["step"]
-    verdicts = verdicts_of(draws, last)
+    verdicts = verdicts_of(draws, draws[-1]["step"])          # the last step's draws
     paths = rollout.structure.blocks[0].paths
     lengths = [end - start for start, end in paths]
     assert rollout.finish_reason == "budget"
