@@ -22,13 +22,14 @@ happens once its fed token is in the cache. One Unseen sample, and the method of
       ▼
     MAIN ... ──samples EOS, or the budget is spent──▶ done: open paths get their </Path>   _finish
 
-Every fed token gets a draw from its logits (the logits of the token just fed); the draw is
-dropped wherever the runtime decides the next token: after <Parallel> and after each fed </Path>
-(the path waits for its siblings; Unseen appends </Parallel> itself once all have closed), before
-a forced token (\n, <Summary>; Seen also <Path> and </Parallel>), at a path's budget (</Path>
-injected), and an EOS inside a path or a summary becomes its closing tag. A sample whose budget
-cannot hold the block it opened ends after its <Parallel>, and one whose budget ends right after
-the paths ends there (malformed responses: the reward says so).
+Every fed token gets a draw from its logits (the logits of the token just fed). One function
+says whether the draw is kept, `Engine._draw_verdict`: KEPT, or why the runtime drops it. After
+<Parallel> (BLOCK_OPENS) and after each fed </Path> (PATH_CLOSED: the path waits for its
+siblings; Unseen appends </Parallel> itself once all have closed); before a forced token
+(FORCED_NEXT: \\n, <Summary>; Seen also <Path> and </Parallel>); at a path's budget (PATH_BUDGET);
+an EOS inside a path or a summary (EOS_IN_PATH, EOS_IN_SUMMARY: its closing tag is injected);
+a token the budget cannot hold (OVER_BUDGET: the sample ends); and every later draw of the same
+step of a sample that ended (SAMPLE_ENDED). NOTES.md §3 walks one block through it, step by step.
 
 Seen is the same on the main stream alone: its paths follow one another (<Path> injected after
 each </Path>), causally; "sequential" is plain sampling. An Unseen path's query sees the shared
@@ -40,8 +41,21 @@ the recorded log-probs equal the training forward's (NOTES.md §8).
 The budget counts every response token (paths, summaries and injected tags; the paper's), or
 with budget="steps" the decode steps D (a block spends its longest path, not the sum of its
 paths), and keeps one token free for each open path's </Path>: the rule, with its reasons, is
-`Engine._fits` and the comment above it. Finished rows leave the cache
-once half the batch is done.
+`Engine._fits` and the comment above it. A token it cannot hold ends the whole sample, not only
+the stream that drew it: every open path gets its </Path>, and nothing more is written (a block
+it cuts gets no </Parallel>, summary or answer). The open paths of an Unseen block are always
+equally long (each gets one token a step), and in decode steps a path's token costs a step only
+when it makes the block longer than its longest path so far; so under budget="steps" the sample
+ends at the step where its longest open path cannot grow: the first open path's draw is refused
+(OVER_BUDGET), the others' are SAMPLE_ENDED, and all close at the same length. (Counting tokens,
+it ends at the first path, in path order, whose token does not fit: the paths before it got one
+token more.) A sample whose budget cannot hold the block it opened ends after its <Parallel>;
+one whose budget ends after the paths or in the summary ends there. Such a response is malformed
+(a block left open), and only the gated rewards say so (NOTES.md §4): parallel_gated scores it
+-1, and tiered -1 too (it has a block), whatever its answer; the accuracy reward (S1, S2's
+accuracy steps, evaluation) reads the answer alone (rewards.extract_answer on the tag-free text,
+down to its last number): +1 if right. Finished rows leave the cache once half the batch is
+done.
 """
 import dataclasses
 import os
@@ -76,6 +90,19 @@ PATH = "path"
 SUMMARY = "summary"
 OPEN_BLOCK = "open_block"     # Unseen: <Parallel> is fed -> open the block's paths
 PATH_DONE = "path_done"       # Unseen: </Path> is fed -> wait for the other paths, then close
+
+# What becomes of the token drawn from a fed token's logits (Engine._draw_verdict): KEPT (it joins
+# the response, sampled), or why the runtime drops it, in the order the rule asks.
+KEPT = "kept"
+SAMPLE_ENDED = "sample_ended"      # an earlier path's draw of this step ended the sample
+BLOCK_OPENS = "block_opens"        # <Parallel> was fed: the paths begin with an injected <Path>
+PATH_CLOSED = "path_closed"        # </Path> was fed: the path waits for its siblings
+FORCED_NEXT = "forced_next"        # the runtime injects the next token (\n, <Summary>; Seen also
+                                   # <Path>, </Parallel>)
+PATH_BUDGET = "path_budget"        # the path is at max_path_tokens: </Path> injected
+EOS_IN_PATH = "eos_in_path"        # </Path> injected
+EOS_IN_SUMMARY = "eos_in_summary"  # </Summary> injected (if the budget holds it)
+OVER_BUDGET = "over_budget"        # the budget cannot hold it: the sample ends (`_fits`)
 
 
 DEFAULT_MAX_NEW_TOKENS = 256   # a response's budget when neither the caller nor a preset sets one
@@ -417,9 +444,10 @@ class Engine:
                                   self.sampling.temperature)
         bans = banned[:, list(self.tags.maskable)].tolist()         # (n, K): Rollout.banned
         for (s, st), token, logprob, ban in zip(fed, chosen.tolist(), logprobs.tolist(), bans):
-            if s.done:
+            verdict = self._draw_verdict(s, st, token)
+            if verdict == SAMPLE_ENDED:
                 continue
-            self._advance(s, st, token, logprob, tuple(ban))
+            self._advance(s, st, token, logprob, tuple(ban), verdict)
             if s.done:
                 self._finish(s)
         live = [r for r, s in enumerate(self.rows) if not s.done]
@@ -447,7 +475,8 @@ class Engine:
     # </Parallel> or the summary: a response cut there is malformed, and parses as sampled.
     # So opening paths needs room for every new path's <Path> and </Path>, 2 tokens a path; in
     # decode steps an Unseen block's paths open side by side: 2 steps for all of them. Whatever
-    # does not fit ends the sample ("budget"); the token drawn for it is dropped.
+    # does not fit ends the sample ("budget"): a drawn token that does not fit is dropped
+    # (OVER_BUDGET, `_draw_verdict`), an injected one is not written (`_append`).
 
     def _committed(self, s: Sample, growing: Stream | None = None) -> int:
         """What the sample has spent and reserved: T (or D) plus a </Path> for every open path;
@@ -501,29 +530,57 @@ class Engine:
 
     # ---- the transitions
 
+    def _draw_verdict(self, s: Sample, st: Stream, token: int) -> str:
+        """What becomes of `token`, drawn from the logits of the stream's fed token: KEPT, or the
+        reason the runtime drops it (the constants above; the first that holds). Kept: the token
+        joins the response as sampled. Dropped: it leaves no trace, and `_advance` does what the
+        reason says. Pure: it reads the sample, changes nothing."""
+        if s.done:
+            return SAMPLE_ENDED
+        if st.pending == OPEN_BLOCK:
+            return BLOCK_OPENS
+        if st.pending == PATH_DONE:
+            return PATH_CLOSED
+        if st.forced:
+            return FORCED_NEXT
+        in_path = st.segment == PATH
+        if in_path and token == self.tags.end_path:   # even at the path budget: kept free for it
+            return KEPT
+        if in_path and st.path_len + 1 >= self.max_path_tokens:
+            return PATH_BUDGET
+        if in_path and token == self.tags.eos:
+            return EOS_IN_PATH
+        if st.segment == SUMMARY and token == self.tags.eos:
+            return EOS_IN_SUMMARY
+        if not self._fits(s, growing=st):
+            return OVER_BUDGET
+        return KEPT
+
     def _advance(self, s: Sample, st: Stream, token: int, logprob: float,
-                 banned: tuple[bool, ...]):
-        """The stream's `feed` is in the cache: make its pending transition, or give it its next
-        token: a forced one, or `token` (sampled, with `logprob`; `banned`: what the draw
-        masked)."""
-        if st.pending == OPEN_BLOCK:              # `token` (drawn after <Parallel>) is dropped:
-            st.pending = None                     # the paths begin with an injected <Path>
+                 banned: tuple[bool, ...], verdict: str):
+        """The stream's `feed` is in the cache and `token` was drawn from its logits (`logprob`;
+        `banned`: what the draw masked); `verdict`: `_draw_verdict`'s, not SAMPLE_ENDED. Make the
+        stream's pending transition, or give it its next token: `token` if kept, else what the
+        runtime writes instead."""
+        if verdict == BLOCK_OPENS:
+            st.pending = None
             return self._open_block(s)
-        if st.pending == PATH_DONE:               # `token` (drawn after </Path>) is dropped:
-            st.feed = None                         # the path waits for the others
+        if verdict == PATH_CLOSED:
+            st.feed = None
             if all(p.feed is None for p in s.paths):
                 self._close_block(s)
             return
-        if st.forced:                              # `token` is dropped: the runtime's comes next
+        if verdict == FORCED_NEXT:
             return self._inject(s, st)
-        if st.segment == PATH:
-            if token == self.tags.end_path:        # fits even at the path budget: kept free
-                return self._end_path(s, st, sampled=1, logprob=logprob, banned=banned)
-            out_of_path_budget = st.path_len + 1 >= self.max_path_tokens
-            if out_of_path_budget or token == self.tags.eos:       # dropped: </Path> injected
-                return self._end_path(s, st, sampled=0, logprob=0.0)
+        if verdict in (PATH_BUDGET, EOS_IN_PATH):
+            return self._end_path(s, st, sampled=0, logprob=0.0)
+        if verdict == OVER_BUDGET:
+            s.done = "budget"
+            return
+        if st.segment == PATH and token == self.tags.end_path:
+            return self._end_path(s, st, sampled=1, logprob=logprob, banned=banned)
         sampled = 1
-        if st.segment == SUMMARY and token == self.tags.eos:       # dropped: </Summary> injected
+        if verdict == EOS_IN_SUMMARY:
             token = self.tags.end_summary
             sampled = 0
             logprob = 0.0

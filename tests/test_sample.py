@@ -3,6 +3,8 @@ crashes."""
 
 import itertools
 import os
+from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import sample
 from attention import TagIds, parse_structure, structured_forward, token_logprobs
-from model import add_parallel_tags, build_char_tokenizer
+from model import add_parallel_tags, build_char_tokenizer, tiny_tokenizer
 from sample import generate
 from scripts.bench.bench_sample import TagBias
 
@@ -570,3 +572,174 @@ def test_the_contract_with_transformers_that_slot_cache_relies_on(models):
     full = model(input_ids=ids, attention_mask=mask, position_ids=torch.arange(prompt)[None],
                  use_cache=False).logits
     torch.testing.assert_close(out.logits[:, -1], full[:, -1], rtol=0, atol=1e-5)
+
+
+# ---- the draw rule (sample.Engine._draw_verdict), traced step by step: NOTES.md §3's table
+
+
+class HandSetModel(torch.nn.Module):
+    """A model whose next token depends on the fed token alone: `rules` maps a fed token to the
+    tokens it may draw, each with equal probability; any other fed token draws "." (char
+    tokenizer with the tags). It ignores the context, the positions and the cache: what the
+    sampler does with its draws is all there is to see."""
+
+    def __init__(self, tok, rules: dict[str, tuple[str, ...]]):
+        super().__init__()
+        vocab_size = len(tok)
+        table = torch.full((vocab_size, vocab_size), float("-inf"))   # row: the fed token
+        table[:, tok.convert_tokens_to_ids(".")] = 0.0
+        for fed, drawn in rules.items():
+            row = tok.convert_tokens_to_ids(fed)
+            table[row] = float("-inf")
+            table[row, tok.convert_tokens_to_ids(list(drawn))] = 0.0
+        self.head = torch.nn.Embedding.from_pretrained(table)
+
+    def forward(self, input_ids, **unused):
+        return SimpleNamespace(logits=self.head(input_ids))
+
+    def get_output_embeddings(self):
+        return self.head
+
+
+# One Unseen block: path 1 writes x and closes itself, path 2 writes y z and then an EOS, which
+# becomes </Path>; the summary's EOS becomes </Summary>. Which path writes x is the seed's draw.
+BLOCK_RULES = {"\n": ("a",), "a": ("<Parallel>",), "<Path>": ("x", "y"), "x": ("</Path>",),
+               "y": ("z",), "z": ("<eos>",), "<Summary>": ("s",), "s": ("<eos>",),
+               "</Summary>": ("b",), "b": ("<eos>",)}
+BLOCK_PROMPT = "Hi\n"
+BLOCK_SEED = 0          # path 1 draws x, path 2 draws y
+
+
+def trace_draws(model, tok, prompt: str, **settings):
+    """generate() on one prompt, with every draw recorded as the sampler decides it: per draw
+    (step, stream, fed, drawn, verdict, written, T, D), where step 0 draws from the prompt's
+    logits, `written` lists the (stream, token) the sample appended in response, and T and D are
+    the sample's tokens and decode steps after it (its counters, an open block counted as its
+    longest path; once it is done, the response's). Returns (the draws, the rollout)."""
+    engine = sample.Engine
+    tags = TagIds.from_tokenizer(tok)
+    draws = []
+    steps = []
+
+    def stream_name(st):
+        if st.owner >= sample.FIRST_PATH_OWNER:
+            return f"path {st.owner - sample.FIRST_PATH_OWNER + 1}"
+        return st.segment
+
+    def spent(s):
+        if s.done:                                 # its open paths closed and joined the response
+            ids = [token for token, _, _, _ in s.main.tokens]
+            return len(ids), sample.critical_path(parse_structure(ids, tags), settings["mode"])
+        longest = max((p.path_len for p in s.paths), default=0)
+        return s.tokens_spent, s.steps_spent + longest
+
+    def close_last_draw():
+        if draws and "T" not in draws[-1]:
+            draws[-1]["T"], draws[-1]["D"] = spent(draws[-1]["sample"])
+
+    def choose_and_advance(self, logits, fed):
+        steps.append(len(steps))
+        choose_and_advance.original(self, logits, fed)
+        close_last_draw()
+
+    def draw_verdict(self, s, st, token):
+        close_last_draw()
+        verdict = draw_verdict.original(self, s, st, token)
+        draws.append({"step": steps[-1], "stream": stream_name(st), "fed": st.feed,
+                      "drawn": token, "verdict": verdict, "written": [], "sample": s})
+        return verdict
+
+    def append(self, s, st, token, *args, **kwargs):
+        appended = append.original(self, s, st, token, *args, **kwargs)
+        if appended:
+            draws[-1]["written"].append((stream_name(st), token))
+        return appended
+
+    choose_and_advance.original = engine._choose_and_advance
+    draw_verdict.original = engine._draw_verdict
+    append.original = engine._append
+    with (mock.patch.object(engine, "_choose_and_advance", choose_and_advance),
+          mock.patch.object(engine, "_draw_verdict", draw_verdict),
+          mock.patch.object(engine, "_append", append)):
+        [rollout] = generate(model, tok, [prompt], **settings)
+    return draws, rollout
+
+
+def block_table(tok) -> str:
+    """NOTES.md §3's table, from the sampler: one Unseen block of BLOCK_RULES, traced."""
+    model = HandSetModel(tok, BLOCK_RULES)
+    draws, _ = trace_draws(model, tok, BLOCK_PROMPT, mode="unseen", num_paths=2, seed=BLOCK_SEED)
+
+    def shown(token: int) -> str:
+        return "`" + tok.convert_ids_to_tokens(token).replace("\n", "\\n") + "`"
+
+    header = "| step | stream | token fed | token drawn | kept, or dropped: why | written | T | D |"
+    lines = [header,
+             "|---|---|---|---|---|---|---|---|"]
+    for d in draws:
+        fed = "the prompt" if d["fed"] is None else shown(d["fed"])
+        verdict = d["verdict"] if d["verdict"] == sample.KEPT else f"dropped: {d['verdict']}"
+        written = []
+        for stream, token in d["written"]:
+            where = "" if stream == d["stream"] else f"{stream}: "
+            written.append(where + shown(token))
+        lines.append(f"| {d['step']} | {d['stream']} | {fed} | {shown(d['drawn'])} | {verdict} | "
+                     f"{', '.join(written)} | {d['T']} | {d['D']} |")
+    return "\n".join(lines)
+
+
+def test_notes_block_table_is_what_the_sampler_does():
+    """NOTES.md §3's step-by-step table of one Unseen block is this trace of the sampler, row for
+    row; and the trace ends at the rollout's T and D, with the response it describes."""
+    tok = tiny_tokenizer()
+    table = block_table(tok)
+    print(table)
+    with open(os.path.join(ROOT, "NOTES.md")) as f:
+        notes = f.read()
+    assert table in notes, f"NOTES.md §3's table is stale; the sampler's is:\n{table}"
+    draws, rollout = trace_draws(HandSetModel(tok, BLOCK_RULES), tok, BLOCK_PROMPT,
+                                 mode="unseen", num_paths=2, seed=BLOCK_SEED)
+    assert (draws[-1]["T"], draws[-1]["D"]) == (rollout.num_tokens, rollout.critical_path)
+    assert (rollout.num_tokens, rollout.critical_path) == (16, 16 - 3)   # paths of 3 and 4
+    assert tok.decode(rollout.response_ids) == ("a<Parallel><Path>x</Path><Path>yz</Path>"
+                                                "</Parallel>\n<Summary>s</Summary>b<eos>")
+    assert rollout.structure.valid and rollout.finish_reason == "eos"
+    sampled = [tok.convert_ids_to_tokens(t) for t, m in zip(rollout.response_ids,
+                                                            rollout.sampled_mask) if m]
+    assert sampled == ["a", "<Parallel>", "x", "</Path>", "y", "z", "s", "b", "<eos>"]
+
+
+def verdicts_of(draws, step: int) -> list[tuple[str, str]]:
+    return [(d["stream"], d["verdict"]) for d in draws if d["step"] == step]
+
+
+@pytest.mark.parametrize("budget", ["steps", "tokens"])
+def test_the_budget_ends_the_whole_sample(budget):
+    """Paths that never close, 3 of them, under a budget of 12: the first draw the budget cannot
+    hold is dropped (over_budget) and the sample ends; the draws after it in the same step are
+    sample_ended; every open path gets its </Path>, and no </Parallel> or summary follows.
+    Decode steps: a <Parallel> (D = 2), then 2 steps kept for <Path></Path>: the paths grow
+    together (one token a step) until a path's token with its </Path> would make D 13, so path 1's
+    draw is refused at <Path> + 8 tokens (D = 2 + 1 + 8 + 1 = 12) and paths 2 and 3 end with it.
+    Tokens: a <Parallel> (T = 2), 3 x <Path> (T = 5, with the 3 </Path> kept free 8); then every
+    path token costs 1: the 3 paths get x (T = 8), path 1 another (T = 9), and path 2's would make
+    9 + 1 + 3 = 13: dropped; the 3 </Path> make T = 12."""
+    tok = tiny_tokenizer()
+    rules = {"\n": ("a",), "a": ("<Parallel>",), "<Path>": ("x",), "x": ("x",)}
+    draws, rollout = trace_draws(HandSetModel(tok, rules), tok, BLOCK_PROMPT, mode="unseen",
+                                 num_paths=3, max_new_tokens=12, budget=budget, seed=0)
+    verdicts = verdicts_of(draws, draws[-1]["step"])          # the last step's draws
+    paths = rollout.structure.blocks[0].paths
+    lengths = [end - start for start, end in paths]
+    assert rollout.finish_reason == "budget"
+    assert rollout.structure.blocks[0].end is None and not rollout.structure.valid
+    assert all(rollout.response_ids[end - 1] == tok.convert_tokens_to_ids("</Path>")
+               for _, end in paths)
+    if budget == "steps":
+        assert verdicts == [("path 1", "over_budget"), ("path 2", "sample_ended"),
+                            ("path 3", "sample_ended")]
+        assert lengths == [10, 10, 10] and rollout.critical_path == 12
+    else:
+        assert verdicts == [("path 1", "kept"), ("path 2", "over_budget"),
+                            ("path 3", "sample_ended")]
+        assert lengths == [4, 3, 3] and rollout.num_tokens == 12
