@@ -9,7 +9,9 @@ is its --help. A field's range is part of its type, declared once with the field
     lr: PositiveFloat | None = None        # checked by `check` (called by `parse` and the trainers)
 
 `base` (a checkpoint's config, for --resume) replaces the defaults; `fill` applies a preset to the
-None fields. The presets of sft.py, grpo.py and eval.py are at the end of this file.
+None fields; `sources` says where each resolved value came from (settings.json, printed by
+`settings_table`). The presets of sft.py, grpo.py and eval.py, and GRPO's recipes' modes, are at
+the end of this file.
 """
 import argparse
 import dataclasses
@@ -239,7 +241,10 @@ def settings_table(values: dict, sources_: dict[str, str]) -> str:
     fields at their default are counted, not listed (settings.json lists every field)."""
     groups = {source: [] for source in SOURCES}
     for name, value in values.items():
-        groups[sources_[name]].append(f"{name}={value}")
+        shown = '""' if value == "" else value
+        groups[sources_[name]].append(f"{name}={shown}")
+    if any(f"{name}=None" in groups["recipe"] for name in RECIPE_FIELDS):
+        groups["recipe"].append("(None: the recipe's at each step, grpo.stage_at)")
     lines = []
     for source in SOURCES:
         if source == "default" or not groups[source]:

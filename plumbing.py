@@ -2,14 +2,16 @@
 
 * ranks: `distributed()` joins torchrun's process group (--dist_timeout_minutes, the CUDA
   allocator's expandable segments); `all_reduce`, `grad_sync`;
-* the run: `RunFlags` (the flags both trainers have), `resolve_config`, `load_run` (seed every RNG,
-  load the model, a node's ranks in turn), `prepare` (DDP or FSDP2, AdamW, the lr schedule, an
+* the run: `RunFlags` (the flags both trainers have), `resolve_config` (the settings in force and
+  their sources; on a resume `check_resume` refuses a changed experiment), `load_run` (seed every
+  RNG, load the model, a node's ranks in turn), `prepare` (DDP or FSDP2, AdamW, the lr schedule, an
   exact resume), the loop's bookkeeping (`Run.steps` and `Run.end_step`: log, evaluate, save;
   stop at --max_time or on SIGINT/SIGTERM after saving the step in hand), `Run.save`
   (checkpoint-<step> with the trainer state); GRPO's start checkpoint, its rollout seeds and the
   FSDP rollout copy's refresh;
 * run folders: checkpoint naming, `--resume`, a lock per out_dir, moving an earlier run aside
-  (nothing a user made is deleted or overwritten);
+  (nothing a user made is deleted or overwritten), settings.json and resumes.jsonl
+  (`record_settings`);
 * the optimizer step, the lr schedule, the micro-batch plan and the shuffled stream of examples.
 
 As nanochat keeps `common.py` and `checkpoint_manager.py` beside `chat_sft.py` and `chat_rl.py`.

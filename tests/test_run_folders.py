@@ -404,3 +404,18 @@ def test_sft_refuses_a_tokenizer_beside_a_model_with_its_own(small_model, tmp_pa
     with pytest.raises(ValueError, match="brings its own tokenizer; --tokenizer is for "):
         sft.train(sft_config(small_model, out, tokenizer=tokenizer))
     assert not out.exists()
+
+
+def test_the_settings_print_by_source_listing_all_but_the_defaults():
+    """What each trainer prints at its start (rank 0): the settings grouped by source, the
+    defaults counted; an empty string shows as "", a recipe's None says what it means."""
+    values = {"lr": 0.00015, "seed": 3, "mode": "unseen", "reward": None, "eval_data": "",
+              "top_k": 0, "max_length": 512}
+    sources = {"lr": "preset", "seed": "flag", "mode": "recipe", "reward": "recipe",
+               "eval_data": "flag", "top_k": "default", "max_length": "derived"}
+    assert config.settings_table(values, sources) == (
+        '  flag:    seed=3 eval_data=""\n'
+        "  preset:  lr=0.00015\n"
+        "  recipe:  mode=unseen reward=None (None: the recipe's at each step, grpo.stage_at)\n"
+        "  derived: max_length=512\n"
+        "  default: 1 other settings")
