@@ -791,12 +791,14 @@ RESUMES_FILE = "resumes.jsonl"      # ... and one line per resume: when, what ch
 
 def recorded_sources(checkpoint: str, saved: dict) -> dict[str, str]:
     """The sources settings.json beside `checkpoint` records for the values the checkpoint's
-    config `saved` holds ({} without one; a value since changed has none)."""
+    config `saved` holds ({} without one, or with one that is not ours; a value since changed has
+    none)."""
     path = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), SETTINGS_FILE)
-    if not os.path.isfile(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            recorded = json.load(f)["settings"]
+    except (OSError, ValueError, KeyError, TypeError):     # none, or edited by hand
         return {}
-    with open(path, encoding="utf-8") as f:
-        recorded = json.load(f)["settings"]
     return {name: entry["source"] for name, entry in recorded.items()
             if name in saved and entry["value"] == config.plain(saved[name])}
 
@@ -813,9 +815,10 @@ def record_settings(run: Run) -> None:
             sources[f.name] = "derived"
     entries = [f"  {json.dumps(name)}: {json.dumps({'value': value, 'source': sources[name]})}"
                for name, value in values.items()]
-    head = json.dumps({"resumed_from": run.resume or None, "step": run.step})[:-1]
+    lines = [f'{{"resumed_from": {json.dumps(run.resume or None)}, "step": {run.step},',
+             '"settings": {', ",\n".join(entries), "}}"]     # JSON, one setting a line
     with open(os.path.join(cfg.out_dir, SETTINGS_FILE), "w", encoding="utf-8") as f:
-        f.write(head + ', "settings": {\n' + ",\n".join(entries) + "\n}}\n")
+        f.write("\n".join(lines) + "\n")
     run.log(f"settings in force ({os.path.join(cfg.out_dir, SETTINGS_FILE)}), by source:\n"
             + config.settings_table(values, sources))
     record = run.settings["resume"]
