@@ -9,13 +9,16 @@ is its --help. A field's range is part of its type, declared once with the field
     lr: PositiveFloat | None = None        # checked by `check` (called by `parse` and the trainers)
 
 `base` (a checkpoint's config, for --resume) replaces the defaults; `fill` applies a preset to the
-None fields. The presets of sft.py, grpo.py and eval.py are at the end of this file.
+None fields; `sources` says where each resolved value came from (settings.json, printed by
+`settings_table`). The presets of sft.py, grpo.py and eval.py, and GRPO's recipes' modes, are at
+the end of this file.
 """
 import argparse
 import dataclasses
 import inspect
 import math
 import re
+import textwrap
 import types
 import typing
 from typing import Annotated, Literal
@@ -183,6 +186,76 @@ def flags_given(argv: list[str]) -> set[str]:
     return {arg[2:].split("=")[0] for arg in argv if arg.startswith("--")}
 
 
+def plain(value):
+    """A setting as JSON keeps it: a tuple as a list (a saved config may hold either)."""
+    if isinstance(value, tuple | list):
+        return [plain(v) for v in value]
+    return value
+
+
+# Where a setting's value comes from (settings.json in every run folder; printed at the start):
+# given on the command line (or by the caller of train), the preset's, the recipe's (GRPO: the
+# mode, and None = decided per step by grpo.stage_at), the field's default, derived from other
+# settings (--preset=auto from the model, GRPO's start model and eval_data, SFT's max_length
+# from the model's context), or a checkpoint's whose source is not recorded.
+SOURCES = ("flag", "preset", "recipe", "default", "derived", "checkpoint")
+
+
+def sources(given, resolved, preset: dict) -> dict[str, str]:
+    """Each field's source (SOURCES) in `resolved`, the config that `given` resolved to under
+    `preset` (its values): a value other than the field's default in `given` is a flag's; an
+    unset (None) RECIPE_FIELDS field is the recipe's."""
+    found = {}
+    for f in dataclasses.fields(resolved):
+        before = getattr(given, f.name)
+        after = getattr(resolved, f.name)
+        if plain(before) != plain(f.default):
+            found[f.name] = "flag"
+        elif f.name in RECIPE_FIELDS and f.default is None:
+            found[f.name] = "recipe"
+        elif plain(after) == plain(before):
+            found[f.name] = "default"
+        elif f.name in preset and plain(after) == plain(preset[f.name]):
+            found[f.name] = "preset"
+        else:
+            found[f.name] = "derived"
+    return found
+
+
+def changes(saved: dict, cfg, ignored: tuple = ()) -> dict[str, tuple]:
+    """{name: (saved value, value in cfg)} of the fields of `cfg` whose value differs from the
+    saved config's (a field the saved config lacks, or one in `ignored`, is not compared)."""
+    changed = {}
+    for f in dataclasses.fields(cfg):
+        if f.name in ignored or f.name not in saved:
+            continue
+        old = plain(saved[f.name])
+        new = plain(getattr(cfg, f.name))
+        if old != new:
+            changed[f.name] = (old, new)
+    return changed
+
+
+def settings_table(values: dict, sources_: dict[str, str]) -> str:
+    """The settings in force, grouped by source, `name=value`, wrapped at 100 characters; the
+    fields at their default are counted, not listed (settings.json lists every field)."""
+    groups = {source: [] for source in SOURCES}
+    for name, value in values.items():
+        shown = '""' if value == "" else value
+        groups[sources_[name]].append(f"{name}={shown}")
+    if any(f"{name}=None" in groups["recipe"] for name in RECIPE_FIELDS):
+        groups["recipe"].append("(None: the recipe's at each step, grpo.stage_at)")
+    lines = []
+    for source in SOURCES:
+        if source == "default" or not groups[source]:
+            continue
+        lines.append(textwrap.fill(" ".join(groups[source]), width=100,
+                                   initial_indent=f"  {source + ':':9}", subsequent_indent=" " * 11,
+                                   break_long_words=False, break_on_hyphens=False))
+    lines.append(f"  default: {len(groups['default'])} other settings")
+    return "\n".join(lines)
+
+
 def fill(cfg, preset: dict):
     """`cfg` with the preset's value in every field that is None (the tiny or the paper's)."""
     unset = {name: value for name, value in preset.items() if getattr(cfg, name) is None}
@@ -237,6 +310,12 @@ GRPO_PRESETS = {
                   lr_schedule="constant", kl_coef=0.0, micro_batch_size=2, generate_batch_size=8,
                   max_steps=300, max_time=0.0, eval_every=10, eval_samples=0, eval_k=16,
                   easy_steps=35, scaffold_steps=200, grad_checkpointing=True)}
+
+# GRPO's recipes (NOTES.md §6): the mode each samples and trains in (--mode=None: the recipe's);
+# the reward and the upper clip ratio are the recipe's at each step (grpo.stage_at) unless given.
+RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "scaffold": "unseen",
+               "baseline": "sequential"}
+RECIPE_FIELDS = ("mode", "reward", "clip_ratio_high")
 
 # eval.py: the embedded task's three test parts, or the paper's four benchmarks (NOTES.md §7).
 EVAL_PRESETS = {

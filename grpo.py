@@ -41,19 +41,9 @@ import plumbing
 from attention import TagIds, autocast, token_scores
 from data import embedded_test_parts, load_data, prompt_style_of
 from eval import evaluate_run, first_evaluation, fit_context, own_tokenizer, rollout_stats
-from model import (
-    Mode,
-    frozen_copy,
-    load_model,
-    mode_from_config,
-    read_checkpoint_config,
-    resolve_preset,
-)
+from model import Mode, frozen_copy, load_model, resolve_preset
 from rewards import RewardSchedule, score_batch
 from sample import Rollout, SamplingConfig, SamplingFlags, generate
-
-RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "scaffold": "unseen",
-               "baseline": "sequential"}
 
 
 @dataclass
@@ -522,14 +512,17 @@ def agg_loss(loss_mat, loss_mask, loss_agg_mode: str = "token-mean",
 # method may stop here)
 
 
-def resolve_defaults(cfg: GRPOConfig, world_size: int = 1) -> GRPOConfig:
-    """The preset (--preset; auto: `model.resolve_preset`) in the None fields and the recipe's
-    mode; the checks that teach."""
+def resolve_defaults(cfg: GRPOConfig, world_size: int = 1, find_model: bool = False):
+    """The recipe's mode (config.RECIPE_MODE), with find_model the start model
+    (`plumbing.default_init`: --model, else the mode's latest SFT checkpoint), the preset (--preset;
+    auto: `model.resolve_preset`) in the None fields; the checks that teach."""
     config.check(cfg)
+    cfg = dataclasses.replace(cfg, mode=cfg.mode or config.RECIPE_MODE[cfg.recipe])
+    if find_model:
+        cfg = dataclasses.replace(cfg, model=plumbing.default_init(cfg.mode, cfg.model))
     preset, _ = resolve_preset(cfg.preset, cfg.model)
     if cfg.data is not None and cfg.eval_data is None:
-        # the given training problems' own test part (carry:hard:rl -> carry:hard:test), not the
-        # preset's benchmarks
+        # the given problems' own test part (carry:hard:rl -> carry:hard:test), not the preset's
         cfg = dataclasses.replace(cfg, eval_data=embedded_test_parts(cfg.data))
     cfg = config.apply_preset(dataclasses.replace(cfg, preset=preset), config.GRPO_PRESETS)
     if cfg.temperature == 0:
@@ -547,27 +540,21 @@ def resolve_defaults(cfg: GRPOConfig, world_size: int = 1) -> GRPOConfig:
         raise ValueError(f"--ppo_mini_batches={cfg.ppo_mini_batches} is more than the "
                          f"{rollouts_per_rank} rollouts a rank has per step: some optimizer steps "
                          "would have no data")
-    return dataclasses.replace(cfg, mode=cfg.mode or RECIPE_MODE[cfg.recipe])
+    return cfg
 
 
 def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
     """The run: the resolved config, the prompt streams and held-out problems, the model copies,
     the optimizer and the schedule. The config's checks come before the weights load."""
-    init = plumbing.default_init(cfg.mode or RECIPE_MODE[cfg.recipe], cfg.model)
-    if os.path.isdir(init):            # saved with the run: a resume from elsewhere finds it
-        init = os.path.abspath(init)
-    own_tokenizer(init)                          # a --model that cannot load fails here
-    cfg = plumbing.resolve_config(dataclasses.replace(cfg, model=init), d, resolve_defaults, init)
-    run = plumbing.load_run(cfg, d, init, cls=GRPORun)
+    resolve = functools.partial(resolve_defaults, find_model=True)
+    cfg, settings = plumbing.resolve_config(cfg, d, resolve, config.GRPO_PRESETS)
+    own_tokenizer(cfg.model)                     # a --model that cannot load fails here
+    run = plumbing.load_run(cfg, d, cfg.model, settings, cls=GRPORun)
     if cfg.recipe == "seen" and cfg.easy_steps >= cfg.max_steps:
         run.log(f"note: --easy_steps={cfg.easy_steps} >= --max_steps={cfg.max_steps}: the run "
                 "never leaves the easy-RL stage (recipe seen)")
     style = "sequential" if cfg.mode == "sequential" else "parallel"
     run.prompt_style = prompt_style_of(cfg.preset, style)
-    init_mode = mode_from_config(read_checkpoint_config(init)[0])
-    if init_mode and init_mode != cfg.mode:
-        run.log(f"warning: {init} was trained in mode {init_mode!r}, this run samples and trains "
-                f"in {cfg.mode!r}")
     data_name = "the given records" if records is not None else cfg.data
     if records is None:
         records = load_data(cfg.data, style=style, seed=cfg.seed)
@@ -588,7 +575,7 @@ def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
     if cfg.kl_coef > 0:
         initial = run.model
         if run.resume:           # the initial weights, not the checkpoint's (on the CPU first)
-            initial = load_model(init, dtype=torch.float32, device="cpu")[0]
+            initial = load_model(cfg.model, dtype=torch.float32, device="cpu")[0]
         run.ref_model = frozen_copy(initial, dtype, d.device)
     run.rollout_model = run.model
     if cfg.fsdp:                                   # FSDP shards run.model: the sampler's plain copy
@@ -604,10 +591,8 @@ def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
     for i, (name, source) in enumerate(run.sources.items()):
         run.streams[name] = plumbing.ShuffledStream(len(source), cfg.seed + i,
                                                     **positions.get(name, {}))
-    run.log(f"GRPO recipe {cfg.recipe} (mode {cfg.mode}) from {init}: "
-            f"{len(run.sources['train'])} problems of {data_name}, {cfg.batch_size} prompts x "
-            f"{cfg.group_size} per step on {d.world_size} rank(s) ({d.device.type}), lr {cfg.lr}, "
-            f"max_new_tokens {cfg.max_new_tokens}")
+    run.log(f"GRPO recipe {cfg.recipe} from {cfg.model}: {len(run.sources['train'])} problems of "
+            f"{data_name} on {d.world_size} rank(s) ({d.device.type})")
     return run
 
 

@@ -2,14 +2,16 @@
 
 * ranks: `distributed()` joins torchrun's process group (--dist_timeout_minutes, the CUDA
   allocator's expandable segments); `all_reduce`, `grad_sync`;
-* the run: `RunFlags` (the flags both trainers have), `resolve_config`, `load_run` (seed every RNG,
-  load the model, a node's ranks in turn), `prepare` (DDP or FSDP2, AdamW, the lr schedule, an
+* the run: `RunFlags` (the flags both trainers have), `resolve_config` (the settings in force and
+  their sources; on a resume `check_resume` refuses a changed experiment), `load_run` (seed every
+  RNG, load the model, a node's ranks in turn), `prepare` (DDP or FSDP2, AdamW, the lr schedule, an
   exact resume), the loop's bookkeeping (`Run.steps` and `Run.end_step`: log, evaluate, save;
   stop at --max_time or on SIGINT/SIGTERM after saving the step in hand), `Run.save`
   (checkpoint-<step> with the trainer state); GRPO's start checkpoint, its rollout seeds and the
   FSDP rollout copy's refresh;
 * run folders: checkpoint naming, `--resume`, a lock per out_dir, moving an earlier run aside
-  (nothing a user made is deleted or overwritten);
+  (nothing a user made is deleted or overwritten), settings.json and resumes.jsonl
+  (`record_settings`);
 * the optimizer step, the lr schedule, the micro-batch plan and the shuffled stream of examples.
 
 As nanochat keeps `common.py` and `checkpoint_manager.py` beside `chat_sft.py` and `chat_rl.py`.
@@ -48,7 +50,13 @@ from tqdm import tqdm
 import attention
 import config
 from attention import TagIds
-from model import load_model, load_torch_file, resolve_preset
+from model import (
+    load_model,
+    load_torch_file,
+    mode_from_config,
+    read_checkpoint_config,
+    resolve_preset,
+)
 
 TRUE_WORDS = config.TRUE_WORDS
 FALSE_WORDS = ("", *config.FALSE_WORDS)
@@ -74,6 +82,7 @@ class RunFlags:
     grad_checkpointing: bool | None = None   # recompute activations in the backward (memory)
     logit_chunk_tokens: config.PositiveInt = attention.LOGIT_CHUNK_TOKENS   # per LM-head chunk
     resume: str = ""                     # a checkpoint folder, or True = the latest in out_dir
+    allow_changes: str = ""              # a resume may change these settings: "kl_coef,lr"
     keep_last: config.NonNegativeInt = 2       # checkpoints kept in out_dir (0 = all)
     wandb_project: str = ""              # also log log.jsonl's rows to Weights & Biases (wandb)
     dist_timeout_minutes: config.PositiveFloat = DIST_TIMEOUT_MINUTES   # a collective's wait
@@ -274,13 +283,22 @@ def resume_path(cfg) -> str:
     return path
 
 
-# what a run is: a resume cannot change it (a --preset=auto given again resolves to the run's)
-FIXED_ON_RESUME = ("recipe", "mode", "style", "preset")
+# The settings a resume may change: how long, where and on what hardware a run goes on, how it
+# logs, saves and evaluates; the rest is what the run learns, and a change is refused unless
+# --allow_changes names it (check_resume). --max_steps (--epochs) may grow: the lr schedule's end
+# moves with it (`restore` says so). Memory settings change the sums' order, not the expectation.
+FREE_ON_RESUME = frozenset({
+    "max_steps", "epochs", "max_time", "out_dir", "resume", "allow_changes", "keep_last",
+    "save_every", "log_every", "wandb_project", "dist_timeout_minutes",
+    "fsdp", "grad_checkpointing", "logit_chunk_tokens", "micro_batch_size", "micro_batch_tokens",
+    "generate_batch_size",
+    "eval_data", "eval_every", "eval_samples", "eval_k", "eval_temperature", "logprob_check_steps"})
+NOT_COMPARED = ("resume", "allow_changes")        # about this start, not about the run
 
 
-def same_model(a: str | None, b: str | None) -> bool:
-    """Two --model values name the same model (local folders compared as absolute paths)."""
-    if a and b and os.path.isdir(a) and os.path.isdir(b):
+def same_place(a, b) -> bool:
+    """Two settings name the same thing: equal, or the same file or folder by two paths."""
+    if isinstance(a, str) and isinstance(b, str) and os.path.exists(a) and os.path.exists(b):
         return os.path.realpath(a) == os.path.realpath(b)
     return a == b
 
@@ -295,9 +313,9 @@ def moved_away(model: str | None) -> bool:
 
 
 def parse_args(config_class, argv: list[str]):
-    """The command line; with --resume, over the config saved in that checkpoint. A resumed run
-    writes into the folder of the checkpoint it continues (unless --out_dir says otherwise), and
-    its model is the checkpoint's: a --model that differs is refused."""
+    """The command line; with --resume, over the config saved in that checkpoint (what differs
+    from it is checked when the run resolves its config: `check_resume`). A resumed run writes
+    into the folder of the checkpoint it continues (unless --out_dir says otherwise)."""
     cfg = config.parse(config_class, argv)
     path = resume_path(cfg)
     if not path:
@@ -310,26 +328,11 @@ def parse_args(config_class, argv: list[str]):
         raise ValueError(f"--resume: {path!r} was written by {writer}, and --resume continues a "
                          f"run of the same script; to start from it, pass --model={path}")
     given = config.flags_given(argv)
-    for name in FIXED_ON_RESUME:
-        value = getattr(cfg, name, None)
-        if name == "preset" and value == "auto":
-            continue
-        if name in given and name in saved and value != saved[name]:
-            raise ValueError(f"--{name}={value} with --resume={cfg.resume}: that run trains with "
-                             f"--{name}={saved[name]}; drop --{name}, or start a new run from the "
-                             f"checkpoint with --model={path} and no --resume")
-    base = dict(saved, resume=path)
+    base = dict(saved, resume=path, allow_changes="")      # each resume names its own changes
     if saved_by_grpo and "model" not in given and moved_away(saved.get("model")):
         raise ValueError(f"--resume={cfg.resume}: the run started from {saved.get('model')}, "
                          "which is not there now (moved, or a path relative to another folder): "
                          "pass --model=<where it is now> with --resume")
-    if "model" in given and not same_model(cfg.model, saved.get("model")):
-        if not moved_away(saved.get("model")):
-            raise ValueError(f"--model={cfg.model} with --resume={cfg.resume}: a resumed run goes "
-                             f"on from the model it started from ({saved.get('model')}); drop "
-                             f"--model, or start a new run from the checkpoint with "
-                             f"--model={path} and no --resume")
-        base["model"] = cfg.model      # the start model was moved: --model says where it is now
     if "out_dir" not in given:                     # where the checkpoint is, not where it was made
         base["out_dir"] = os.path.dirname(os.path.abspath(path))
     return config.parse(config_class, argv, base=base)
@@ -343,17 +346,18 @@ DEFAULT_INIT = {   # where each mode's SFT checkpoint is, and the command that w
 
 
 def default_init(mode: str, model: str = "") -> str:
-    """GRPO's starting model: `model`, else the latest SFT checkpoint of the mode.
-    FileNotFoundError names the command that writes it."""
+    """GRPO's starting model: `model`, else the latest SFT checkpoint of the mode; a folder as an
+    absolute path (saved with the run: a resume from elsewhere finds it). FileNotFoundError names
+    the command that writes it."""
     if model == "tiny":
         print("warning: --model=tiny is the embedded model with random weights: GRPO starts from "
               "an SFT checkpoint (e.g. python sft.py, then --model=runs/sft/checkpoint-400)",
               file=sys.stderr)
     if model:
-        return model
+        return os.path.abspath(model) if os.path.isdir(model) else model
     folder, command = DEFAULT_INIT[mode]
     try:
-        return find_latest_checkpoint(folder)
+        return os.path.abspath(find_latest_checkpoint(folder))
     except FileNotFoundError:
         raise FileNotFoundError(f"GRPO starts from an SFT checkpoint and there is none in "
                                 f"{folder!r} (mode {mode!r}). Write it first with\n    {command}\n"
@@ -560,6 +564,7 @@ class Run:
     tokenizer: object
     tags: TagIds
     resume: str = ""                       # the checkpoint this run continues ("" if fresh)
+    settings: dict = field(default_factory=dict)   # sources and resume changes (resolve_config)
     train_model: torch.nn.Module = None    # what the loss runs on: DDP, FSDP, or the model
     optimizer: torch.optim.Optimizer = None
     scheduler: object = None
@@ -710,19 +715,129 @@ def load_in_turns(load):
     return loaded
 
 
-def resolve_config(cfg, d: Dist, resolve_defaults, model: str):
-    """The config a run trains with: `resolve_defaults(cfg, world_size)` under the preset that
-    --preset names (auto: the model's, `model.resolve_preset`), which rank 0 prints with why."""
-    preset, why = resolve_preset(cfg.preset, model)
-    cfg = resolve_defaults(dataclasses.replace(cfg, preset=preset), d.world_size)
+def resolve_config(cfg, d: Dist, resolve_defaults, presets: dict) -> tuple[object, dict]:
+    """(the config a run trains with, its record for Run.settings): `resolve_defaults(cfg,
+    world_size)` fills the unset settings (the preset of `presets` that --preset names, auto: the
+    model's, `model.resolve_preset`, which rank 0 prints with why); the record holds each
+    setting's source (config.SOURCES) and, on a resume, what it changes (`check_resume`). On a
+    resume a setting left unset (None, --preset=auto) is the checkpoint's."""
+    given = cfg
+    path = resume_path(cfg)
+    saved = {}
+    if path:
+        saved, _ = read_checkpoint_config(path)
+        names = {f.name for f in dataclasses.fields(cfg)}
+        unset = {name: value for name, value in saved.items()
+                 if name in names and getattr(cfg, name) is None}
+        if cfg.preset == "auto" and "preset" in saved:
+            unset["preset"] = saved["preset"]
+        cfg = dataclasses.replace(cfg, **unset)
+    asked = cfg.preset
+    cfg = resolve_defaults(cfg, d.world_size)
+    _, why = resolve_preset(asked, cfg.model)
     if d.is_main:
-        print(f"preset {preset} ({why})")
-    return cfg
+        print(f"preset {cfg.preset} ({why})")
+    start_mode = mode_from_config(read_checkpoint_config(cfg.model)[0])
+    mode = mode_from_config(dataclasses.asdict(cfg))
+    if start_mode and start_mode != mode and d.is_main:
+        print(f"warning: {cfg.model} was trained in mode {start_mode!r}, this run samples and "
+              f"trains in {mode!r}")
+    found = config.sources(given, cfg, presets.get(cfg.preset, {}))
+    if not path:
+        return cfg, {"sources": found, "resume": None}
+    record = check_resume(cfg, saved, path)
+    earlier = recorded_sources(path, saved)
+    for name in saved:
+        if name in found and name not in NOT_COMPARED:
+            found[name] = "flag" if name in record["changed"] else earlier.get(name, "checkpoint")
+    return cfg, {"sources": found, "resume": record}
 
 
-def load_run(cfg, d: Dist, name: str, cls=Run, **load_kw) -> Run:
+def check_resume(cfg, saved: dict, path: str) -> dict:
+    """What a resume from checkpoint `path` (its config `saved`) changes, as resumes.jsonl keeps
+    it: {"checkpoint", "changed": {name: [old, new]}, "accepted": the changes --allow_changes
+    named}. A change to a setting outside FREE_ON_RESUME that --allow_changes does not name is
+    refused: ValueError naming each (old -> new) and the ways on. A --model naming the same folder
+    by another path, or the start model's new place (`moved_away`), is no change."""
+    allowed = [name for name in cfg.allow_changes.split(",") if name]
+    names = [f.name for f in dataclasses.fields(cfg)]
+    unknown = [name for name in allowed if name not in names]
+    if unknown:
+        raise ValueError(f"--allow_changes={cfg.allow_changes}: {', '.join(unknown)} is not a "
+                         "setting of this script (--help lists them)")
+    changed = config.changes(saved, cfg, NOT_COMPARED)
+    for name in [name for name, (old, new) in changed.items() if same_place(old, new)]:
+        changed.pop(name)
+    free = set(FREE_ON_RESUME)
+    if "model" in changed and moved_away(saved["model"]):      # --model: its new place
+        free.add("model")
+    refused = [name for name in changed if name not in free and name not in allowed]
+    if refused:
+        lines = [f"    --{name}: {json.dumps(changed[name][0])} -> {json.dumps(changed[name][1])}"
+                 for name in refused]
+        raise ValueError(f"--resume={path} would change what the run is (the checkpoint's -> this "
+                         "run's):\n" + "\n".join(lines) + "\nDrop these flags to go on as the run "
+                         f"began; or accept the changes with --allow_changes={','.join(refused)} "
+                         "(each resume's changes are recorded in resumes.jsonl); or start a new "
+                         f"run from the checkpoint: --model={path} without --resume")
+    accepted = [name for name in changed if name not in free]
+    return {"checkpoint": path, "changed": {name: list(change) for name, change in changed.items()},
+            "accepted": accepted}
+
+
+SETTINGS_FILE = "settings.json"     # in every run folder: the settings in force, with sources
+RESUMES_FILE = "resumes.jsonl"      # ... and one line per resume: when, what changed
+
+
+def recorded_sources(checkpoint: str, saved: dict) -> dict[str, str]:
+    """The sources settings.json beside `checkpoint` records for the values the checkpoint's
+    config `saved` holds ({} without one, or with one that is not ours; a value since changed has
+    none)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), SETTINGS_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            recorded = json.load(f)["settings"]
+    except (OSError, ValueError, KeyError, TypeError):     # none, or edited by hand
+        return {}
+    return {name: entry["source"] for name, entry in recorded.items()
+            if name in saved and entry["value"] == config.plain(saved[name])}
+
+
+def record_settings(run: Run) -> None:
+    """Rank 0, in the taken out_dir: settings.json (every setting in force: its value and source,
+    `resolve_config`), on a resume a line appended to resumes.jsonl (when, from which checkpoint,
+    what changed, what --allow_changes accepted), and the settings printed by source."""
+    cfg = run.cfg
+    values = {f.name: config.plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    sources = dict(run.settings["sources"])
+    for f in dataclasses.fields(cfg):          # set after resolution: SFT's max_length
+        if sources[f.name] == "default" and values[f.name] != config.plain(f.default):
+            sources[f.name] = "derived"
+    entries = [f"  {json.dumps(name)}: {json.dumps({'value': value, 'source': sources[name]})}"
+               for name, value in values.items()]
+    lines = [f'{{"resumed_from": {json.dumps(run.resume or None)}, "step": {run.step},',
+             '"settings": {', ",\n".join(entries), "}}"]     # JSON, one setting a line
+    with open(os.path.join(cfg.out_dir, SETTINGS_FILE), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    run.log(f"settings in force ({os.path.join(cfg.out_dir, SETTINGS_FILE)}), by source:\n"
+            + config.settings_table(values, sources))
+    record = run.settings["resume"]
+    if record is None:
+        return
+    line = {"time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "step": run.step, **record}
+    with open(os.path.join(cfg.out_dir, RESUMES_FILE), "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
+    changed = ", ".join(f"{name} {old} -> {new}" for name, (old, new) in record["changed"].items())
+    accepted = ""
+    if record["accepted"]:
+        accepted = f" (accepted by --allow_changes: {','.join(record['accepted'])})"
+    run.log(f"this resume changes: {changed or 'nothing'}{accepted}")
+
+
+def load_run(cfg, d: Dist, name: str, settings: dict, cls=Run, **load_kw) -> Run:
     """Seed every RNG and load the model to train in fp32 (the master weights): `name`, or the
-    checkpoint of --resume (then `load_kw` is not used)."""
+    checkpoint of --resume (then `load_kw` is not used). `settings`: resolve_config's record."""
     if cfg.fsdp and not dist.is_initialized():
         raise ValueError("--fsdp=True shards the model over processes: launch with torchrun "
                          "(torchrun --nproc_per_node=<gpus> sft.py --fsdp=True ...)")
@@ -735,7 +850,7 @@ def load_run(cfg, d: Dist, name: str, cls=Run, **load_kw) -> Run:
         load_kw = {}
     model, tok = load_in_turns(functools.partial(load_model, path or name, dtype=torch.float32,
                                                  device=d.device, seed=cfg.seed, **load_kw))
-    return cls(cfg, d, model, tok, TagIds.from_tokenizer(tok), resume=path)
+    return cls(cfg, d, model, tok, TagIds.from_tokenizer(tok), resume=path, settings=settings)
 
 
 def checkpoint_contexts(device: torch.device):
@@ -821,7 +936,9 @@ def open_out_dir(run: Run, reads_model_again: bool) -> None:
     if run.resume:      # the newer checkpoints belong to the run it abandons: --resume=True
         old = [p for step, p in found if step > run.step]              # would pick them
     else:
-        old = [p for _, p in found] + glob.glob(log_path)
+        records = [os.path.join(cfg.out_dir, name) for name in (SETTINGS_FILE, RESUMES_FILE)]
+        records = [p for p in records if os.path.isfile(p)]
+        old = [p for _, p in found] + glob.glob(log_path) + records
     if old:
         aside = move_aside(cfg.out_dir, old)
         if run.resume and os.path.isfile(log_path):   # the abandoned steps' lines go with them
@@ -840,6 +957,7 @@ def open_out_dir(run: Run, reads_model_again: bool) -> None:
     # open for the whole run; Run.close closes it
     run.log_file = open(log_path, "w")   # noqa: SIM115
     run.log_file.writelines(kept)
+    record_settings(run)
 
 
 def prepare(run: Run, lr_lambda, reads_model_again: bool = False) -> Run:

@@ -180,11 +180,11 @@ def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
     """(the run, its examples, the end-of-run problems and their name): the resolved config, the
     model, the tokenized data. Everything that can fail on input fails before the weights load."""
     own_tokenizer(cfg.model)                     # a --model that cannot load fails here
-    cfg = plumbing.resolve_config(cfg, d, resolve_defaults, cfg.model)
+    cfg, settings = plumbing.resolve_config(cfg, d, resolve_defaults, config.SFT_PRESETS)
     load_kw = {}
     if cfg.tokenizer:                            # model.load_model refuses it where it is moot
         load_kw["tokenizer"] = cfg.tokenizer or None
-    run = plumbing.load_run(cfg, d, cfg.model, **load_kw)
+    run = plumbing.load_run(cfg, d, cfg.model, settings, **load_kw)
     context = getattr(run.model.config, "max_position_embeddings", None) or DEFAULT_MAX_LENGTH
     max_length = cfg.max_length or min(DEFAULT_MAX_LENGTH, context)
     run.cfg = cfg = dataclasses.replace(cfg, max_length=max_length)

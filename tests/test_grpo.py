@@ -348,7 +348,7 @@ def run_update(model, rollouts, advantages, cfg, tok, lr=0.5, optimizer="sgd", r
 def resolved(cfg: GRPOConfig) -> GRPOConfig:
     """What ppo_update takes: a config whose mode is set (grpo.resolve_defaults sets it from the
     recipe; these tests call the update directly)."""
-    return dataclasses.replace(cfg, mode=cfg.mode or grpo.RECIPE_MODE[cfg.recipe])
+    return dataclasses.replace(cfg, mode=cfg.mode or config.RECIPE_MODE[cfg.recipe])
 
 
 @pytest.fixture(scope="module")
@@ -858,11 +858,16 @@ def test_a_resume_refuses_a_kl_reference_inside_out_dir(tmp_path, monkeypatch):
     grpo.train(tiny_run(model=save_checkpoint(str(tmp_path / "init"), model, tok), max_steps=2,
                           **base),
                records=records)
-    with pytest.raises(ValueError, match="is inside --out_dir"):
+    with pytest.raises(ValueError, match="--model: .* -> .*run/checkpoint-1"):   # another model
         grpo.train(tiny_run(model=str(tmp_path / "run" / "checkpoint-1"), max_steps=4,
                               resume="True", **base),
                    records=records)
-    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-1", "checkpoint-2", "log.jsonl"]
+    with pytest.raises(ValueError, match="is inside --out_dir"):
+        grpo.train(tiny_run(model=str(tmp_path / "run" / "checkpoint-1"), max_steps=4,
+                              resume="True", allow_changes="model", **base),
+                   records=records)
+    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-1", "checkpoint-2", "log.jsonl",
+                                                    "settings.json"]
 
 
 def test_a_seen_run_that_never_leaves_the_easy_stage_says_so(tmp_path, monkeypatch, capsys):

@@ -2,6 +2,8 @@
 explained itself badly (a library traceback naming no flag or file). Each test failed before its
 fix."""
 import dataclasses
+import datetime
+import functools
 import gzip
 import json
 import os
@@ -12,6 +14,7 @@ import time
 import pytest
 import torch
 
+import config
 import eval as ev
 import grpo
 import plumbing
@@ -62,30 +65,160 @@ def test_a_resume_of_a_copy_writes_into_the_copy(finished_run, tmp_path):
     assert cfg.out_dir == str(elsewhere)
 
 
-def test_a_resume_refuses_another_preset(finished_run):
-    """The run trained under the tiny preset (saved with its config): --preset=paper on a resume
-    would relabel it and change its settings mid-run, so it is refused; --preset=auto is
-    accepted (it resolves to the run's own when the run sets up)."""
-    checkpoint = f"--resume={finished_run}/checkpoint-1"
-    with pytest.raises(ValueError, match="--preset=paper with --resume=.* that run trains with "
-                                         "--preset=tiny"):
-        plumbing.parse_args(sft.SFTConfig, [checkpoint, "--preset=paper"])
-    assert plumbing.parse_args(sft.SFTConfig, [checkpoint, "--preset=auto"]).resume
+def refusal(trainer, argv: list[str]) -> str:
+    """The message with which `trainer` (sft or grpo) refuses the command line: a resume that
+    changes what the run is fails when the run resolves its config, before any weights load."""
+    config_class = grpo.GRPOConfig if trainer is grpo else sft.SFTConfig
+    with pytest.raises(ValueError) as refused:
+        trainer.train(plumbing.parse_args(config_class, argv))
+    return str(refused.value)
 
 
-def test_a_resume_refuses_another_model(finished_run, small_model):
-    """sft.py --resume ignored --model without a word and saved it into the checkpoint's config."""
-    checkpoint = f"{finished_run}/checkpoint-1"
-    with pytest.raises(ValueError, match="--model=tiny with --resume=.*drop --model"):
-        plumbing.parse_args(sft.SFTConfig, [f"--resume={checkpoint}", "--model=tiny"])
-    same = plumbing.parse_args(sft.SFTConfig, [f"--resume={checkpoint}", f"--model={small_model}"])
-    assert same.model == small_model
-    saved_mode = same.mode                      # nor another mode (grpo: recipe), said nothing
-    other_mode = "seen" if saved_mode == "unseen" else "unseen"
-    with pytest.raises(ValueError, match=f"--mode={other_mode} with --resume=.*drop --mode"):
-        plumbing.parse_args(sft.SFTConfig, [f"--resume={checkpoint}", f"--mode={other_mode}"])
-    again = plumbing.parse_args(sft.SFTConfig, [f"--resume={checkpoint}", f"--mode={saved_mode}"])
-    assert again.mode == saved_mode
+def test_settings_json_holds_every_setting_with_its_source(finished_run, small_model):
+    """A run folder held no readable config (only trainer_state.pt, overwritten by each resume):
+    settings.json now lists every setting in force with where it came from. The 1-step run of
+    `sft_config`: its fields are flags; the tiny preset's lr, warm-up, max_time and
+    grad_checkpointing; max_length from the model's 512 positions; the rest SFTConfig's
+    defaults."""
+    flags = dict(model=small_model, preset="tiny", out_dir=str(finished_run), max_steps=1,
+                 save_every=0, eval_samples=0, batch_size=4, micro_batch_size=4, limit=8,
+                 log_every=0)
+    preset = dict(lr=1e-3, warmup_ratio=0.05, max_time=0.0, grad_checkpointing=False)
+    expected = {f.name: {"value": f.default, "source": "default"}
+                for f in dataclasses.fields(sft.SFTConfig)}
+    expected["betas"] = {"value": [0.9, 0.95], "source": "default"}
+    expected.update({name: {"value": value, "source": "flag"} for name, value in flags.items()})
+    expected.update({name: {"value": value, "source": "preset"} for name, value in preset.items()})
+    expected["max_length"] = {"value": 512, "source": "derived"}
+    with open(finished_run / "settings.json") as f:
+        written = json.load(f)
+    assert written == {"resumed_from": None, "step": 0, "settings": expected}
+    assert list(written["settings"]) == [f.name for f in dataclasses.fields(sft.SFTConfig)]
+
+
+def test_grpo_settings_say_which_the_recipe_and_the_preset_set(small_model, capsys):
+    """GRPO's sources: the recipe's mode (and its per-step reward and upper clip, None), the
+    start model as given, eval_data derived from --data, the preset's sizes; printed by source."""
+    cfg = grpo.GRPOConfig(model=small_model, preset="tiny", recipe="unseen-s2",
+                          data="carry:hard:rl", seed=3)
+    d = plumbing.Dist(0, 1, torch.device("cpu"))
+    resolve = functools.partial(grpo.resolve_defaults, find_model=True)
+    resolved, record = plumbing.resolve_config(cfg, d, resolve, config.GRPO_PRESETS)
+    sources = record["sources"]
+    assert record["resume"] is None
+    assert (resolved.mode, sources["mode"], sources["reward"], sources["clip_ratio_high"]) == \
+        ("unseen", "recipe", "recipe", "recipe")
+    assert (sources["recipe"], sources["seed"], sources["model"], sources["data"]) == \
+        ("flag",) * 4
+    assert (resolved.eval_data, sources["eval_data"]) == ("carry:hard:test", "derived")
+    assert (resolved.group_size, resolved.kl_coef, sources["group_size"], sources["kl_coef"]) == \
+        (4, 0.3, "preset", "preset")
+    assert (sources["temperature"], sources["clip_ratio_low"]) == ("default", "default")
+    assert sorted(set(sources.values())) == ["default", "derived", "flag", "preset", "recipe"]
+
+
+@pytest.fixture(scope="module")
+def grpo_checkpoint(small_model, tmp_path_factory):
+    """A GRPO checkpoint's trainer state as a run under the tiny preset saves it (its config
+    resolved; no weights: a refused resume never loads them)."""
+    resolved = grpo.resolve_defaults(grpo.GRPOConfig(model=small_model, preset="tiny"),
+                                     find_model=True)
+    folder = tmp_path_factory.mktemp("grpo") / "run" / "checkpoint-1"
+    folder.mkdir(parents=True)
+    torch.save({"config": dataclasses.asdict(resolved)}, folder / "trainer_state.pt")
+    return str(folder)
+
+
+TINY_RL_DATA = "synthetic:easy:rl,synthetic:medium:rl,synthetic:hard:rl"
+
+
+@pytest.mark.parametrize("trainer, flag, old, new", [
+    (grpo, "group_size", "4", "8"),
+    (grpo, "batch_size", "32", "16"),
+    (grpo, "data", f'"{TINY_RL_DATA}"', '"synthetic:hard:rl"'),
+    (grpo, "seed", "0", "1"),
+    (grpo, "kl_coef", "0.3", "0.0"),
+    (grpo, "max_new_tokens", "128", "256"),
+    (grpo, "reward", "null", '"accuracy"'),
+    (grpo, "recipe", '"unseen-s1"', '"unseen-s2"'),
+    (grpo, "lr", "0.00015", "0.001"),
+    (grpo, "mode", '"unseen"', '"seen"'),
+    (grpo, "model", "<start model>", '"tiny"'),
+    (grpo, "preset", '"tiny"', '"paper"'),
+    (grpo, "temperature", "1.0", "0.7"),
+    (sft, "style", '"parallel"', '"sequential"'),
+    (sft, "max_length", "512", "256"),
+])
+def test_a_resume_that_changes_the_experiment_is_refused(trainer, flag, old, new, grpo_checkpoint,
+                                                         finished_run, small_model):
+    """--group_size, --batch_size, --seed, --kl_coef, --max_new_tokens, --data on a resume were
+    taken without a word and overwrote the checkpoint's config. Now each change to what the run
+    learns is refused, naming the setting, old -> new, and the ways on."""
+    checkpoint = grpo_checkpoint if trainer is grpo else f"{finished_run}/checkpoint-1"
+    old = old.replace("<start model>", json.dumps(os.path.abspath(small_model)))
+    value = json.loads(new)
+    message = refusal(trainer, [f"--resume={checkpoint}", f"--{flag}={value}"])
+    assert f"would change what the run is (the checkpoint's -> this run's):\n    --{flag}: " \
+        f"{old} -> {new}\nDrop these flags to go on as the run began; or accept the changes with " \
+        f"--allow_changes={flag} " in message
+    assert message.endswith(f"--model={checkpoint} without --resume")
+
+
+def test_a_resume_names_every_change_and_allows_what_is_not_the_experiment(grpo_checkpoint):
+    """Two changes: both named, in one refusal; where a run goes on (out_dir, steps, evaluation,
+    logging, memory) is no change to the experiment."""
+    message = refusal(grpo, [f"--resume={grpo_checkpoint}", "--kl_coef=0", "--seed=2",
+                             "--max_steps=500", "--eval_every=5", "--micro_batch_size=2"])
+    assert "    --seed: 0 -> 2\n    --kl_coef: 0.3 -> 0.0\n" in message
+    assert "--allow_changes=seed,kl_coef " in message and "max_steps" not in message
+    assert refusal(grpo, [f"--resume={grpo_checkpoint}", "--allow_changes=seed,klcoef"]) == \
+        "--allow_changes=seed,klcoef: klcoef is not a setting of this script (--help lists them)"
+
+
+def test_an_accepted_change_is_recorded_and_only_for_that_resume(finished_run, tmp_path, capsys):
+    """--allow_changes=lr takes the new lr; resumes.jsonl says when, from which checkpoint, what
+    changed and what was accepted; settings.json marks lr as a flag's; the next resume does not
+    inherit the acceptance."""
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(finished_run), str(copy)], check=True)
+    before = time.time()
+    sft.train(plumbing.parse_args(sft.SFTConfig, [f"--resume={copy}/checkpoint-1", "--lr=0.002",
+                                                  "--max_steps=2", "--allow_changes=lr"]))
+    lines = (copy / "resumes.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+    line = json.loads(lines[0])
+    when = datetime.datetime.fromisoformat(line.pop("time")).timestamp()
+    assert before - 1 <= when <= time.time()
+    assert line == {"step": 1, "checkpoint": f"{copy}/checkpoint-1",
+                    "changed": {"max_steps": [1, 2], "out_dir": [str(finished_run), str(copy)],
+                                "lr": [0.001, 0.002]},
+                    "accepted": ["lr"]}
+    settings = json.loads((copy / "settings.json").read_text())
+    assert settings["resumed_from"] == f"{copy}/checkpoint-1" and settings["step"] == 1
+    assert settings["settings"]["lr"] == {"value": 0.002, "source": "flag"}
+    assert settings["settings"]["warmup_ratio"] == {"value": 0.05, "source": "preset"}
+    assert settings["settings"]["allow_changes"] == {"value": "lr", "source": "flag"}
+    out = capsys.readouterr().out
+    assert f"this resume changes: max_steps 1 -> 2, out_dir {finished_run} -> {copy}, lr 0.001 " \
+        "-> 0.002 (accepted by --allow_changes: lr)" in out
+    message = refusal(sft, [f"--resume={copy}/checkpoint-2", "--lr=0.003"])
+    assert "    --lr: 0.002 -> 0.003\n" in message
+    assert plumbing.load_trainer_state(f"{copy}/checkpoint-2")["config"]["lr"] == 0.002
+
+
+def test_a_resume_keeps_the_runs_preset_for_auto(finished_run, small_model, tmp_path):
+    """--preset=auto on a resume is the run's preset (the start model alone would say paper, and
+    the resumed run then trained with another prompt style); --model naming the same folder by
+    another path is the same model."""
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(finished_run), str(copy)], check=True)
+    relative = os.path.relpath(small_model)
+    cfg = plumbing.parse_args(sft.SFTConfig, [f"--resume={copy}/checkpoint-1", "--preset=auto",
+                                              f"--model={relative}", "--max_steps=2"])
+    sft.train(cfg)
+    line = json.loads((copy / "resumes.jsonl").read_text())
+    assert line["changed"] == {"max_steps": [1, 2], "out_dir": [str(finished_run), str(copy)]}
+    assert line["accepted"] == []
 
 
 def test_a_resume_whose_start_model_moved_takes_its_new_place(small_model, tmp_path):
@@ -98,8 +231,8 @@ def test_a_resume_whose_start_model_moved_takes_its_new_place(small_model, tmp_p
     run = tmp_path / "run"
     sft.train(sft_config(str(start), run))
     checkpoint = f"{run}/checkpoint-1"
-    with pytest.raises(ValueError, match="drop --model"):
-        plumbing.parse_args(sft.SFTConfig, [f"--resume={checkpoint}", f"--model={small_model}"])
+    assert f"    --model: {json.dumps(str(start))} -> {json.dumps(small_model)}\n" in \
+        refusal(sft, [f"--resume={checkpoint}", f"--model={small_model}"])
     relative = os.path.relpath(start)
     same = plumbing.parse_args(sft.SFTConfig, [f"--resume={checkpoint}", f"--model={relative}"])
     assert os.path.realpath(same.model) == os.path.realpath(start)
@@ -271,3 +404,18 @@ def test_sft_refuses_a_tokenizer_beside_a_model_with_its_own(small_model, tmp_pa
     with pytest.raises(ValueError, match="brings its own tokenizer; --tokenizer is for "):
         sft.train(sft_config(small_model, out, tokenizer=tokenizer))
     assert not out.exists()
+
+
+def test_the_settings_print_by_source_listing_all_but_the_defaults():
+    """What each trainer prints at its start (rank 0): the settings grouped by source, the
+    defaults counted; an empty string shows as "", a recipe's None says what it means."""
+    values = {"lr": 0.00015, "seed": 3, "mode": "unseen", "reward": None, "eval_data": "",
+              "top_k": 0, "max_length": 512}
+    sources = {"lr": "preset", "seed": "flag", "mode": "recipe", "reward": "recipe",
+               "eval_data": "flag", "top_k": "default", "max_length": "derived"}
+    assert config.settings_table(values, sources) == (
+        '  flag:    seed=3 eval_data=""\n'
+        "  preset:  lr=0.00015\n"
+        "  recipe:  mode=unseen reward=None (None: the recipe's at each step, grpo.stage_at)\n"
+        "  derived: max_length=512\n"
+        "  default: 1 other settings")

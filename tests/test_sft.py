@@ -418,7 +418,7 @@ def test_resume_is_bit_exact(model_dir, tmp_path, capsys):
             "--max_length=256", "--max_time=0", "--save_every=3", "--keep_last=0",
             "--eval_samples=0", "--log_every=0", "--preset=tiny"]
     full = sft.main(args)
-    assert sorted(os.listdir(a)) == ["checkpoint-3", "checkpoint-6", "log.jsonl"]
+    assert sorted(os.listdir(a)) == ["checkpoint-3", "checkpoint-6", "log.jsonl", "settings.json"]
     state = torch.load(a / "checkpoint-3" / "trainer_state.pt", weights_only=False)
     # 24 = 13 + 11
     assert state["step"] == 3 and state["data_position"] == {"epoch": 1, "index": 11}
@@ -452,8 +452,9 @@ def test_resume_is_bit_exact(model_dir, tmp_path, capsys):
     # a fresh run into a used folder moves the earlier run aside instead of deleting it
     again = sft.main(args[:6] + ["--max_steps=3"] + args[7:])
     assert again["steps"] == 3
-    assert sorted(os.listdir(a)) == ["checkpoint-3", "earlier-1", "log.jsonl"]
-    assert sorted(os.listdir(a / "earlier-1")) == ["checkpoint-3", "checkpoint-6", "log.jsonl"]
+    assert sorted(os.listdir(a)) == ["checkpoint-3", "earlier-1", "log.jsonl", "settings.json"]
+    assert sorted(os.listdir(a / "earlier-1")) == ["checkpoint-3", "checkpoint-6", "log.jsonl",
+                                                   "settings.json"]
     wa_old = load_file(a / "earlier-1" / "checkpoint-6" / "model.safetensors")
     assert all(torch.equal(wa[k], wa_old[k]) for k in wa)
 
@@ -515,7 +516,8 @@ def test_a_run_keeps_the_users_folders_and_its_own_start(model_dir, tmp_path):
         shutil.copytree(run / "checkpoint-3", run / name)
     sft.train(config(model_dir, run, max_steps=5, save_every=1, keep_last=1, resume="True"),
               records=make_records(8))
-    kept = ["checkpoint-03", "checkpoint-3-backup", "checkpoint-5", "checkpoint-best", "log.jsonl"]
+    kept = ["checkpoint-03", "checkpoint-3-backup", "checkpoint-5", "checkpoint-best", "log.jsonl",
+            "resumes.jsonl", "settings.json"]
     assert sorted(os.listdir(run)) == kept
     with pytest.raises(ValueError, match="is inside --out_dir=.*pass another --out_dir"):
         sft.train(config(str(run / "checkpoint-5"), run, max_steps=1), records=make_records(8))
@@ -636,7 +638,8 @@ def test_a_wandb_start_that_fails_changes_nothing(model_dir, tmp_path, monkeypat
     with pytest.raises(ValueError, match="WANDB_MODE=offline"):
         sft.train(config(model_dir, tmp_path / "used", max_steps=1, wandb_project="p"),
                   records=records)
-    assert sorted(os.listdir(tmp_path / "used")) == before == ["checkpoint-1", "log.jsonl"]
+    assert sorted(os.listdir(tmp_path / "used")) == before == ["checkpoint-1", "log.jsonl",
+                                                               "settings.json"]
 
 
 def test_a_diverged_loss_stops_before_the_step_and_keeps_the_checkpoints(model_dir, tmp_path):
@@ -647,10 +650,11 @@ def test_a_diverged_loss_stops_before_the_step_and_keeps_the_checkpoints(model_d
     sft.train(config(model_dir, run, max_steps=2, save_every=2), records=records)
     with pytest.raises(ValueError, match="the gradient norm is (nan|inf): the loss diverged"):
         sft.train(config(model_dir, run, resume=str(run / "checkpoint-2"), max_steps=12, lr=1e3,
-                         save_every=0),
+                         save_every=0, allow_changes="lr"),
                   records=records)
     state = load_file(run / "checkpoint-2" / "model.safetensors")
-    assert sorted(os.listdir(run)) == [".lock", "checkpoint-2", "log.jsonl"] and \
+    listing = [".lock", "checkpoint-2", "log.jsonl", "resumes.jsonl", "settings.json"]
+    assert sorted(os.listdir(run)) == listing and \
         all(torch.isfinite(v).all() for v in state.values())
 
 
@@ -662,7 +666,8 @@ def test_resuming_an_older_checkpoint_moves_the_abandoned_newer_ones_aside(model
     sft.train(config(model_dir, run, max_steps=4, save_every=2), records=records)
     sft.train(config(model_dir, run, resume=str(run / "checkpoint-2"), max_steps=3, save_every=0),
               records=records)
-    assert sorted(os.listdir(run)) == ["checkpoint-2", "checkpoint-3", "earlier-1", "log.jsonl"]
+    assert sorted(os.listdir(run)) == ["checkpoint-2", "checkpoint-3", "earlier-1", "log.jsonl",
+                                       "resumes.jsonl", "settings.json"]
     assert sorted(os.listdir(run / "earlier-1")) == ["checkpoint-4", "log.jsonl"] and \
         "moved the checkpoints after step 2" in capsys.readouterr().out
     earlier_log = (run / "earlier-1" / "log.jsonl").read_text().splitlines()
@@ -682,11 +687,11 @@ def test_a_folder_that_a_live_run_writes_is_refused(model_dir, tmp_path):
         (run / ".lock").write_text(str(other.pid))
         with pytest.raises(ValueError, match=f"being written by another run \\(pid {other.pid}\\)"):
             sft.train(config(model_dir, run, max_steps=1, save_every=0), records=records)
-        assert sorted(os.listdir(run)) == [".lock", "checkpoint-1", "log.jsonl"]
+        assert sorted(os.listdir(run)) == [".lock", "checkpoint-1", "log.jsonl", "settings.json"]
         other.kill()
     # that process is gone (leaving the with-block waited for it)
     sft.train(config(model_dir, run, max_steps=1, save_every=0), records=records)
-    assert sorted(os.listdir(run)) == ["checkpoint-1", "earlier-1", "log.jsonl"]
+    assert sorted(os.listdir(run)) == ["checkpoint-1", "earlier-1", "log.jsonl", "settings.json"]
 
 
 def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(model_dir, tmp_path):
@@ -716,7 +721,7 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(model_dir, tmp_pa
         with pytest.raises(ValueError, match=msg):
             sft.train(config(model_dir, tmp_path / "run", **{"max_steps": 1, **kw}),
                       records=records)
-    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-1", "log.jsonl"]
+    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-1", "log.jsonl", "settings.json"]
 
 
 if __name__ == "__main__":                   # torchrun worker of test_two_ranks_equal_one_process
