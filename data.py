@@ -548,18 +548,25 @@ def has_final_answer(text) -> bool:
     return isinstance(text, str) and re.search(r"Final Answer\s*:", text) is not None
 
 
+# The field names a row's problem, worked solution and answer are read from, first found first
+# ("a.b": row["a"]["b"]; a chat-message prompt: its last user turn)
+PROBLEM_FIELDS = ("problem", "question", "extra_info.question", "prompt")
+SOLUTION_FIELDS = ("extra_info.answer", "solution", "text")
+ANSWER_FIELDS = ("reward_model.ground_truth", "ground_truth", "final_answer", "answer")
+
+
 def row_record(row: dict, latex: bool, style: str) -> tuple[str | None, str | None, str | None]:
-    """(problem, answer, solution) of one row, whatever the source's field names (a GSM8K worked
-    solution is a solution only for the sequential style)."""
-    prompt = first_value(row, "problem", "question", "extra_info.question", "prompt")
+    """(problem, answer, solution) of one row, whatever the source's field names (the *_FIELDS
+    above; a GSM8K worked solution is a solution only for the sequential style)."""
+    prompt = first_value(row, *PROBLEM_FIELDS)
     if isinstance(prompt, (list, tuple)):                  # chat messages: the last user turn
         users = [m.get("content") for m in prompt
                  if isinstance(m, dict) and m.get("role") == "user"]
         prompt = users[-1] if users else None
     problem = extract_problem(prompt) if isinstance(prompt, str) else None
-    trace = first_value(row, "extra_info.answer", "solution", "text")
+    trace = first_value(row, *SOLUTION_FIELDS)
     solution = trace if has_final_answer(trace) else None
-    raw = first_value(row, "reward_model.ground_truth", "ground_truth", "final_answer", "answer")
+    raw = first_value(row, *ANSWER_FIELDS)
     answer = None
     if has_final_answer(raw):                              # the "answer" field is a whole trace
         solution = solution or raw
@@ -628,7 +635,8 @@ def check_parallel_traces(records: list[dict], parallel: list[bool], where: str,
 def records_from_rows(rows, name: str, style: str, strict: bool, where: str,
                       tokenizer) -> list[dict]:
     """The records of one file's rows: incomplete rows skipped (or, strict, refused); parallel
-    traces canonicalised and checked (`check_trace`), with the counts printed."""
+    traces canonicalised and checked (`check_trace`), with the counts printed. ValueError naming
+    the fields read and the accepted ones when no row gives a record."""
     if name in KNOWN_DATASETS:
         label = name
     else:
@@ -646,6 +654,12 @@ def records_from_rows(rows, name: str, style: str, strict: bool, where: str,
         records.append({"id": record_id(row, label, i), "problem": problem, "answer": answer,
                         "solution": solution, "source": name,
                         "worked_solution": worked_solution(row)})
+    if skipped and not records:
+        fields = sorted({key for row in rows for key in row})
+        raise ValueError(f"{where}: none of its {len(rows)} rows has both a problem and an "
+                         f"answer; its fields are {fields}. A problem is read from the first of "
+                         f"{list(PROBLEM_FIELDS)}, an answer from {list(ANSWER_FIELDS)} (or a "
+                         f"'Final Answer:' line in {list(SOLUTION_FIELDS)}): rename the fields")
     if skipped:
         print(f"[data] {where}: skipped {skipped} of {len(rows)} rows without a problem or answer",
               file=sys.stderr)

@@ -9,9 +9,10 @@ import types
 import pytest
 import torch
 
+import config
 import eval as ev
 from attention import TagIds, parse_structure
-from data import build_prompt, load_data
+from data import ANSWER_FIELDS, PROBLEM_FIELDS, SOLUTION_FIELDS, build_prompt, load_data
 from model import build_char_tokenizer, load_model, mode_from_config, read_checkpoint_config
 from plumbing import save_checkpoint
 from rewards import FORMAT_FAILURES, answer_found, extract_answer, score_batch, verify
@@ -108,6 +109,22 @@ def test_rollout_stats_do_not_read_garbage_as_well_formed():
     assert line.endswith("| format failures: truncated 0.250 no_answer 0.500")
     no_blocks = ev.rollout_stats(rollouts[:2], scores[:2], torch.tensor([False]), "cpu")
     assert no_blocks["blocks_well_formed"] is None and no_blocks["structure_ok"] == 1.0
+
+
+def test_a_file_with_other_field_names_names_them_and_the_accepted_ones(tmp_path):
+    """eval.py --data=file.jsonl whose rows say "q" and "sol" said only "gave no records"; now the
+    error names the fields it read and the ones it accepts."""
+    f = tmp_path / "mine.jsonl"
+    f.write_text('{"q": "What is 1+1?", "sol": "2"}\n{"q": "What is 2+2?", "sol": "4"}\n')
+    cfg = config.parse(ev.EvalConfig, ["--model=tiny", f"--data={f}", "--k=1",
+                                       f"--out_dir={tmp_path / 'out'}"])
+    with pytest.raises(ValueError) as e:
+        ev.run(cfg)
+    message = str(e.value)
+    assert f"{f}: none of its 2 rows has both a problem and an answer" in message
+    assert "its fields are ['q', 'sol']" in message
+    for accepted in (*PROBLEM_FIELDS, *ANSWER_FIELDS, *SOLUTION_FIELDS):
+        assert repr(accepted) in message
 
 
 def test_avg_is_the_mean_of_the_mean_at_columns():
