@@ -12,6 +12,7 @@ patterns), the real sets of `KNOWN_DATASETS` (read from `data_dir`, else $PARALL
     python scripts/show_data.py --show=synthetic:hard --n=2 [--style=sequential]
 """
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -26,7 +27,7 @@ from typing import Literal
 import torch
 
 from attention import TagIds, parse_structure
-from model import tiny_tokenizer
+from model import hub_reachable, tiny_tokenizer
 
 # ---------------------------------------------------------------------------------------------
 # Prompts: our own words for what the paper's prompt asks (its exact text: a file with {problem},
@@ -515,14 +516,37 @@ def read_rows(path: str) -> list[dict]:
     return rows
 
 
+@contextlib.contextmanager
+def hub_cache_only(offline: bool):
+    """With `offline`, datasets and huggingface_hub as HF_HUB_OFFLINE=1 at start makes them (the
+    attributes they read at each call): the cache only, no network, no retries."""
+    import datasets
+    from huggingface_hub import constants
+    saved = [datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE]
+    if offline:
+        datasets.config.HF_HUB_OFFLINE = True
+        constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE = saved[0]
+        constants.HF_HUB_OFFLINE = saved[1]
+
+
 def load_hub(name: str, local: str | None) -> list[dict]:
-    """The rows of a known dataset from the hub; FileNotFoundError saying where to put the file."""
+    """The rows of a known dataset from the hub, or its cache when the hub cannot be reached
+    (model.hub_reachable: without the probe, ~26 s of retries before the error);
+    FileNotFoundError saying where to put the file."""
     # datasets is slow to import: only here, where there is no local file
     import datasets
     errors = []
+    offline = not hub_reachable()
+    if offline:
+        errors.append("the hub cannot be reached (no network, or HF_HUB_OFFLINE=1): its cache only")
     for path, hub_config, split in KNOWN_DATASETS[name][1]:
         try:
-            return [dict(r) for r in datasets.load_dataset(path, hub_config, split=split)]
+            with hub_cache_only(offline):
+                return [dict(r) for r in datasets.load_dataset(path, hub_config, split=split)]
         except Exception as e:                 # offline, missing, renamed: the next, then explain
             first_line = str(e).splitlines()[0] if str(e) else ""
             errors.append(f"{path}: {type(e).__name__}: {first_line}")

@@ -37,10 +37,12 @@ from model import (
     Mode,
     check_model_name,
     config_only,
+    hub_reachable,
     load_model,
     mode_from_config,
     read_checkpoint_config,
     resolve_preset,
+    unreachable,
 )
 from plumbing import check_out_dir, locked, move_aside
 from rewards import FORMAT_FAILURES, format_failure, parallel_positions, score_batch
@@ -417,9 +419,12 @@ def own_tokenizer(name_or_path: str):
     if name_or_path == "tiny" or config_only(name_or_path):
         return None
     check_model_name(name_or_path, weights=False)
+    local_only = not os.path.isdir(name_or_path) and not hub_reachable()   # the cache only
     try:
-        return AutoTokenizer.from_pretrained(name_or_path)
+        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
     except Exception as e:
+        if local_only:
+            raise unreachable(name_or_path, "--model") from None
         where = "a checkpoint folder, a hub name available offline, or tiny"
         if os.path.isdir(name_or_path):
             where = "its tokenizer.json or tokenizer_config.json may be damaged"
