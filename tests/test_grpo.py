@@ -404,7 +404,8 @@ def test_on_policy_update_is_the_policy_gradient(setting):
                          ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_micro_batches_equal_one_batch(setting, loss_agg_mode):
     """Gradient accumulation changes nothing: 1 micro-batch of 6, 6 of 1, and a token cap that
-    cuts them unevenly give the same weights after 2 PPO mini-batches."""
+    cuts them unevenly give the same weights after 2 PPO mini-batches, and the same logged loss
+    and gradient norm (before clipping: AdamW's step hides a gradient scaled alike everywhere)."""
     model, tok, rollouts, adv = setting
     results = []
     for mbs, cap in ((6, 0), (1, 0), (3, 60)):
@@ -413,9 +414,12 @@ def test_micro_batches_equal_one_batch(setting, loss_agg_mode):
         w, stats = run_update(copy.deepcopy(model), rollouts, adv, cfg, tok)
         results.append((w, stats))
     assert results[1][1]["micro_batches"] == 6 and results[2][1]["micro_batches"] > 2
-    for w, _ in results[1:]:
+    for w, stats in results[1:]:
         assert (w - results[0][0]).abs().max() < 1e-6
+        for key in ("loss", "pg_loss", "grad_norm", "clip_frac", "entropy"):
+            assert stats[key] == pytest.approx(results[0][1][key], rel=1e-5, abs=1e-7), key
     assert (results[0][0] - flat_params(model)).abs().max() > 1e-4
+    assert results[0][1]["loss"] != 0 and results[0][1]["grad_norm"] > 0
 
 
 def test_recompute_logprobs_matches_the_sampler(setting):
