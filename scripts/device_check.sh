@@ -25,7 +25,7 @@ step() {                       # step NAME SECONDS COMMAND...: run, keep its out
     shift 2
     echo "== $name (at most ${seconds}s): $*" | tee "$out/$name.txt"
     local t0=$SECONDS
-    timeout "$seconds" "$@" >>"$out/$name.txt" 2>&1
+    timeout -k 20 "$seconds" "$@" >>"$out/$name.txt" 2>&1
     echo "== $name: exit $? after $((SECONDS - t0))s" | tee -a "$out/$name.txt"
     tail -n 25 "$out/$name.txt"
 }
