@@ -488,7 +488,7 @@ def test_kl_term_against_a_reference_model(setting):
 def test_filter_groups_trains_only_on_groups_with_variance(tmp_path, monkeypatch):
     def scores(responses, golds, **kw):          # prompt "0": all equal; prompt "1": by the text
         return [{"reward": 0.0 if g == "0" else float(sum(map(ord, t)) % 7), "correct": False,
-                 "kind": "accuracy"}
+                 "kind": "accuracy", "answer_found": False}
                 for t, g in zip(responses, golds)]
     monkeypatch.setattr(grpo, "score_batch", scores)
     model, tok = tiny(seed=1)
@@ -555,7 +555,8 @@ def test_same_seed_same_run_bit_for_bit(tmp_path, monkeypatch):
 
 def fake_scores(responses, golds, *, structures=None, reward=None, step=1, **kw):
     """A reward with variance even for a random model: a deterministic function of the text."""
-    return [{"reward": float(sum(map(ord, t)) % 7), "correct": False, "kind": "accuracy"}
+    return [{"reward": float(sum(map(ord, t)) % 7), "correct": False, "kind": "accuracy",
+             "answer_found": False}
             for t in responses]
 
 
