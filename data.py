@@ -12,6 +12,7 @@ patterns), the real sets of `KNOWN_DATASETS` (read from `data_dir`, else $PARALL
     python scripts/look/show_data.py --show=synthetic:hard --n=2 [--style=sequential]
 """
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -26,7 +27,7 @@ from typing import Literal
 import torch
 
 from attention import TagIds, parse_structure
-from model import tiny_tokenizer
+from model import hub_reachable, tiny_tokenizer
 
 # ---------------------------------------------------------------------------------------------
 # Prompts: our own words for what the paper's prompt asks (its exact text: a file with {problem},
@@ -515,14 +516,37 @@ def read_rows(path: str) -> list[dict]:
     return rows
 
 
+@contextlib.contextmanager
+def hub_cache_only(offline: bool):
+    """With `offline`, datasets and huggingface_hub as HF_HUB_OFFLINE=1 at start makes them (the
+    attributes they read at each call): the cache only, no network, no retries."""
+    import datasets
+    from huggingface_hub import constants
+    saved = [datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE]
+    if offline:
+        datasets.config.HF_HUB_OFFLINE = True
+        constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE = saved[0]
+        constants.HF_HUB_OFFLINE = saved[1]
+
+
 def load_hub(name: str, local: str | None) -> list[dict]:
-    """The rows of a known dataset from the hub; FileNotFoundError saying where to put the file."""
+    """The rows of a known dataset from the hub, or its cache when the hub cannot be reached
+    (model.hub_reachable: without the probe, ~26 s of retries before the error);
+    FileNotFoundError saying where to put the file."""
     # datasets is slow to import: only here, where there is no local file
     import datasets
     errors = []
+    offline = not hub_reachable()
+    if offline:
+        errors.append("the hub cannot be reached (no network, or HF_HUB_OFFLINE=1): its cache only")
     for path, hub_config, split in KNOWN_DATASETS[name][1]:
         try:
-            return [dict(r) for r in datasets.load_dataset(path, hub_config, split=split)]
+            with hub_cache_only(offline):
+                return [dict(r) for r in datasets.load_dataset(path, hub_config, split=split)]
         except Exception as e:                 # offline, missing, renamed: the next, then explain
             first_line = str(e).splitlines()[0] if str(e) else ""
             errors.append(f"{path}: {type(e).__name__}: {first_line}")
@@ -548,18 +572,25 @@ def has_final_answer(text) -> bool:
     return isinstance(text, str) and re.search(r"Final Answer\s*:", text) is not None
 
 
+# The field names a row's problem, worked solution and answer are read from, first found first
+# ("a.b": row["a"]["b"]; a chat-message prompt: its last user turn)
+PROBLEM_FIELDS = ("problem", "question", "extra_info.question", "prompt")
+SOLUTION_FIELDS = ("extra_info.answer", "solution", "text")
+ANSWER_FIELDS = ("reward_model.ground_truth", "ground_truth", "final_answer", "answer")
+
+
 def row_record(row: dict, latex: bool, style: str) -> tuple[str | None, str | None, str | None]:
-    """(problem, answer, solution) of one row, whatever the source's field names (a GSM8K worked
-    solution is a solution only for the sequential style)."""
-    prompt = first_value(row, "problem", "question", "extra_info.question", "prompt")
+    """(problem, answer, solution) of one row, whatever the source's field names (the *_FIELDS
+    above; a GSM8K worked solution is a solution only for the sequential style)."""
+    prompt = first_value(row, *PROBLEM_FIELDS)
     if isinstance(prompt, (list, tuple)):                  # chat messages: the last user turn
         users = [m.get("content") for m in prompt
                  if isinstance(m, dict) and m.get("role") == "user"]
         prompt = users[-1] if users else None
     problem = extract_problem(prompt) if isinstance(prompt, str) else None
-    trace = first_value(row, "extra_info.answer", "solution", "text")
+    trace = first_value(row, *SOLUTION_FIELDS)
     solution = trace if has_final_answer(trace) else None
-    raw = first_value(row, "reward_model.ground_truth", "ground_truth", "final_answer", "answer")
+    raw = first_value(row, *ANSWER_FIELDS)
     answer = None
     if has_final_answer(raw):                              # the "answer" field is a whole trace
         solution = solution or raw
@@ -628,7 +659,8 @@ def check_parallel_traces(records: list[dict], parallel: list[bool], where: str,
 def records_from_rows(rows, name: str, style: str, strict: bool, where: str,
                       tokenizer) -> list[dict]:
     """The records of one file's rows: incomplete rows skipped (or, strict, refused); parallel
-    traces canonicalised and checked (`check_trace`), with the counts printed."""
+    traces canonicalised and checked (`check_trace`), with the counts printed. ValueError naming
+    the fields read and the accepted ones when no row gives a record."""
     if name in KNOWN_DATASETS:
         label = name
     else:
@@ -646,6 +678,12 @@ def records_from_rows(rows, name: str, style: str, strict: bool, where: str,
         records.append({"id": record_id(row, label, i), "problem": problem, "answer": answer,
                         "solution": solution, "source": name,
                         "worked_solution": worked_solution(row)})
+    if skipped and not records:
+        fields = sorted({key for row in rows for key in row})
+        raise ValueError(f"{where}: none of its {len(rows)} rows has both a problem and an "
+                         f"answer; its fields are {fields}. A problem is read from the first of "
+                         f"{list(PROBLEM_FIELDS)}, an answer from {list(ANSWER_FIELDS)} (or a "
+                         f"'Final Answer:' line in {list(SOLUTION_FIELDS)}): rename the fields")
     if skipped:
         print(f"[data] {where}: skipped {skipped} of {len(rows)} rows without a problem or answer",
               file=sys.stderr)

@@ -37,13 +37,15 @@ from model import (
     Mode,
     check_model_name,
     config_only,
+    hub_reachable,
     load_model,
     mode_from_config,
     read_checkpoint_config,
     resolve_preset,
+    unreachable,
 )
 from plumbing import check_out_dir, locked, move_aside
-from rewards import parallel_positions, score_batch
+from rewards import FORMAT_FAILURES, format_failure, parallel_positions, score_batch
 from sample import Rollout, SamplingConfig, SamplingFlags, generate
 
 # ---------------------------------------------------------------------------------------------
@@ -89,6 +91,8 @@ def summarize(samples: list[dict], k: int) -> dict:
             raise ValueError(f"problem {problem!r} has {len(group)} samples, fewer than k={k}")
         per_problem.append((len(group), sum(bool(s["correct"]) for s in group)))
     parallel = [s for s in samples if s["has_parallel"]]
+    # structure_ok: the paper's structural check, no malformed block (a response without tags
+    # passes it); answer_found: a stated final answer; blocks_well_formed: of those with blocks
     return {
         "k": k,
         "num_problems": len(per_problem),
@@ -101,8 +105,9 @@ def summarize(samples: list[dict], k: int) -> dict:
         "mean_parallel_position": mean(p for s in samples for p in s["parallel_positions"]),
         "mean_T": mean(s["T"] for s in samples),
         "mean_D": mean(s["D"] for s in samples),
-        "format_valid": mean(bool(s["format_valid"]) for s in samples),
-        "format_valid_parallel": mean(bool(s["format_valid"]) for s in parallel),
+        "structure_ok": mean(bool(s["structure_ok"]) for s in samples),
+        "answer_found": mean(bool(s["answer_found"]) for s in samples),
+        "blocks_well_formed": mean(bool(s["structure_ok"]) for s in parallel),
     }
 
 
@@ -118,7 +123,8 @@ def sample_record(record: dict, prompt: str, index: int, rollout, score: dict) -
         "gold": record["answer"], "correct": bool(score["correct"]), "reward": score["reward"],
         "has_parallel": score["has_parallel"], "num_blocks": score["num_blocks"],
         "parallel_positions": parallel_positions(rollout.structure),
-        "format_valid": score["format_ok"], "format_reason": rollout.structure.reason,
+        "structure_ok": score["format_ok"], "structure_reason": rollout.structure.reason,
+        "answer_found": score["answer_found"],
         "T": rollout.num_tokens, "D": rollout.critical_path,
         "finish_reason": rollout.finish_reason,
     }
@@ -172,10 +178,10 @@ def quick_eval(model, tokenizer, records: list[dict], mode: str, n: int, *,
                prompt_style: str, prompt_file: str | None = None, max_new_tokens: int = 256,
                seed: int = 0) -> dict:
     """Greedy samples of the first `n` records that fit the model's context (the others are
-    counted in the notes): {"n", "format_valid", "parallel", "accuracy", "example" (the first
-    response), "notes"}."""
-    out = {"n": 0, "format_valid": None, "parallel": None, "accuracy": None, "example": "",
-           "notes": []}
+    counted in the notes): {"n", "structure_ok", "answer_found", "parallel", "accuracy",
+    "example" (the first response), "notes"}."""
+    out = {"n": 0, "structure_ok": None, "answer_found": None, "parallel": None, "accuracy": None,
+           "example": "", "notes": []}
     records = [{**r, "id": i} for i, r in enumerate(records)]
     context = getattr(model.config, "max_position_embeddings", None)
     fit = fit_context(records, tokenizer, prompt_style, prompt_file, max_new_tokens, context,
@@ -185,7 +191,8 @@ def quick_eval(model, tokenizer, records: list[dict], mode: str, n: int, *,
                                     max_new_tokens=max_new_tokens, batch_size=n,
                                     prompt_style=prompt_style, prompt_file=prompt_file,
                                     greedy=True)
-        out.update(n=len(samples), format_valid=metrics["format_valid"],
+        out.update(n=len(samples), structure_ok=metrics["structure_ok"],
+                   answer_found=metrics["answer_found"],
                    parallel=metrics["parallel_ratio"], accuracy=metrics["mean_at_k"],
                    example=samples[0]["response"])
     return out
@@ -204,8 +211,8 @@ def prompts_per_call(cfg, world_size: int) -> int:
     return per_rank
 
 
-EVAL_KEYS = ("mean_at_k", "pass_at_k", "format_valid", "parallel_ratio", "mean_blocks",
-             "mean_parallel_position", "mean_T", "mean_D")
+EVAL_KEYS = ("mean_at_k", "pass_at_k", "structure_ok", "answer_found", "blocks_well_formed",
+             "parallel_ratio", "mean_blocks", "mean_parallel_position", "mean_T", "mean_D")
 
 
 def evaluate_run(run, tag: str) -> dict:
@@ -270,23 +277,32 @@ def first_evaluation(run) -> dict | None:
     return before
 
 
-MEANS = ("accuracy", "format_valid", "parallel_ratio", "num_blocks", "response_T", "response_D",
-         "truncated")
+MEANS = ("accuracy", "structure_ok", "answer_found", "parallel_ratio", "num_blocks", "response_T",
+         "response_D", "truncated")
+# GRPO's line every log_every steps (grpo.train), then the format failures by reason (fail/...)
+LOG_KEYS = ("reward_mean", "accuracy", "structure_ok", "answer_found", "parallel_ratio",
+            "groups_with_variance", "loss", "clip_frac", "entropy", "grad_norm", "time_sample",
+            "time_reward", "time_update")
 
 
 def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: torch.Tensor,
                   device) -> dict:
-    """Means over every rank's rollouts, and the share of groups whose rewards differ (the only
-    ones to learn from)."""
+    """Means over every rank's rollouts, the share of groups whose rewards differ (the only
+    ones to learn from), of responses with blocks the well-formed share (None without blocks),
+    and per rewards.FORMAT_FAILURES name the share of responses failing by it ("fail/<name>")."""
     positions = [p for r in rollouts for p in parallel_positions(r.structure)]
     structures = [r.structure for r in rollouts]
     rewards = [s["reward"] for s in scores]
+    failures = [format_failure(r.structure, s["answer_found"], r.finish_reason == "budget")
+                for r, s in zip(rollouts, scores)]
     local = {"n": len(rollouts),
              "reward": sum(rewards),
              "reward_sq": sum(r ** 2 for r in rewards),
              "accuracy": sum(bool(s["correct"]) for s in scores),
-             "format_valid": sum(s.valid for s in structures),
+             "structure_ok": sum(s.valid for s in structures),
+             "answer_found": sum(bool(s["answer_found"]) for s in scores),
              "parallel_ratio": sum(bool(s.blocks) for s in structures),
+             "blocks_ok": sum(s.valid and bool(s.blocks) for s in structures),
              "num_blocks": sum(len(s.blocks) for s in structures),
              "response_T": sum(r.num_tokens for r in rollouts),
              "response_D": sum(r.critical_path for r in rollouts),
@@ -295,6 +311,8 @@ def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: tor
              "groups": len(has_variance),
              "position": sum(positions),
              "blocks_seen": len(positions)}
+    for name in FORMAT_FAILURES:
+        local[f"fail/{name}"] = failures.count(name)
     g = dict(zip(local, plumbing.all_reduce(list(local.values()), device)))
     n = max(g["n"], 1.0)
     reward_mean = g["reward"] / n
@@ -304,7 +322,22 @@ def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: tor
         stats[key] = g[key] / n
     stats["groups_with_variance"] = g["varied_groups"] / max(g["groups"], 1.0)
     stats["parallel_position"] = g["position"] / g["blocks_seen"] if g["blocks_seen"] else None
+    stats["blocks_well_formed"] = None
+    if g["parallel_ratio"]:
+        stats["blocks_well_formed"] = g["blocks_ok"] / g["parallel_ratio"]
+    for name in FORMAT_FAILURES:
+        stats[f"fail/{name}"] = g[f"fail/{name}"] / n
     return stats
+
+
+def log_line(step: int, row: dict) -> str:
+    """GRPO's printed line: LOG_KEYS, then the format failures that occurred, by reason."""
+    line = f"step {step}: " + " ".join(f"{k} {row[k]:.3f}" for k in LOG_KEYS)
+    failed = [f"{name} {row[f'fail/{name}']:.3f}" for name in FORMAT_FAILURES
+              if row.get(f"fail/{name}")]
+    if failed:
+        line += " | format failures: " + " ".join(failed)
+    return line
 
 
 def end_of_run_samples(run, examples: list, eval_set) -> dict | None:
@@ -386,9 +419,12 @@ def own_tokenizer(name_or_path: str):
     if name_or_path == "tiny" or config_only(name_or_path):
         return None
     check_model_name(name_or_path, weights=False)
+    local_only = not os.path.isdir(name_or_path) and not hub_reachable()   # the cache only
     try:
-        return AutoTokenizer.from_pretrained(name_or_path)
+        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)
     except Exception as e:
+        if local_only:
+            raise unreachable(name_or_path, "--model") from None
         where = "a checkpoint folder, a hub name available offline, or tiny"
         if os.path.isdir(name_or_path):
             where = "its tokenizer.json or tokenizer_config.json may be damaged"
@@ -640,6 +676,8 @@ def run(cfg: EvalConfig) -> dict:
                 fh.writelines(line + "\n" for line in lines)
                 log(f"{bench}: Mean@{k} {100 * m['mean_at_k']:.1f}  Pass@{k} "
                     f"{100 * m['pass_at_k']:.1f}  parallel {100 * m['parallel_ratio']:.1f}%  "
+                    f"a final answer {100 * m['answer_found']:.1f}%  no malformed block "
+                    f"{100 * m['structure_ok']:.1f}%  "
                     f"T {m['mean_T']:.0f}  D {m['mean_D']:.0f}  ({m['num_problems']} problems, "
                     f"{timings[bench]:.0f}s)")
         table = format_table({name: results})

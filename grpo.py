@@ -40,7 +40,7 @@ import config
 import plumbing
 from attention import TagIds, autocast, token_scores
 from data import embedded_test_parts, load_data, prompt_style_of
-from eval import evaluate_run, first_evaluation, fit_context, own_tokenizer, rollout_stats
+from eval import evaluate_run, first_evaluation, fit_context, log_line, own_tokenizer, rollout_stats
 from model import Mode, frozen_copy, load_model, resolve_preset
 from rewards import RewardSchedule, score_batch
 from sample import Rollout, SamplingConfig, SamplingFlags, generate
@@ -596,11 +596,6 @@ def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
     return run
 
 
-LOG_KEYS = ("reward_mean", "accuracy", "format_valid", "parallel_ratio", "groups_with_variance",
-            "loss", "clip_frac", "entropy", "grad_norm", "time_sample", "time_reward",
-            "time_update")      # the line printed every log_every steps
-
-
 def train(cfg: GRPOConfig, records: list[dict] | None = None,
           eval_records: list[dict] | None = None) -> dict:
     """Run GRPO (one process, or one rank under torchrun); `records` / `eval_records` replace
@@ -615,7 +610,7 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None,
         row = {}
         for step in run.steps(cfg.max_steps, "grpo"):
             row = grpo_step(run, step)
-            line = f"step {step}: " + " ".join(f"{k} {row[k]:.3f}" for k in LOG_KEYS)
+            line = log_line(step, row)
             postfix = {"reward": f"{row['reward_mean']:+.2f}", "acc": f"{row['accuracy']:.2f}",
                        "var": f"{row['groups_with_variance']:.2f}"}
             positions = {name: s.position() for name, s in run.streams.items()}

@@ -9,12 +9,15 @@ of its text's pieces plus small noise: rows left identical make the tags unlearn
 `read_checkpoint_config` tells which mode a checkpoint was trained in (the sampler needs it).
 """
 import copy
+import functools
 import glob
 import json
 import os
 import re
 import socket
 import string
+import urllib.parse
+import urllib.request
 from typing import Literal, get_args
 
 import torch
@@ -52,6 +55,9 @@ EOS = "<eos>"
 UNK = "<unk>"
 TAG_INIT_NOISE = 0.02          # a new tag row: mean of its pieces + N(0, (0.02 x the rows' std)^2)
 HUB_TIMEOUT_S = 2.0            # how long to wait for the hub before reading its cache only
+HUB_ENDPOINT = "https://huggingface.co"          # huggingface_hub's, unless HF_ENDPOINT
+OFFLINE_VALUES = ("1", "on", "yes", "true")      # what huggingface_hub reads as "offline"
+DEFAULT_PORTS = {"http": 80, "https": 443}
 STANDARD_CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json")
 WEIGHT_FILES = ("*.safetensors", "*.bin")        # what from_pretrained reads weights from
 TOKENIZER_FOR = "--model=tiny or a folder holding only a config.json"   # where --tokenizer counts
@@ -166,26 +172,57 @@ def check_model_name(name: str, weights: bool = True, flag: str = "--model") -> 
 
 
 def hub_reachable() -> bool:
-    """Whether the Hugging Face hub answers (never when HF_HUB_OFFLINE is set)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-        return False
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    host = endpoint.split("://")[-1].split("/")[0]
+    """Whether the Hugging Face hub (HF_ENDPOINT, or the proxy in front of it) takes a connection
+    within HUB_TIMEOUT_S; never with HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE set. Every hub name
+    is loaded behind this probe, from the cache only when it says no: without it, with no
+    network huggingface_hub retries each file 5 times (1 + 2 + 4 + 8 + 8 s) before it fails,
+    24-58 s for a model (README "Running on the paper's data")."""
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(variable, "").strip().lower() in OFFLINE_VALUES:
+            return False
+    endpoint = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT)
+    target = endpoint
+    proxy = urllib.request.getproxies().get(endpoint.scheme)
+    if proxy and not urllib.request.proxy_bypass(endpoint.hostname or ""):
+        target = urllib.parse.urlsplit(proxy)
     try:
-        socket.create_connection((host, 443), timeout=HUB_TIMEOUT_S).close()
+        port = target.port or DEFAULT_PORTS.get(target.scheme, DEFAULT_PORTS["https"])
+    except ValueError:                                 # a port that is no number
+        return False
+    return probe(target.hostname or "", port)
+
+
+@functools.cache
+def probe(host: str, port: int) -> bool:
+    """Whether host:port accepts a TCP connection within HUB_TIMEOUT_S (once a process)."""
+    try:
+        socket.create_connection((host, port), timeout=HUB_TIMEOUT_S).close()
         return True
     except OSError:
         return False
+
+
+def unreachable(name: str, flag: str) -> OSError:
+    """The error for a hub name that is not cached while the hub cannot be reached."""
+    instead = "--model=tiny for the embedded default"
+    if flag == "--tokenizer":
+        instead = "no --tokenizer for tiny's own characters"
+    return OSError(f"{flag}={name}: not a local folder, not in the Hugging Face cache, and the "
+                   "hub cannot be reached (no network, or HF_HUB_OFFLINE=1). Download it where "
+                   f"there is a network (`huggingface-cli download {name} --local-dir <folder>`) "
+                   f"and pass {flag}=<folder>; or {instead}")
 
 
 def load_tokenizer_only(name: str):
     """The tokenizer of --tokenizer (a folder or a cached hub name), for the tiny model. OSError
     naming the flag when there is none."""
     check_model_name(name, weights=False, flag="--tokenizer")
+    local_only = not os.path.isdir(name) and not hub_reachable()      # then the hub's cache only
     try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=not os.path.isdir(name)
-                                             and not hub_reachable())
+        return AutoTokenizer.from_pretrained(name, local_files_only=local_only)
     except Exception as e:
+        if local_only:
+            raise unreachable(name, "--tokenizer") from None
         raise OSError(f"--tokenizer={name}: cannot load a tokenizer from it ({type(e).__name__}: "
                       f"{str(e).splitlines()[0] if str(e) else ''}); pass a folder holding "
                       "tokenizer.json, or a hub name the hub or its cache can give") from None
@@ -237,11 +274,7 @@ def load_pretrained(name: str, dtype: torch.dtype, attn_implementation: str):
                           "again from the model it was trained from") from None
         if not local_only:
             raise
-        raise OSError(f"{name!r} is not a local folder and the Hugging Face hub cannot be "
-                      "reached (offline or HF_HUB_OFFLINE=1). Download the model on a machine "
-                      "with internet (e.g. `huggingface-cli download <name> --local-dir "
-                      "<folder>`) and pass the folder, or use 'tiny' for the embedded "
-                      "default.") from None
+        raise unreachable(name, "--model") from None
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=local_only,
                                                      attn_implementation=attn_implementation)

@@ -11,10 +11,11 @@ import sys
 from dataclasses import dataclass
 
 from attention import TagIds, parse_structure
-from verifier import check_verifier_settings, correct_many, extract_answer, verify
+from verifier import ANY_MARKER, check_verifier_settings, correct_many, extract_answer, verify
 
-__all__ = ["REWARDS", "SCHEDULES", "RewardSchedule", "check_format", "extract_answer",
-           "has_parallel", "num_blocks", "parallel_positions", "score_batch", "verify"]
+__all__ = ["FORMAT_FAILURES", "REWARDS", "SCHEDULES", "RewardSchedule", "answer_found",
+           "check_format", "extract_answer", "format_failure", "has_parallel", "num_blocks",
+           "parallel_positions", "score_batch", "verify"]
 
 RIGHT = 1.0
 WRONG = -1.0
@@ -53,6 +54,43 @@ def has_parallel(structure) -> bool:
 
 def num_blocks(structure) -> int:
     return len(structure.blocks)
+
+
+def answer_found(text: str, pred: str | None) -> bool:
+    r"""Whether the response states a final answer: `pred` (extract_answer's) came from a marker
+    (`Final Answer:`, `\boxed{}`, `####`), not from the last-number fallback. The structural
+    check passes a response without tags (`mfmfmf`); this one does not."""
+    return pred is not None and ANY_MARKER.search(text) is not None
+
+
+# Why a response fails the format, one name each (format_failure): the first problem
+# attention.parse_structure found, by the words of its reason, else the missing answer
+FORMAT_FAILURES = ("truncated", "unclosed_block", "no_summary", "too_few_paths", "empty_path",
+                   "text_between_paths", "misplaced_tag", "no_answer")
+REASON_WORDS = (("unclosed", "unclosed_block"), ("after the last </Parallel>", "unclosed_block"),
+                ("no <Summary>", "no_summary"), ("needs >= 2", "too_few_paths"),
+                ("empty path", "empty_path"), ("outside every path", "text_between_paths"))
+
+
+def format_failure(structure, answer: bool, truncated: bool) -> str:
+    """"" for a well-formed structure with a stated final answer (`answer_found`); else one name
+    of FORMAT_FAILURES: "truncated" when the budget cut the response (finish_reason "budget")
+    before its block closed or its answer came; a structural problem by its kind (a tag out of
+    place: "misplaced_tag"); "no_answer" for a well-formed response that states none."""
+    if structure.valid:
+        if answer:
+            return ""
+        if truncated:
+            return "truncated"
+        return "no_answer"
+    kind = "misplaced_tag"
+    for words, name in REASON_WORDS:
+        if words in structure.reason:
+            kind = name
+            break
+    if kind == "unclosed_block" and truncated:
+        return "truncated"
+    return kind
 
 
 def parallel_positions(structure) -> list[float]:
@@ -147,7 +185,8 @@ def score_batch(responses: list[str], golds: list[str], *, structures=None, resp
                 step: int = 1, verifier: str = "default", timeout: float = 1.0,
                 workers: int | None = None) -> list[dict]:
     """Score one step's responses (texts with the tags): per response {"reward", "correct",
-    "pred", "kind", "has_parallel", "format_ok", "num_blocks"}. The structure: `structures` (the
+    "pred", "answer_found", "kind", "has_parallel", "format_ok", "num_blocks"}; format_ok is the
+    paper's structural check (a response without tags passes it). The structure: `structures` (the
     sampler's), else `response_ids` with `tags` or `tokenizer`, else the texts encoded by
     `tokenizer`, else None (only "accuracy" allows that). `verifier`, `timeout`, `workers`: the
     answer checker's (verifier.verify)."""
@@ -176,6 +215,7 @@ def score_batch(responses: list[str], golds: list[str], *, structures=None, resp
         blocks = num_blocks(structure) if structure is not None else None
         scores.append({"reward": REWARDS[kind](correct[i], parallel, format_ok),
                        "correct": correct[i], "pred": preds[i], "kind": kind,
+                       "answer_found": answer_found(responses[i], preds[i]),
                        "has_parallel": parallel, "format_ok": format_ok, "num_blocks": blocks})
     return scores
 

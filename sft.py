@@ -223,9 +223,10 @@ def report(run: plumbing.Run, summary: dict) -> None:
              f"log: {os.path.join(cfg.out_dir, 'log.jsonl')}"]
     e = summary["eval"] or {}
     if e.get("n"):
-        lines.append(f"greedy samples on {e['n']} problems of {e['data']}: format valid "
-                     f"{e['format_valid']:.0%}, parallel {e['parallel']:.0%}, accuracy "
-                     f"{e['accuracy']:.0%}; first: {e['example'][:300]!r}")
+        lines.append(f"greedy samples on {e['n']} problems of {e['data']}: no malformed block "
+                     f"{e['structure_ok']:.0%}, a final answer {e['answer_found']:.0%}, parallel "
+                     f"{e['parallel']:.0%}, accuracy {e['accuracy']:.0%}; first: "
+                     f"{e['example'][:300]!r}")
     lines += [f"note: {note}" for note in e.get("notes", [])]
     run.log("\n".join(lines))
 

@@ -347,7 +347,7 @@ def test_errors(tmp_path, capfd):
                                           source=str(comma)) for r in recs]
     empty = tmp_path / "empty.json"
     empty.write_text('[{"question": "Only a question."}]')
-    with pytest.raises(ValueError, match="gave no records"):
+    with pytest.raises(ValueError, match=r"none of its 1 rows .* fields are \['question'\]"):
         load_data(str(empty))
     with pytest.raises(ValueError, match="has no solution"):
         data.format_response({"id": "x", "solution": None})

@@ -4,15 +4,18 @@ import json
 import math
 import os
 import re
+import types
 
 import pytest
 import torch
 
+import config
 import eval as ev
-from data import build_prompt, load_data
+from attention import TagIds, parse_structure
+from data import ANSWER_FIELDS, PROBLEM_FIELDS, SOLUTION_FIELDS, build_prompt, load_data
 from model import build_char_tokenizer, load_model, mode_from_config, read_checkpoint_config
 from plumbing import save_checkpoint
-from rewards import extract_answer, verify
+from rewards import FORMAT_FAILURES, answer_found, extract_answer, score_batch, verify
 from sample import generate
 
 # --------------------------------------------------------------------------------------------------
@@ -46,16 +49,16 @@ def test_pass_at_k_equals_binomial_formula():
 # Mean@k, Pass@k and the structure statistics over hand-made samples
 
 
-def _sample(pid, correct, blocks=(), valid=True, T=10, D=10, bench="b"):
+def _sample(pid, correct, blocks=(), valid=True, T=10, D=10, bench="b", answer=True):
     return {"benchmark": bench, "id": pid, "correct": correct, "has_parallel": bool(blocks),
-            "num_blocks": len(blocks), "parallel_positions": list(blocks), "format_valid": valid,
-            "T": T, "D": D}
+            "num_blocks": len(blocks), "parallel_positions": list(blocks), "structure_ok": valid,
+            "answer_found": answer, "T": T, "D": D}
 
 
 def test_summarize_hand_computed():
     samples = [_sample("A", True, [0.1], T=20, D=14), _sample("A", False), _sample("A", False),
                _sample("A", False, [0.2, 0.6], valid=False, T=30, D=22),
-               _sample("B", True), _sample("B", True, [0.4]), _sample("B", False),
+               _sample("B", True), _sample("B", True, [0.4]), _sample("B", False, answer=False),
                _sample("B", True)]
     m = ev.summarize(samples, k=4)
     assert m["mean_at_k"] == pytest.approx((1 / 4 + 3 / 4) / 2)            # 0.5
@@ -69,7 +72,8 @@ def test_summarize_hand_computed():
     # every block once
     assert m["mean_parallel_position"] == pytest.approx((0.1 + 0.2 + 0.6 + 0.4) / 4)
     assert m["mean_T"] == (20 + 30 + 6 * 10) / 8 and m["mean_D"] == (14 + 22 + 6 * 10) / 8
-    assert m["format_valid"] == 7 / 8 and m["format_valid_parallel"] == pytest.approx(2 / 3)
+    assert m["structure_ok"] == 7 / 8 and m["blocks_well_formed"] == pytest.approx(2 / 3)
+    assert m["answer_found"] == 7 / 8
     assert (m["k"], m["num_problems"], m["num_responses"]) == (4, 2, 8)
     # the same id in two benchmarks is two problems; a problem with fewer than k samples is an error
     two = ev.summarize([_sample("A", True, bench="x"), _sample("A", False, bench="y")], k=1)
@@ -77,7 +81,50 @@ def test_summarize_hand_computed():
     with pytest.raises(ValueError, match="fewer than k"):
         ev.summarize(samples, k=5)
     none = ev.summarize([_sample("A", False)], k=1)
-    assert none["mean_parallel_position"] is None and none["format_valid_parallel"] is None
+    assert none["mean_parallel_position"] is None and none["blocks_well_formed"] is None
+
+
+def test_rollout_stats_do_not_read_garbage_as_well_formed():
+    """A step of garbage (`mfmfmf`: no tag, no answer) reads structure_ok 1.0 (the paper's check
+    passes a response without tags) but answer_found 0 and every response under
+    fail/no_answer; a block cut by the budget is "truncated"; blocks_well_formed counts only the
+    responses with blocks. The printed line names the failures by reason."""
+    tok = load_model("tiny")[1]
+    tags = TagIds.from_tokenizer(tok)
+    texts = ["mfmfmfmf", "mfmf", "x<Parallel><Path>a</Path><Path>b", "Final Answer: 3"]
+    finish = ["eos", "eos", "budget", "eos"]
+    structures = [parse_structure(tok.encode(t, add_special_tokens=False), tags) for t in texts]
+    rollouts = [types.SimpleNamespace(structure=s, num_tokens=8, critical_path=6, finish_reason=f)
+                for s, f in zip(structures, finish)]
+    scores = score_batch(texts, ["3"] * 4, structures=structures)
+    stats = ev.rollout_stats(rollouts, scores, torch.tensor([True, False]), "cpu")
+    assert (stats["structure_ok"], stats["answer_found"]) == (3 / 4, 1 / 4)
+    assert (stats["parallel_ratio"], stats["blocks_well_formed"]) == (1 / 4, 0.0)
+    assert stats["fail/no_answer"] == 2 / 4 and stats["fail/truncated"] == 1 / 4
+    assert sum(stats[f"fail/{name}"] for name in FORMAT_FAILURES) == 3 / 4
+    row = {**stats, **{k: 0.0 for k in ev.LOG_KEYS if k not in stats}}
+    line = ev.log_line(5, row)
+    assert line.startswith("step 5: reward_mean ")
+    assert "structure_ok 0.750 answer_found 0.250" in line
+    assert line.endswith("| format failures: truncated 0.250 no_answer 0.500")
+    no_blocks = ev.rollout_stats(rollouts[:2], scores[:2], torch.tensor([False]), "cpu")
+    assert no_blocks["blocks_well_formed"] is None and no_blocks["structure_ok"] == 1.0
+
+
+def test_a_file_with_other_field_names_names_them_and_the_accepted_ones(tmp_path):
+    """eval.py --data=file.jsonl whose rows say "q" and "sol" said only "gave no records"; now the
+    error names the fields it read and the ones it accepts."""
+    f = tmp_path / "mine.jsonl"
+    f.write_text('{"q": "What is 1+1?", "sol": "2"}\n{"q": "What is 2+2?", "sol": "4"}\n')
+    cfg = config.parse(ev.EvalConfig, ["--model=tiny", f"--data={f}", "--k=1",
+                                       f"--out_dir={tmp_path / 'out'}"])
+    with pytest.raises(ValueError) as e:
+        ev.run(cfg)
+    message = str(e.value)
+    assert f"{f}: none of its 2 rows has both a problem and an answer" in message
+    assert "its fields are ['q', 'sol']" in message
+    for accepted in (*PROBLEM_FIELDS, *ANSWER_FIELDS, *SOLUTION_FIELDS):
+        assert repr(accepted) in message
 
 
 def test_avg_is_the_mean_of_the_mean_at_columns():
@@ -172,9 +219,10 @@ def test_evaluate_is_the_sampler_scored_and_deterministic(tiny, records, mode, b
         assert s["extracted_answer"] == extract_answer(r.text)
         assert s["correct"] == verify(extract_answer(r.text), rec["answer"])
         assert s["reward"] == (1.0 if s["correct"] else -1.0)
-        assert (s["num_blocks"], s["format_valid"]) == (len(r.structure.blocks), r.structure.valid)
+        assert (s["num_blocks"], s["structure_ok"]) == (len(r.structure.blocks), r.structure.valid)
+        assert s["answer_found"] == answer_found(r.text, s["extracted_answer"])
     assert metrics == ev.summarize(samples, 2)
-    for key in ("mean_at_k", "pass_at_k", "parallel_ratio", "format_valid"):
+    for key in ("mean_at_k", "pass_at_k", "parallel_ratio", "structure_ok", "answer_found"):
         assert 0.0 <= metrics[key] <= 1.0
     assert metrics["mean_at_k"] <= metrics["pass_at_k"]
     assert 0 < metrics["mean_D"] <= metrics["mean_T"] <= 16 and metrics["mean_blocks"] >= 0

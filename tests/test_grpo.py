@@ -404,7 +404,8 @@ def test_on_policy_update_is_the_policy_gradient(setting):
                          ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_micro_batches_equal_one_batch(setting, loss_agg_mode):
     """Gradient accumulation changes nothing: 1 micro-batch of 6, 6 of 1, and a token cap that
-    cuts them unevenly give the same weights after 2 PPO mini-batches."""
+    cuts them unevenly give the same weights after 2 PPO mini-batches, and the same logged loss
+    and gradient norm (before clipping: AdamW's step hides a gradient scaled alike everywhere)."""
     model, tok, rollouts, adv = setting
     results = []
     for mbs, cap in ((6, 0), (1, 0), (3, 60)):
@@ -413,9 +414,12 @@ def test_micro_batches_equal_one_batch(setting, loss_agg_mode):
         w, stats = run_update(copy.deepcopy(model), rollouts, adv, cfg, tok)
         results.append((w, stats))
     assert results[1][1]["micro_batches"] == 6 and results[2][1]["micro_batches"] > 2
-    for w, _ in results[1:]:
+    for w, stats in results[1:]:
         assert (w - results[0][0]).abs().max() < 1e-6
+        for key in ("loss", "pg_loss", "grad_norm", "clip_frac", "entropy"):
+            assert stats[key] == pytest.approx(results[0][1][key], rel=1e-5, abs=1e-7), key
     assert (results[0][0] - flat_params(model)).abs().max() > 1e-4
+    assert results[0][1]["loss"] != 0 and results[0][1]["grad_norm"] > 0
 
 
 def test_recompute_logprobs_matches_the_sampler(setting):
@@ -484,7 +488,7 @@ def test_kl_term_against_a_reference_model(setting):
 def test_filter_groups_trains_only_on_groups_with_variance(tmp_path, monkeypatch):
     def scores(responses, golds, **kw):          # prompt "0": all equal; prompt "1": by the text
         return [{"reward": 0.0 if g == "0" else float(sum(map(ord, t)) % 7), "correct": False,
-                 "kind": "accuracy"}
+                 "kind": "accuracy", "answer_found": False}
                 for t, g in zip(responses, golds)]
     monkeypatch.setattr(grpo, "score_batch", scores)
     model, tok = tiny(seed=1)
@@ -551,7 +555,8 @@ def test_same_seed_same_run_bit_for_bit(tmp_path, monkeypatch):
 
 def fake_scores(responses, golds, *, structures=None, reward=None, step=1, **kw):
     """A reward with variance even for a random model: a deterministic function of the text."""
-    return [{"reward": float(sum(map(ord, t)) % 7), "correct": False, "kind": "accuracy"}
+    return [{"reward": float(sum(map(ord, t)) % 7), "correct": False, "kind": "accuracy",
+             "answer_found": False}
             for t in responses]
 
 

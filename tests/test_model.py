@@ -2,9 +2,13 @@
 initialisation, offline errors, atomic checkpoints, and the tags on the real Qwen3 tokenizer."""
 
 import hashlib
+import json
 import os
 import shutil
+import socket
 import string
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +16,7 @@ import pytest
 import torch
 from conftest import SHARED
 
+import model
 from attention import TagIds
 from model import (
     TAGS,
@@ -25,6 +30,7 @@ from plumbing import load_trainer_state, save_checkpoint
 
 QWEN3_TOKENIZER = os.path.join(SHARED, "tokenizers", "qwen3")
 # printable ASCII and newline (string.printable minus tab, carriage return, vertical tab, form feed)
+HUB_SECONDS = 5.0      # the probe's 2 s and the failure, on 2 shared cores (the retries: 24-58 s)
 PRINTABLE = "".join(ch for ch in string.printable if ch not in "\t\r\x0b\x0c")
 
 
@@ -119,6 +125,69 @@ def test_unknown_name_offline_fails_fast(monkeypatch, tmp_path):
     with pytest.raises(OSError, match="local folder"):
         load_model("no-such-org/no-such-model-7b")
     assert time.monotonic() - t0 < 5
+
+
+# Every way a hub name comes in, with no network: the model, a tokenizer, eval.py's (and grpo.py's)
+# first look at --model's tokenizer, a known dataset without its local file
+NO_NETWORK_CALLS = """
+import json, sys, time
+import data, eval, model
+name = "Qwen/Qwen3-0.6B"
+calls = {"--model": lambda: model.load_model(name),
+         "--tokenizer": lambda: model.load_model("tiny", tokenizer=name),
+         "eval --model": lambda: eval.own_tokenizer(name),
+         "--data": lambda: data.load_data("gsm8k:test", data_dir=sys.argv[1])}
+out = {}
+for what, call in calls.items():
+    t = time.monotonic()
+    try:
+        call()
+        out[what] = ["loaded", 0.0]
+    except Exception as e:
+        out[what] = [f"{type(e).__name__}: {e}", time.monotonic() - t]
+print(json.dumps(out))
+"""
+
+
+def test_a_hub_name_without_network_fails_in_seconds_saying_what_to_do(tmp_path):
+    """Outside `make` (no HF_HUB_OFFLINE), a hub name with no network spent 24-58 s in
+    huggingface_hub's retries (5 a file) before its error. Now each way a hub name comes in fails
+    in seconds and names the fix: a local folder and its flag. The hub here: a closed port."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+           and not k.lower().endswith("_proxy")}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"),
+               PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    empty = tmp_path / "data"
+    empty.mkdir()
+    out = subprocess.run([sys.executable, "-c", NO_NETWORK_CALLS, str(empty)], env=env,
+                         capture_output=True, text=True, timeout=600, check=True)
+    results = json.loads(out.stdout.splitlines()[-1])
+    fixes = {"--model": "pass --model=<folder>", "--tokenizer": "pass --tokenizer=<folder>",
+             "eval --model": "pass --model=<folder>", "--data": "Point --data_dir"}
+    for what, fix in fixes.items():
+        message, seconds = results[what]
+        assert fix in message and "cannot be reached" in message, (what, message)
+        assert seconds < HUB_SECONDS, (what, seconds, message)
+
+
+def test_the_hub_probe_reads_the_endpoint_and_the_offline_flags(monkeypatch):
+    """hub_reachable connects to HF_ENDPOINT's host and port (a listening socket here: yes; a
+    closed port: no) and never with HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE set."""
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "http_proxy", "HTTP_PROXY"):
+        monkeypatch.delenv(variable, raising=False)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        assert model.hub_reachable()
+        monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+        assert not model.hub_reachable()
+        monkeypatch.delenv("TRANSFORMERS_OFFLINE")
+        monkeypatch.setenv("HF_HUB_OFFLINE", "true")
+        assert not model.hub_reachable()
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    assert not model.hub_reachable()
 
 
 def digest(folder):

@@ -19,8 +19,10 @@ import rewards
 import verifier
 from rewards import (
     RewardSchedule,
+    answer_found,
     check_format,
     extract_answer,
+    format_failure,
     has_parallel,
     num_blocks,
     parallel_positions,
@@ -595,8 +597,9 @@ def test_score_batch_fields_and_structures(warm_pool, tok, tags):
     assert [s["pred"] for s in scores] == ["42", "42", "42", "41", "2\\sqrt{2}", "1,000"]
     assert [s["correct"] for s in scores] == [True, True, True, False, True, True]
     assert [s["reward"] for s in scores] == [1.2, 1.0, -1.0, -1.0, 1.0, 1.0]
-    assert set(scores[0]) == {"reward", "correct", "pred", "kind", "has_parallel", "format_ok",
-                              "num_blocks"}
+    assert set(scores[0]) == {"reward", "correct", "pred", "answer_found", "kind",
+                              "has_parallel", "format_ok", "num_blocks"}
+    assert [s["answer_found"] for s in scores] == [True] * 6
     # accuracy needs no structure; the structure fields are then None
     plain = score_batch(texts, golds)
     assert [s["reward"] for s in plain] == [1.0, 1.0, 1.0, -1.0, 1.0, 1.0]
@@ -620,3 +623,50 @@ def test_docstring_examples(warm_pool):
     assert checked.attempted >= 9 and checked.failed == 0
     checked = doctest.testmod(rewards, optionflags=doctest.ELLIPSIS)
     assert checked.attempted >= 2 and checked.failed == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# What the logged format statistics read: garbage passes the structural check, not the answer's
+
+# (response text, cut by the budget?) -> the failure's name (rewards.format_failure)
+FAILURES = {
+    ("mfmfmfmfmf", False): "no_answer",                   # no tag: the structural check passes
+    ("mfmf 3 mf", False): "no_answer",                    # a last number is no stated answer
+    ("6*7=42, and so on and so", True): "truncated",
+    ("x<Parallel><Path>a</Path><Path>b", True): "truncated",
+    ("x<Parallel><Path>a</Path><Path>b", False): "unclosed_block",
+    ("x<Parallel><Path>a</Path><Path>b</Path></Parallel>\nFinal Answer: 1", False): "no_summary",
+    ("x<Parallel><Path>a</Path></Parallel>\n<Summary>s</Summary>Final Answer: 1", False):
+        "too_few_paths",
+    ("x<Parallel><Path></Path><Path>b</Path></Parallel>\n<Summary>s</Summary>Final Answer: 1",
+     False): "empty_path",
+    ("x<Parallel><Path>a</Path>y<Path>b</Path></Parallel>\n<Summary>s</Summary>Final Answer: 1",
+     False): "text_between_paths",
+    ("x</Path> Final Answer: 1", False): "misplaced_tag",
+    ("x<Summary>s</Summary> Final Answer: 1", False): "misplaced_tag",
+    ("x<Parallel><Path>a</Path><Path>b</Path></Parallel>\n<Summary>s</Summary>Final Answer: 1",
+     False): "",
+    ("Final Answer: 1", True): "",
+}
+
+
+@pytest.mark.parametrize("text, truncated", list(FAILURES))
+def test_format_failure_names_the_reason(tok, tags, text, truncated):
+    """Each format failure by its reason, on the structure the parser gives; a response without
+    tags and without a stated answer (`mfmfmf`) passes the paper's structural check but fails
+    here as "no_answer"; a cut is "truncated" where the cut left the block open or the answer
+    out."""
+    from attention import parse_structure
+
+    structure = parse_structure(tok.encode(text, add_special_tokens=False), tags)
+    found = answer_found(text, extract_answer(text))
+    assert format_failure(structure, found, truncated) == FAILURES[(text, truncated)]
+    assert set(FAILURES.values()) - {""} == set(rewards.FORMAT_FAILURES)
+
+
+def test_answer_found_needs_a_stated_answer():
+    """Only an answer behind a marker counts: the last-number fallback and an empty marker do
+    not."""
+    texts = ["Final Answer: 7", "so \\boxed{7}", "#### 7", "it is 7", "mfmfmf", "Final Answer:"]
+    found = [answer_found(t, extract_answer(t)) for t in texts]
+    assert found == [True, True, True, False, False, False]

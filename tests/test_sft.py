@@ -438,7 +438,7 @@ def test_resume_is_bit_exact(model_dir, tmp_path, capsys):
     capsys.readouterr()
     more = sft.main([f"--out_dir={b}", "--resume=True", "--max_steps=8", "--eval_samples=2"])
     assert more["steps"] == 8 and more["checkpoint"] == str(b / "checkpoint-8")
-    assert more["eval"]["n"] == 2 and 0.0 <= more["eval"]["format_valid"] <= 1.0
+    assert more["eval"]["n"] == 2 and 0.0 <= more["eval"]["structure_ok"] <= 1.0
     out = capsys.readouterr().out
     assert f"checkpoint: {b / 'checkpoint-8'}" in out
     assert "next step trains at lr 9.55e-05, not the checkpoint's 0" in out

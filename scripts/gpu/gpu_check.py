@@ -11,8 +11,14 @@ gap against the training forward; a few minutes on one 80 GB GPU.
                                                          # it)
 
 Every flag is scripts/gpu/memory_plan.py's (--model: qwen3-4b, qwen3-0.6b, a folder with a
-config.json or a config.json; any GRPO field), and each process runs what one rank of that plan
-runs, its state split over the processes (alone: the whole state on one GPU):
+config.json or a config.json; any GRPO field). First the plan's verdict for the settings asked
+(memory_plan.verdict), then what runs (`choose_check`): under torchrun each process is one rank
+of the plan, its state split over the processes; alone, the whole state on one GPU when the
+plan says one GPU holds it, else one rank of the asked --world_size with FSDP2 (the paper's
+Qwen3-4B: 99.65 GB unsharded, 57.42 GB a rank), the other ranks emulated by torch's fake process
+group (collectives move no data: the memory is a rank's, the values are not, so the gradient
+norm and the gap are not judged); when even the asked plan does not fit, no check runs and the
+nearest settings that fit are named:
 
 1. setup: the model built in fp32 from its config, and (FSDP) the sampler's bf16 copy
    (model.frozen_copy, as grpo.setup makes it);
@@ -31,8 +37,9 @@ runs, its state split over the processes (alone: the whole state on one GPU):
    (grpo.response_logprobs): max and mean |difference| over the sampled tokens, and the share of
    them whose ratio lies outside [1 - clip, 1 + clip] (the sampler is the trained model's copy).
 
-Printed by rank 0: per phase, torch.cuda.max_memory_allocated above what the phase started with
-(the largest of any rank's) beside the plan's lines that phase adds (`planned`), the SDPA kernels
+Printed by rank 0: per phase, its total peak, torch.cuda.max_memory_allocated (the largest of
+any rank's), beside the plan's total for that phase (`judge`: not the phase's increase over its
+own lines, which missed the state every phase holds), the SDPA kernels
 seen, the gradient norm, the gap. Random weights give flat distributions, so the gap of a trained
 model is larger (results/LOG.md: scripts/bench/bf16_gap.py). Exit status 1 when the gradients are
 not finite, a masked call on CUDA ran another kernel than the memory-efficient one, or a phase takes
@@ -85,6 +92,7 @@ GAP_PROMPT_TOKENS = 32
 GAP_TOKENS = 64                # a response's budget in the gap measurement
 SEED = 0
 GB = mp.GB
+MAX_RANKS = 64                 # the most FSDP2 ranks nearest_fitting tries
 TOKENIZER_FILE = "id_tokenizer.json"
 SDPA_EVENT = "aten::scaled_dot_product_attention"
 CUDA_KERNEL = "_scaled_dot_product_efficient_attention"   # attention.masked_sdpa's choice
@@ -156,20 +164,18 @@ def unseen_rows(tokenizer: IdTokenizer, tags: TagIds, rows: int, prompt: int, le
 
 
 @contextmanager
-def peak_above_start(device: torch.device, measured: dict, phase: str):
-    """measured[phase]: the most bytes allocated at once above the allocation at the start (CUDA;
-    None on the CPU)."""
+def peak_total(device: torch.device, measured: dict, phase: str):
+    """measured[phase]: the most bytes allocated at once during the phase, what it started with
+    included (CUDA; None on the CPU)."""
     cuda = device.type == "cuda"
-    start = 0
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-        start = torch.cuda.memory_allocated(device)
     yield
     measured[phase] = None
     if cuda:
         torch.cuda.synchronize(device)
-        measured[phase] = torch.cuda.max_memory_allocated(device) - start
+        measured[phase] = torch.cuda.max_memory_allocated(device)
 
 
 def attention_kernels(events) -> set[str]:
@@ -240,20 +246,58 @@ def checked_setting(st: mp.Setting, ranks: int) -> mp.Setting:
     return dataclasses.replace(st, cfg=cfg, world_size=ranks)
 
 
-def planned(st: mp.Setting, phase: str) -> int:
-    """The plan's bytes for what the check runs of `phase`: the phase's own lines (not the state
-    every phase after setup holds; for the optimizer step, not the gradients the training phase
-    made)."""
-    total = 0
-    for line in mp.plan(st):
-        if phase not in line.phases:
-            continue
-        held_after_setup = set(mp.AFTER_SETUP) <= set(line.phases)
-        held_from_training = phase == "optimizer step" and "training" in line.phases
-        if phase != "setup" and (held_after_setup or held_from_training):
-            continue
-        total += line.bytes
-    return total
+def nearest_fitting(st: mp.Setting) -> list[str]:
+    """The flags of the nearest settings whose plan fits: more FSDP2 ranks (doubling, up to
+    MAX_RANKS), or a smaller value of one of memory_plan.SEARCHABLE's fields."""
+    found = []
+    ranks = st.world_size
+    while ranks < MAX_RANKS:
+        ranks *= 2
+        sharded = dataclasses.replace(st, world_size=ranks,
+                                      cfg=dataclasses.replace(st.cfg, fsdp=True))
+        if mp.fits(sharded):
+            found.append(f"--world_size={ranks} --fsdp=True")
+            break
+    for field in mp.SEARCHABLE:
+        best = mp.largest_fitting(st, field)
+        if best is not None:
+            found.append(f"--{field}={best}")
+    return found
+
+
+def choose_check(st: mp.Setting, processes: int) -> tuple[mp.Setting | None, int, str]:
+    """(the plan of what this check runs, or None when nothing fits; the ranks to emulate in
+    this one process, 0 for none; what it runs, in words). `processes`: torchrun's WORLD_SIZE."""
+    if processes > 1:
+        return checked_setting(st, processes), 0, (
+            f"{processes} rank(s), one GPU each, run it")
+    alone = checked_setting(st, 1)
+    if mp.fits(alone):
+        return alone, 0, "1 rank(s), one GPU each, run it (the whole state on this GPU)"
+    sharded = checked_setting(st, st.world_size)
+    peak = max(mp.phase_totals(mp.plan(alone)).values()) / GB
+    if st.cfg.fsdp and st.world_size > 1 and mp.fits(sharded):
+        return sharded, st.world_size, (
+            f"one GPU cannot hold the unsharded state ({peak:.2f} GB): this GPU runs what one "
+            f"rank of the {st.world_size}-rank FSDP2 run holds, the other ranks emulated (torch's "
+            "fake process group: their data is not moved, so the values are not judged)")
+    nearest = "; ".join(nearest_fitting(st)) or "none found"
+    return None, 0, (f"the plan does not fit one GPU ({peak:.2f} GB alone, no sharded run of "
+                     f"the asked ranks fits either): no check runs. Nearest settings that fit: "
+                     f"{nearest}")
+
+
+def judge(checked: mp.Setting, measured: dict) -> list[tuple[str, object, object, bool]]:
+    """(phase, measured total peak or None, the plan's total for the phase or None, within the
+    plan's margin) per measured phase. Totals on both sides: the phase's increase against its
+    own lines alone (the earlier check) passed a phase that held more state than planned."""
+    in_plan = mp.phase_totals(mp.plan(checked))
+    rows = []
+    for phase, value in measured.items():
+        plan_bytes = in_plan.get(phase)
+        ok = value is None or plan_bytes is None or value <= plan_bytes * (1 + checked.margin)
+        rows.append((phase, value, plan_bytes, ok))
+    return rows
 
 
 def build_models(model_config, st: mp.Setting, device: torch.device):
@@ -322,7 +366,7 @@ def optimizer_step(run: plumbing.Run, measured: dict) -> None:
     measured one is plumbing.optimizer_step's (the norm, the clip, the step, the gradients
     freed). Gradients that are not finite leave this to the report."""
     run.optimizer.step()
-    with peak_above_start(run.dist.device, measured, "optimizer step"):
+    with peak_total(run.dist.device, measured, "optimizer step"):
         plumbing.optimizer_step(run.train_model, run.optimizer, run.scheduler, run.cfg.grad_clip)
 
 
@@ -426,42 +470,43 @@ def gb(value) -> str:
 
 
 def report(st: mp.Setting, checked: mp.Setting, measured: dict, kernels: dict, norm: float,
-           gap: dict, seconds: float) -> bool:
-    """Print the check's table and lines (`checked`: the plan of what ran); whether every check
-    passed (on CUDA also: every masked call ran the memory-efficient kernel). A phase the plan
-    has no line for (a checkpoint save without FSDP) is shown, not judged."""
+           gap: dict | None, seconds: float, how: str) -> bool:
+    """Print the check's table and lines (`checked`: the plan of what ran, `how`: in words);
+    whether every check passed (on CUDA also: every masked call ran the memory-efficient
+    kernel). A phase the plan has no line for (a checkpoint save without FSDP) is shown, not
+    judged; an emulated run (gap None) judges memory and kernels only."""
     cuda = st.device == "cuda"
     ranks = checked.world_size
-    in_plan = mp.phase_totals(mp.plan(checked))
-    print(mp.describe(st))
-    print(f"\n{ranks} rank(s), one GPU each, run it ({checked.cfg.generate_batch_size} prompts a "
-          f"generate call, the model's state split over {ranks}); each phase's peak is the "
-          "largest of any rank's:\n")
-    print("| phase | measured peak above the phase's start, GB | plan, GB |")
+    print(f"\n{how}.\n{checked.cfg.generate_batch_size} prompt(s) a generate call, the model's "
+          f"state split over {ranks}; each phase's peak is the largest of any rank's:\n")
+    print("| phase | measured total peak, GB | plan's total, GB |")
     print("|---|---|---|")
     passed = True
-    for phase, value in measured.items():
-        if phase not in in_plan:
+    for phase, value, plan_bytes, ok in judge(checked, measured):
+        if plan_bytes is None:
             print(f"| {phase} | {gb(value)} | not in the plan |")
             continue
-        plan_bytes = planned(checked, phase)
         print(f"| {phase} | {gb(value)} | {gb(plan_bytes)} |")
-        if value is not None and value > plan_bytes * (1 + st.margin):
+        if not ok:
             passed = False
-            print(f"  {phase}: more than the plan's {st.margin:.0%} margin above its figure")
+            print(f"  {phase}: more than the plan's {st.margin:.0%} margin above its total")
     for phase, seen in kernels.items():
         print(f"SDPA kernel under the masks, {phase} (rank 0): {', '.join(sorted(seen))}")
         if cuda and seen != {CUDA_KERNEL}:
             passed = False
             print(f"  {phase}: a masked call ran another kernel than {CUDA_KERNEL}")
-    verdict = "finite"
-    if not math.isfinite(norm):
-        verdict = "NOT FINITE (no optimizer step)"
-        passed = False
-    print(f"gradients: norm {norm:.4g}, {verdict}")
-    print(f"log-prob gap (rank 0), sampler vs training forward, {gap['tokens']} sampled tokens: "
-          f"max {gap['max']:.3g}, mean {gap['mean']:.3g}, outside the "
-          f"{st.cfg.clip_ratio_low:g} clip at ratio 1: {100 * gap['outside_clip']:.2f}%")
+    if gap is None:
+        print("gradients and log-prob gap: not judged (emulated ranks: their values are not "
+              "real); run under torchrun on the GPUs for them")
+    else:
+        verdict = "finite"
+        if not math.isfinite(norm):
+            verdict = "NOT FINITE (no optimizer step)"
+            passed = False
+        print(f"gradients: norm {norm:.4g}, {verdict}")
+        print(f"log-prob gap (rank 0), sampler vs training forward, {gap['tokens']} sampled "
+              f"tokens: max {gap['max']:.3g}, mean {gap['mean']:.3g}, outside the "
+              f"{st.cfg.clip_ratio_low:g} clip at ratio 1: {100 * gap['outside_clip']:.2f}%")
     outcome = "passed"
     if not passed:
         outcome = "FAILED"
@@ -482,50 +527,59 @@ def largest_over_ranks(measured: dict, device: torch.device) -> dict:
     return largest
 
 
-def run_check(st: mp.Setting, model_config, d: plumbing.Dist) -> bool:
+def run_check(st: mp.Setting, checked: mp.Setting, model_config, d: plumbing.Dist, how: str,
+              emulated: bool = False) -> bool:
     """The phases (module docstring) on this rank; whether every check passed, the same answer
-    on every rank (rank 0 prints the report)."""
+    on every rank (rank 0 prints the report). `emulated`: the other ranks are a fake process
+    group's (their values are not real: non-finite gradients are zeroed so that the optimizer
+    step runs, and no gap is measured)."""
     t0 = time.monotonic()
     device = d.device
-    checked = checked_setting(st, d.world_size)
     tokenizer = IdTokenizer(st.shape.vocab)
     tags = TagIds.from_tokenizer(tokenizer)
     measured = {}
     kernels = {"training": set(), "sampling": set()}
-    with peak_above_start(device, measured, "setup"):
+    with peak_total(device, measured, "setup"):
         model, sampler, _ = build_models(model_config, st, device)
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as out_dir:
         run = prepared_run(model, tokenizer, tags, st, d, out_dir)
-        with peak_above_start(device, measured, "training"), sdpa_kernels(kernels["training"]):
+        with peak_total(device, measured, "training"), sdpa_kernels(kernels["training"]):
             norm = training_step(run.train_model, tokenizer, tags, st, device)
-        if math.isfinite(norm):
+        if emulated:
+            for parameter in run.train_model.parameters():
+                if parameter.grad is not None:
+                    torch.nan_to_num_(parameter.grad, 0.0, 0.0, 0.0)
+        if emulated or math.isfinite(norm):
             optimizer_step(run, measured)
-        with peak_above_start(device, measured, "sampling"), sdpa_kernels(kernels["sampling"]):
+        with peak_total(device, measured, "sampling"), sdpa_kernels(kernels["sampling"]):
             decode_step(sampler, tokenizer, tags, st, device)
         if st.cfg.fsdp:
-            with peak_above_start(device, measured, "refresh"):
+            with peak_total(device, measured, "refresh"):
                 plumbing.sync_rollout_model(sampler, run.train_model)
-        with peak_above_start(device, measured, "checkpoint save"):
+        with peak_total(device, measured, "checkpoint save"):
             run.save()
-    gap_cfg = dataclasses.replace(st.cfg, max_new_tokens=GAP_TOKENS, generate_batch_size=0)
-    prompts = random_ids(tokenizer, GAP_PROMPTS, GAP_PROMPT_TOKENS, SEED + 2).tolist()
-    gap = logprob_gap(sampler, run.train_model, tokenizer, tags, gap_cfg, prompts, device)
+    gap = None
+    if not emulated:
+        gap_cfg = dataclasses.replace(st.cfg, max_new_tokens=GAP_TOKENS, generate_batch_size=0)
+        prompts = random_ids(tokenizer, GAP_PROMPTS, GAP_PROMPT_TOKENS, SEED + 2).tolist()
+        gap = logprob_gap(sampler, run.train_model, tokenizer, tags, gap_cfg, prompts, device)
     measured = largest_over_ranks(measured, device)
     passed = True
     if d.is_main:
-        passed = report(st, checked, measured, kernels, norm, gap, time.monotonic() - t0)
+        passed = report(st, checked, measured, kernels, norm, gap, time.monotonic() - t0, how)
     failed = plumbing.all_reduce([not passed], device, "max")[0]
     return failed == 0
 
 
 @contextmanager
-def process_group(st: mp.Setting):
+def process_group(st: mp.Setting, emulated_ranks: int = 0):
     """This process's plumbing.Dist, in a process group torn down at the end. Under torchrun
     (RANK in the environment): its rank of WORLD_SIZE, on GPU LOCAL_RANK (nccl) or the CPU
-    (gloo). Alone: rank 0 of 1, in a group of this one process when FSDP2 needs one."""
+    (gloo). Alone: rank 0 of 1, in a group of this one process when FSDP2 needs one; with
+    `emulated_ranks`, rank 0 of that many in torch's fake process group (one process)."""
     cuda = st.device == "cuda"
     rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = int(os.environ.get("WORLD_SIZE", emulated_ranks or "1"))
     device = torch.device("cpu")
     if cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -539,7 +593,10 @@ def process_group(st: mp.Setting):
     if cuda:
         backend = "nccl"
         device_id = device
-    if "RANK" in os.environ:
+    if emulated_ranks:          # torch's own tool for one rank's memory (torchtitan, DTensor tests)
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    elif "RANK" in os.environ:
         dist.init_process_group(backend, device_id=device_id)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
@@ -554,10 +611,16 @@ def process_group(st: mp.Setting):
 def main(argv: list[str]) -> int:
     transformers.utils.logging.disable_progress_bar()     # the checkpoint save's, in the table
     st, model_config = make_setting(argv)
+    print(mp.describe(st))
+    print(f"the plan (scripts/gpu/memory_plan.py): {mp.verdict(st)}")
+    checked, emulated_ranks, how = choose_check(st, int(os.environ.get("WORLD_SIZE", "1")))
+    if checked is None:
+        print(how)
+        return 1
     if st.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("no CUDA device here: run it on the GPU, or pass --tiny for the CPU check")
-    with process_group(st) as d:
-        passed = run_check(st, model_config, d)
+    with process_group(st, emulated_ranks) as d:
+        passed = run_check(st, checked, model_config, d, how, emulated=emulated_ranks > 0)
     if passed:
         return 0
     return 1

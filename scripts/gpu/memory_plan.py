@@ -731,6 +731,20 @@ def fits(st: Setting) -> bool:
     return max(phase_totals(plan(st)).values()) <= budget_bytes(st)
 
 
+def verdict(st: Setting) -> str:
+    """The plan's answer in one line: its peak phase, and whether it fits the budget."""
+    totals = phase_totals(plan(st))
+    peak_phase = max(totals, key=totals.get)
+    peak = totals[peak_phase]
+    budget = budget_bytes(st)
+    answer = "fits"
+    if peak > budget:
+        answer = "does NOT fit"
+    return (f"peak {peak / GB:.2f} GB ({peak_phase}): {answer} in {budget / GB:.2f} GB "
+            f"({st.gpu_gb:g} GB less a {st.margin:.0%} margin for the CUDA context, buffers "
+            "and fragmentation, which expandable_segments keeps small: plumbing sets it)")
+
+
 def describe(st: Setting) -> str:
     """The setting in one line."""
     s = st.shape
@@ -763,17 +777,9 @@ def table(st: Setting) -> str:
     out += ["", "| phase | per GPU, GB |", "|---|---|"]
     for phase, total in totals.items():
         out.append(f"| {phase} | {total / GB:.2f} |")
-    peak_phase = max(totals, key=totals.get)
-    peak = totals[peak_phase]
-    budget = budget_bytes(st)
-    out.append(f"| budget: {st.gpu_gb:g} GB less {st.margin:.0%} | {budget / GB:.2f} |")
-    verdict = "fits"
-    if peak > budget:
-        verdict = "does NOT fit"
+    out.append(f"| budget: {st.gpu_gb:g} GB less {st.margin:.0%} | {budget_bytes(st) / GB:.2f} |")
     out.append("")
-    out.append(f"peak {peak / GB:.2f} GB ({peak_phase}): {verdict} in {budget / GB:.2f} GB "
-               f"({st.gpu_gb:g} GB less a {st.margin:.0%} margin for the CUDA context, buffers "
-               "and fragmentation, which expandable_segments keeps small: plumbing sets it)")
+    out.append(verdict(st))
     if st.device == "cuda":
         out.append(f"host memory at load: {host_load_bytes(st.shape) / GB:.2f} GB on the node "
                    f"(its ranks load in turn; {st.world_size} at once: "
