@@ -147,8 +147,8 @@ def test_grade_says_what_to_do_first():
 # --------------------------------------------------------------------------------------------------
 # Bugs a student's solution once carried past the kit (issue 47), planted into a solved copy (the
 # reference bodies are the solutions): `python scripts/kit/grade.py k ...` there must fail the
-# exercise and its line must say where. Each: (what, file, the right code, the bug, the exercises graded,
-# {exercise that must fail: (phrases its line must hold, phrases it must not hold)}).
+# exercise and its line must say where. Each: (what, file, the right code, the bug, the exercises
+# graded, {exercise that must fail: (phrases its line must hold, phrases it must not hold)}).
 RIGHT_LOGPROB = ('        logprobs = token_logprobs(logits.masked_fill(banned, float("-inf")), '
                  'chosen,\n                                  self.sampling.temperature)')
 LOGPROB_AFTER_THE_FILTERS = '''\
