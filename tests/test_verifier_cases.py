@@ -537,6 +537,12 @@ ANSWER_CASES = [
     ("letters", "i^2 j", "j", False,
      ("source: asciimath/asciimathml#20 — read either way i^2 j is not j (the unit gives -j, a "
       "variable i^2 j)")),
+    ("letters", "x_i^2 i^2", "-x_i^2", False,
+     ("source: daisy/MathCAT#443 — 'im' read as 'the imaginary part of' where it is i times m: "
+      "context decides; a gold with i as an index (x_i) makes i a variable")),
+    ("letters", "i^2 j", "ji^2", True,
+     ("source: mossadal/math-parser#14 — 'replacing i with any other alphabet seems to fix the "
+      "issue': i must behave like other letters (the parser gave the two i's two symbols)")),
     ("letters", "de - ed", "0", True,
      ("source: sympy/sympy#23226 — the variable d and the differential operator d look alike; "
       "here d beside Euler's e, terms that cancel")),
@@ -619,7 +625,7 @@ ANSWER_CASES = [
       "with powdenest(force=True)")),
     ("positive", "(x^a)^b", "x^{a+b}", False,
      "source: symengine/symengine#236 — (x^a)^b is x^(ab) (for positive x), never x^(a+b)"),
-    ("positive", "x", "\\left|x\\right|", False,
+    ("positive", "x^{\\frac{3}{2}}", "\\left|x\\right|^{\\frac{3}{2}}", False,
      ("source: asc-community/AngouriMath#801 — sqrt(x)*sqrt(y) -> sqrt(x*y) is wrong at "
       "x = y = -1; an absolute value says signs matter, no positive reading")),
     ("positive", "\\sqrt{x^3}", "x\\sqrt{x}", True,
