@@ -26,6 +26,11 @@ before (a symbol before a bracket read as a function call, one-letter words afte
 units, a word read as the product of its letters, a lone symbol or a number compared without
 simplifying); the 9 that passed (products with spaces, functions applied, partial cancellations)
 must stay as they are.
+Issue 47 added 39 rows (220 in all) for letters that are also names (d, i, e), powers measured by
+what they compute, a logarithm's argument, x^\\frac12, decimal coefficients and identities of
+positive quantities: 22 were wrong at 3880914, two of them accepting a wrong answer (\\ln 2 x
+against \\ln(2x), \\log_2{8}/3 against \\log_2(8/3)); the 17 that passed guard each rule's other
+direction.
 Every row passes now.
 
 Conventions this project takes (see the comments at the rows):
@@ -62,7 +67,18 @@ Conventions this project takes (see the comments at the rows):
 * an answer that is one word of two or more letters and nothing else ("no", "Evelyn") compares
   with a word as text, case aside: "on" is not "no" (as products of letters they would be equal);
 * terms that cancel are gone: "x + 7 - 7" is x, "x - x" is 0, "\\frac{x}{x}" is 1 (the simplified
-  value, as sympy gives it, without the excluded point x = 0).
+  value, as sympy gives it, without the excluded point x = 0);
+* d is a variable unless the answer writes an integral or a derivative ("ad - da" is 0); each letter
+  is one symbol on both sides; i is also tried as the imaginary unit on both sides ("ji^2 + j" is
+  0), unless the gold uses i as an index (x_i, a sum);
+* a power is refused only for what it computes: more than 2^16 bits of a number, or a constant
+  exponent over 9999 on a variable; "2^{10000}" and "e^{-x^2}" are answers;
+* a logarithm's argument is its braced group, else what is written together right after it:
+  "\\ln 2x" is ln(2x) but "\\ln 2 x" is x ln 2, "\\log_2 8/3" is 1;
+* a decimal coefficient equals the exact one within 1e-6 relative ("0.5x" is x/2);
+* a symbolic answer that states no sign is read with positive variables where a root, a
+  non-integer power or a logarithm is in it ("\\sqrt{a/b}" is \\sqrt a/\\sqrt b); never where an
+  absolute value is written. So "x" against "\\sqrt{x^2}" is right (x taken as positive).
 """
 
 import pytest
