@@ -812,6 +812,10 @@ def test_score_batch_agrees_with_verify(warm_pool):
     "Final Answer: " + "ab" * 499,             # a 998-letter word (the word rule)
     "Final Answer: " + "x-" * 499 + "x",       # terms that may cancel, too long to simplify
     "Final Answer: " + "\\pi(" * 240,          # symbols before brackets
+    "Final Answer: \\ln" + " " * 980 + "_2x",   # a logarithm's argument after long spaces
+    "Final Answer: " + "\\log_2 " * 120,       # logarithms of logarithms
+    "Final Answer: " + "(" * 120 + "2^{9}" + ")" * 120,   # powers measured in deep parentheses
+    "Final Answer: " + "d\\cdot " * 140,      # d before names
     # the last number inside 300 characters of digits and commas
     "word " * 200_000 + "1,000" * 60,
 ])
