@@ -12,7 +12,11 @@ fails off the main thread and cannot stop a power computed in C). Model text is 
 nothing calls eval, exec or sympify on it (nor math-verify's plain-expression extractor, whose
 parse_expr evaluates Python). Unlike the official reward the whole response is read, not its last
 300 characters, and "0.5" equals "\\frac{1}{2}" (NOTES.md §4, §8). Answers are read as LaTeX or
-plain numbers; Python-style math (2*pi*r, sqrt(2), x**2) is rewritten as the LaTeX it means.
+plain numbers; Python-style math (2*pi*r, sqrt(2), x**2) is rewritten as the LaTeX it means. d and
+i are letters like any other (i also the imaginary unit), a logarithm's argument is what is
+written with it, decimal coefficients compare within REL_TOL, a symbolic answer that states no
+sign is read with positive variables (`symbolic_equal`), and a power is refused only for the size
+of what it computes (`power_cost`).
 """
 import atexit
 import logging
@@ -367,6 +371,14 @@ LOG_ARGUMENT = re.compile(
     r"(?:\{([^{}]*)\}|((?:\d+(?:\.\d+)?[A-Za-z]*|[A-Za-z]+)(?:\^(?:\{[^{}]*\}|[A-Za-z0-9]))?))")
 
 
+def parenthesised_argument(match: re.Match) -> str:
+    """A LOG_ARGUMENT match as the logarithm (with its base) and its argument in parentheses."""
+    argument = match[2]                        # braced
+    if argument is None:
+        argument = match[3]                    # written together after the name
+    return f"{match[1]}({argument})"
+
+
 def bind_log_arguments(s: str) -> str:
     r"""Each logarithm's argument in parentheses, so that the parser cannot stretch it over the
     product or quotient that follows: a braced argument is the group (\log_2{8}/3 -> \log_2(8)/3),
@@ -376,7 +388,7 @@ def bind_log_arguments(s: str) -> str:
         >>> bind_log_arguments(r"\ln 2 x"), bind_log_arguments(r"\log_{2}{8}/3")
         ('\\ln(2) x', '\\log_{2}(8)/3')
     """
-    return LOG_ARGUMENT.sub(lambda m: f"{m[1]}({m[2] if m[2] is not None else m[3]})", s)
+    return LOG_ARGUMENT.sub(parenthesised_argument, s)
 
 
 def normalize_answer(answer: str, keep_lhs: bool = False) -> str:
@@ -596,12 +608,13 @@ def power_cost(s: str) -> tuple[float, float]:
                 total += last[0]
                 symbolic = symbolic or last[1]
                 last = None
-            if token[0].isdigit():
-                last = (max(1.0, math.log2(int(token.replace(".", "")) or 1)), False)
+            if token[0].isdigit():             # 1.05 bounds as 105: an exact rational's bits
+                digits = int(token.replace(".", ""))
+                last = (max(1.0, math.log2(max(digits, 2))), False)
             elif i in closing:
                 last = bound(i + 1, closing[i])
                 i = closing[i]
-            elif token[0].isalpha() or token.startswith("\\") and token not in NEUTRAL_WORDS:
+            elif token[0].isalpha() or (token.startswith("\\") and token not in NEUTRAL_WORDS):
                 last = (1.0, True)
             i += 1
         if last is not None:
