@@ -342,6 +342,10 @@ def _adversarial(tmp_path):
     ("2^99999", False), ("99999!", False), ("a__b", False), ("9**9", False), ("}{", False),
     ("{" * 13 + "}" * 13, False), ("{" * 12 + "}" * 12, True), ("x" * 257, False),
     ("x" * 256, True), ("2^{x}#", False),
+    # issue 47: a power is measured by what it computes (MAX_POWER_BITS, MAX_SYMBOLIC_EXPONENT)
+    ("2^{10000}", True), ("10^{10000}", True), ("2^{x^2}", True), ("e^{-x^2}", True),
+    ("9^{9^{9}}", False), ("(x+1)^{20000}", False), ("(x+1)^{9999}", True),
+    ("(2^{100})^{1000}", False),
 ])
 def test_symbolic_safe_screen(s, expected):
     """The screen before the symbolic stage (for speed: the deadline bounds a check without it)."""

@@ -26,6 +26,11 @@ before (a symbol before a bracket read as a function call, one-letter words afte
 units, a word read as the product of its letters, a lone symbol or a number compared without
 simplifying); the 9 that passed (products with spaces, functions applied, partial cancellations)
 must stay as they are.
+Issue 47 added 39 rows (220 in all) for letters that are also names (d, i, e), powers measured by
+what they compute, a logarithm's argument, x^\\frac12, decimal coefficients and identities of
+positive quantities: 22 were wrong at 3880914, two of them accepting a wrong answer (\\ln 2 x
+against \\ln(2x), \\log_2{8}/3 against \\log_2(8/3)); the 17 that passed guard each rule's other
+direction.
 Every row passes now.
 
 Conventions this project takes (see the comments at the rows):
@@ -62,7 +67,18 @@ Conventions this project takes (see the comments at the rows):
 * an answer that is one word of two or more letters and nothing else ("no", "Evelyn") compares
   with a word as text, case aside: "on" is not "no" (as products of letters they would be equal);
 * terms that cancel are gone: "x + 7 - 7" is x, "x - x" is 0, "\\frac{x}{x}" is 1 (the simplified
-  value, as sympy gives it, without the excluded point x = 0).
+  value, as sympy gives it, without the excluded point x = 0);
+* d is a variable unless the answer writes an integral or a derivative ("ad - da" is 0); each letter
+  is one symbol on both sides; i is also tried as the imaginary unit on both sides ("ji^2 + j" is
+  0), unless the gold uses i as an index (x_i, a sum);
+* a power is refused only for what it computes: more than 2^16 bits of a number, or a constant
+  exponent over 9999 on a variable; "2^{10000}" and "e^{-x^2}" are answers;
+* a logarithm's argument is its braced group, else what is written together right after it:
+  "\\ln 2x" is ln(2x) but "\\ln 2 x" is x ln 2, "\\log_2 8/3" is 1;
+* a decimal coefficient equals the exact one within 1e-6 relative ("0.5x" is x/2);
+* a symbolic answer that states no sign is read with positive variables where a root, a
+  non-integer power or a logarithm is in it ("\\sqrt{a/b}" is \\sqrt a/\\sqrt b); never where an
+  absolute value is written. So "x" against "\\sqrt{x^2}" is right (x taken as positive).
 """
 
 import pytest
@@ -508,6 +524,129 @@ ANSWER_CASES = [
      "source: josdejong/mathjs#2424 — terms that cancel leave a value, here 1, not 0"),
     ("cancel", "\\frac{x^2}{x}", "x^2", False,
      "source: Khan/khan-exercises#147635 — a cancelled factor is gone: x^2/x is x, not x^2"),
+
+    # --- issue 47: letters that are also names (d, i, e) ------------------------------------------
+    # Juxtaposed letters are a product whatever the letters: d is a variable unless the answer
+    # writes an integral or a derivative; one symbol per name on both sides (the parser gives "i"
+    # and "d" different assumptions in different places); i is also tried as the imaginary unit on
+    # both sides, unless the gold uses it as an index (a_i, a sum).
+    ("letters", "ad - da", "0", True,
+     ("source: sympy/sympy#26220 — the LaTeX grammar's DIFFERENTIAL rule reads 'd' before a letter "
+      "(even 'd \\cdot 2') as one differential symbol; here 'da' in terms that cancel")),
+    ("letters", "a d - d a + b", "b", True,
+     ("source: sympy/sympy#25626 — a maintainer: 'It is very common to use d as a variable name'; "
+      "here with spaces between the letters")),
+    ("letters", "d\\cdot a", "ad", True,
+     "source: sympy/sympy#26220 — 'd \\cdot 2' is parsed as the symbol dcdot times 2"),
+    ("letters", "da - cb", "ad-bc", True,
+     ("source: isaacphysics/isaac-react-app#660 — d, delta, Delta must be usable as single "
+      "letters, not differentials; a determinant written in another order")),
+    ("letters", "da - bc", "ad-bd", False,
+     ("source: isaacphysics/isaac-react-app#660 — a wrong determinant with d as a letter stays "
+      "wrong")),
+    ("letters", "i j - j i", "0", True,
+     ("source: mossadal/math-parser#14 — i reserved as the imaginary unit breaks 'a + i' with i a "
+      "variable; here terms in i that cancel")),
+    ("letters", "ji^2 + j", "0", True,
+     ("source: asciimath/asciimathml#20 — the imaginary unit and a variable i are the same letter; "
+      "read as the unit, i^2 = -1 and the terms cancel")),
+    ("letters", "i^2 j", "j", False,
+     ("source: asciimath/asciimathml#20 — read either way i^2 j is not j (the unit gives -j, a "
+      "variable i^2 j)")),
+    ("letters", "x_i^2 i^2", "-x_i^2", False,
+     ("source: daisy/MathCAT#443 — 'im' read as 'the imaginary part of' where it is i times m: "
+      "context decides; a gold with i as an index (x_i) makes i a variable")),
+    ("letters", "i^2 j", "ji^2", True,
+     ("source: mossadal/math-parser#14 — 'replacing i with any other alphabet seems to fix the "
+      "issue': i must behave like other letters (the parser gave the two i's two symbols)")),
+    ("letters", "de - ed", "0", True,
+     ("source: sympy/sympy#23226 — the variable d and the differential operator d look alike; "
+      "here d beside Euler's e, terms that cancel")),
+    # --- issue 47: the too-big-to-compute guard measures a power's result -------------------------
+    ("power", "2^{10000}", "4^{5000}", True,
+     ("source: huggingface/smolagents#2559 — a guard on the exponent blocks cheap powers "
+      "(2 ** 20000: 5,000 bytes); the result's bit length is the cost")),
+    ("power", "2^{10000}", "2^{10001}", False,
+     "source: huggingface/smolagents#2559 — the same power, a factor of 2 apart"),
+    ("power", "10^{10000}", "100^{5000}", True,
+     ("source: strands-agents/harness-sdk#3657 — the guard bounds the exponent, but the cost is in "
+      "the result: it over-blocks ordinary powers")),
+    ("power", "10^{10^{10}}", "10^{10^{10}}+1", False,
+     ("source: asc-community/AngouriMath#1448 — an exact power with a huge exponent (2^(10^9)) "
+      "hangs: still refused")),
+    ("power", "2^{x^2}", "2^{x\\cdot x}", True,
+     ("source: tmke8/math-core#64 — x^{2^3} (a power inside the braces) is how TeX writes a power "
+      "in an exponent; no tower is computed")),
+    ("power", "e^{-x^2}", "e^{-x\\cdot x}", True,
+     ("source: mathjax/MathJax#1583 — x^{2^2} is the valid TeX for a power in an exponent; here "
+      "the Gaussian")),
+    ("power", "e^{-x^2}", "e^{x^2}", False,
+     ("source: mathjax/MathJax#1583 — a square in an exponent: the sign of the exponent still "
+      "counts")),
+    # --- issue 47: a logarithm's argument is what is written with it ------------------------------
+    # A braced argument is the group; an unbraced one is what is written together right after the
+    # name (\ln 2x is ln(2x), as \sin 2x); a space or a "/" ends it (\ln 2 x is x ln 2).
+    ("log", "\\ln 2 x", "x\\ln 2", True,
+     (f"source: {MV}#32 — \\ln takes the product after it as its argument ('2\\lnx * x^...' parsed "
+      "as log(x*x^...))")),
+    ("log", "\\ln 2 x", "\\ln(2x)", False,
+     f"source: {MV}#32 — the same: x times ln 2 is not ln(2x)"),
+    ("log", "\\ln 2x", "\\ln(2x)", True,
+     ("source: sympy/sympy#1871 — a function name applies to what is written together after it "
+      "('sin 2x')")),
+    ("log", "\\log_2 8/3", "1", True,
+     ("source: sympy/sympy#28797 — a division is absorbed into an unparenthesised function "
+      "argument: '\\log_2{4} / (x + 1)' parsed as log(4/(x + 1), 2)")),
+    ("log", "\\log_2{8}/3", "\\log_2(8/3)", False,
+     "source: sympy/sympy#28797 — the braced argument is 8: log_2 8 / 3 is 1, not log_2(8/3)"),
+    ("log", "\\log_2{8}/3", "1", True,
+     ("source: Qalculate/libqalculate#314 — 'log 64 / log 2' parsed as log(64 / log(2)) while "
+      "'ln 64 / ln 2' is 6")),
+    # --- issue 47: \frac right after ^ is the exponent ------------------------------------------
+    ("script", "x^\\frac12", "\\sqrt{x}", True,
+     "source: sympy/sympy#23475 — parse_latex(r'x^\\frac{1}{2}') returned x"),
+    ("script", "x^\\frac12", "x", False,
+     "source: sympy/sympy#23475 — the exponent must not be dropped"),
+    ("script", "2^\\frac{3}{2}", "2\\sqrt{2}", True,
+     ("source: augustt198/latex2sympy#6 — 'x^b is a valid LaTeX expression' but the parser "
+      "required x^{b}")),
+    # --- issue 47: decimal coefficients against the exact expression ------------------------------
+    # The values at fixed points of the variables compare within 1e-6 relative, as numbers do.
+    ("decimal", "0.5x", "\\frac{x}{2}", True,
+     "source: cortex-js/compute-engine#155 — '0.5x' is not equal to '\\frac{x}{2}'"),
+    ("decimal", "0.3333333333x", "\\frac{x}{3}", True,
+     ("source: cortex-js/compute-engine#155 — 'the same problem ... with the other fractions in "
+      "decimal notation'; 1e-10 relative, within the tolerance")),
+    ("decimal", "0.333x", "\\frac{x}{3}", False,
+     ("source: cortex-js/compute-engine#155 — a 3-digit rounding is 1e-3 away: wrong, as 33.3 is "
+      "against 100/3")),
+    ("decimal", "1.5\\sqrt{2}", "\\frac{3}{\\sqrt{2}}", True,
+     "source: grtensor/grtensor#14 — '0.5*g' gave another result than '(1/2)*g'"),
+    ("decimal", "1.5\\sqrt{2}x", "\\frac{3\\sqrt{3}}{2}x", False,
+     "source: grtensor/grtensor#14 — a decimal coefficient of another root stays wrong"),
+    ("decimal", "0.5x^2+1.5x", "\\frac{x^2+3x}{2}", True,
+     (f"source: {MV}#48 — '\\sqrt{{17}}' against its decimal 4.123105625617661 verifies False; "
+      "here decimal coefficients of a polynomial")),
+    # --- issue 47: identities of positive quantities ----------------------------------------------
+    # A symbolic answer that states no sign is read with its variables positive (a length, a rate):
+    # only with a root, a non-integer power or a logarithm in it, the same variables on both sides,
+    # and never where an absolute value (or sign, argument, real or imaginary part) is written.
+    ("positive", "\\sqrt{a/b}", "\\frac{\\sqrt{a}}{\\sqrt{b}}", True,
+     ("source: sympy/sympy#26101 — sqrt(qx*qy) - sqrt(qx)*sqrt(qy) does not simplify: the identity "
+      "needs signs (powsimp force=True assumes them)")),
+    ("positive", "\\sqrt{a/b}", "\\frac{\\sqrt{a}}{b}", False,
+     "source: sympy/sympy#26101 — a root of a quotient is not the root of the numerator alone"),
+    ("positive", "(x^a)^b", "x^{ab}", True,
+     ("source: sympy/sympy#21277 — 'How to denest exponents': Pow(x**3, 1/2) becomes x**(3/2) only "
+      "with powdenest(force=True)")),
+    ("positive", "(x^a)^b", "x^{a+b}", False,
+     "source: symengine/symengine#236 — (x^a)^b is x^(ab) (for positive x), never x^(a+b)"),
+    ("positive", "x^{\\frac{3}{2}}", "\\left|x\\right|^{\\frac{3}{2}}", False,
+     ("source: asc-community/AngouriMath#801 — sqrt(x)*sqrt(y) -> sqrt(x*y) is wrong at "
+      "x = y = -1; an absolute value says signs matter, no positive reading")),
+    ("positive", "\\sqrt{x^3}", "x\\sqrt{x}", True,
+     ("source: Doenet/DoenetML#883 — sqrt(32 x^3) is pulled apart to 4x sqrt(2x) only under the "
+      "assumption x >= 0")),
 ]
 
 
@@ -673,6 +812,10 @@ def test_score_batch_agrees_with_verify(warm_pool):
     "Final Answer: " + "ab" * 499,             # a 998-letter word (the word rule)
     "Final Answer: " + "x-" * 499 + "x",       # terms that may cancel, too long to simplify
     "Final Answer: " + "\\pi(" * 240,          # symbols before brackets
+    "Final Answer: \\ln" + " " * 980 + "_2x",   # a logarithm's argument after long spaces
+    "Final Answer: " + "\\log_2 " * 120,       # logarithms of logarithms
+    "Final Answer: " + "(" * 120 + "2^{9}" + ")" * 120,   # powers measured in deep parentheses
+    "Final Answer: " + "d\\cdot " * 140,      # d before names
     # the last number inside 300 characters of digits and commas
     "word " * 200_000 + "1,000" * 60,
 ])
