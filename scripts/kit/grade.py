@@ -32,10 +32,10 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # 
 MARKER = re.compile(r"exercise_(\d+)")
 MISSING_PIECE = re.compile(r"NotImplementedError: Exercise (\d+)")
 REASON_CHARS = 400                      # a failure's first line, cut to this many characters
-VALUE_CHARS = 160                       # and each line of it that gives an expected/actual value
-FRAME = re.compile(r"^(\S+\.py):(\d+): ")  # a traceback entry's location in a pytest report
-VALUE = re.compile(r"^(expected|got)\b.*\S")   # a message line that gives a value (the kit's way)
 LINE_CHARS = 100                        # and wrapped at this width
+VALUE_CHARS = 160                       # a line that gives an expected/actual value, cut so
+VALUE = re.compile(r"^(expected|got)\b.*\S")   # such a line of a message (the kit's way)
+FRAME = re.compile(r"^(\S+\.py):(\d+): ")  # a traceback entry's location in a pytest report
 TEXT_CHARS = 3000                       # the end of a failure's report kept in the JSON
 KIT_TESTS = "tests/test_exercises.py"   # the kit's own tests: their messages are shown first
 # Which other exercises an exercise's tests go through (ASSIGNMENTS.md's last column): a failure
@@ -126,6 +126,7 @@ def message_lines(text: str) -> list[str]:
 
 
 def cut(text: str, chars: int) -> str:
+    """`text` cut to `chars` characters, "..." marking the cut."""
     if len(text) > chars:
         return text[:chars - 3] + "..."
     return text
