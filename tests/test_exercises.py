@@ -1,7 +1,7 @@
 """The course kit's own grading tests (ASSIGNMENTS.md): tiny hand-worked inputs, one group per
-exercise, each failure naming the input, the expected and the actual value and the NOTES.md section
-to read. Together with the existing tests tagged in conftest.py (EXERCISE_TESTS) they grade exercise
-k: `pytest -m exercise_k`.
+exercise, each failure's first line saying what is wrong (the expected and the actual value, or the
+first wrong entry), the next ones the input and the NOTES.md section to read. Together with the
+existing tests tagged in conftest.py (EXERCISE_TESTS) they grade exercise k: `pytest -m exercise_k`.
 
 Token ids as in test_attention.py: 1 eos, 10 newline, 11..98 text, 100 <Parallel>, 101 </Parallel>,
 102 <Path>, 103 </Path>, 104 <Summary>, 105 </Summary>."""
