@@ -3,6 +3,7 @@
 # make test   -- create .venv if missing, install (with requirements-extra.txt: matplotlib, wandb, ruff), lint, run the tests
 # make student DIR=...  -- the course kit's student copy (ASSIGNMENTS.md): exercise bodies replaced by a raise
 # make grade  -- the course kit's grade: each exercise's tests, one line per exercise and a total
+#                (EX="3 6": those exercises only)
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -39,17 +40,19 @@ student:
 	@test -n "$(DIR)" || { echo "usage: make student DIR=<empty or new folder>"; exit 2; }
 	$(PY) scripts/kit/make_student.py "$(DIR)"
 
-# make grade: grade.py's lines are the result. A failing recipe makes make add its own
-# "make: *** [grade] Error 1", which reads like a broken setup; so grade-run never fails (it notes
-# grade.py's exit status in GRADE_FAILED) and grade stops make with that status in words instead
+# make grade: grade.py's lines are the result. GNU make has no way to fail quietly: a failing
+# recipe adds "make: *** [Makefile:N: grade] Error 1" (.SILENT, -s and --no-print-directory keep
+# it; "-" or .IGNORE exit 0), which reads like a broken setup. So grade-run never fails (it notes
+# grade.py's exit status in GRADE_FAILED) and grade stops make with a line that says what it is
 # ($(error) exits 2; grade.py alone: 0 when every exercise is done, else 1).
+EX      ?=
 GRADE_FAILED := $(VENV)/.grade-failed
 grade: grade-run
-	@$(if $(shell cat $(GRADE_FAILED) 2>/dev/null),$(error make grade: not every exercise is done, see above),true)
+	@$(if $(shell cat $(GRADE_FAILED) 2>/dev/null),$(error grade result: not every exercise is done yet, as the lines above say (not a setup error)),true)
 
 grade-run: $(STAMP)
 	@rm -f $(GRADE_FAILED)
-	@$(BIN)/python scripts/kit/grade.py || echo "exit status $$?" > $(GRADE_FAILED)
+	@$(BIN)/python scripts/kit/grade.py $(EX) || echo "exit status $$?" > $(GRADE_FAILED)
 
 demo: $(STAMP) $(EXTRA)
 	bash scripts/studies/demo.sh

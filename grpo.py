@@ -487,9 +487,9 @@ def kl_penalty(logprobs, ref_logprobs, estimator: str = "k3") -> torch.Tensor:
 
 def loss_weights(loss_mask: torch.Tensor, loss_agg_mode: str, max_new_tokens: int | None = None):
     """Weights w (B, T) and denominator D, loss = sum(w * l) / D (summed over micro-batches and
-    ranks: the whole batch's, zero-advantage groups too, as verl's). n_i = loss tokens of
-    response i, N = responses with n_i > 0. token-mean: w = 1, D = sum n_i; seq-mean-token-mean:
-    w = 1/n_i, D = N; seq-mean-token-sum-norm (Dr. GRPO): w = 1, D = N max_new_tokens."""
+    ranks: the whole batch's, zero-advantage groups too, as verl's). m = loss_mask, n_i = sum of
+    row i of m, N = rows with n_i > 0. token-mean: w = m, D = sum n_i; seq-mean-token-mean:
+    w = m / max(n_i, 1), D = N; seq-mean-token-sum-norm (Dr. GRPO): w = m, D = N max_new_tokens."""
     # >>> exercise 6: the loss aggregation modes
     n = loss_mask.sum(dim=-1, keepdim=True)
     if loss_agg_mode == "token-mean":

@@ -1,7 +1,7 @@
 """The course kit's own grading tests (ASSIGNMENTS.md): tiny hand-worked inputs, one group per
-exercise, each failure naming the input, the expected and the actual value and the NOTES.md section
-to read. Together with the existing tests tagged in conftest.py (EXERCISE_TESTS) they grade exercise
-k: `pytest -m exercise_k`.
+exercise, each failure's first line saying what is wrong (the expected and the actual value, or the
+first wrong entry), the next ones the input and the NOTES.md section to read. Together with the
+existing tests tagged in conftest.py (EXERCISE_TESTS) they grade exercise k: `pytest -m exercise_k`.
 
 Token ids as in test_attention.py: 1 eos, 10 newline, 11..98 text, 100 <Parallel>, 101 </Parallel>,
 102 <Path>, 103 </Path>, 104 <Summary>, 105 </Summary>."""
@@ -59,6 +59,35 @@ def spans(s: Structure):
     return [(b.start, b.paths, b.end, b.summary) for b in s.blocks]
 
 
+def first_difference(got: list, expected: list) -> int:
+    """The index of the first element where two lists differ (the shorter length if none)."""
+    pairs = zip(got, expected)
+    return next((i for i, (g, e) in enumerate(pairs) if g != e), min(len(got), len(expected)))
+
+
+def item(values: list, i: int):
+    """values[i], or "nothing" past the end (a list shorter than expected)."""
+    if i < len(values):
+        return values[i]
+    return "nothing"
+
+
+def first_wrong(ids, wrongly_hidden, wrongly_seen):
+    """The first wrong (query, key) of a mask, in words, the token of each column named."""
+    if wrongly_hidden:
+        q, k = wrongly_hidden[0]
+        return f"the first: query {q} ({show([ids[q]])}) does not see key {k} ({show([ids[k]])})"
+    q, k = wrongly_seen[0]
+    return f"the first: query {q} ({show([ids[q]])}) sees key {k} ({show([ids[k]])})"
+
+
+def mask_type(mask, shape) -> str:
+    """The message when a mask is not an additive float32 one of `shape`."""
+    return (f"expected an additive mask of shape {shape}, dtype torch.float32 (0 visible, "
+            f"torch.finfo(dtype).min hidden; never a bool: NOTES.md §2), got shape "
+            f"{tuple(mask.shape)}, dtype {mask.dtype}")
+
+
 # --------------------------------------------------------------------------------------------------
 # Exercise 1: parse_structure (NOTES.md §1)
 
@@ -72,12 +101,13 @@ def spans(s: Structure):
 def test_ex1_spans_of_well_formed_responses(ids, expected):
     s = parse_structure(ids, TAGS)
     assert s.valid and s.reason == "", \
-        f"{show(ids)}\n  is well-formed (NOTES.md §1), got reason {s.reason!r}"
+        (f"expected valid=True, reason '' (well-formed: NOTES.md §1), got valid={s.valid}, "
+         f"reason {s.reason!r}\n  response {show(ids)}")
     assert s.length == len(ids)
     assert spans(s) == expected, \
-        (f"response {show(ids)}\n  expected (start, paths, end, summary) = "
-         f"{expected}\n  got {spans(s)}\n  (spans [start, end), a path from "
-         f"its <Path> to its </Path> inclusive; NOTES.md §1)")
+        (f"expected (start, paths, end, summary) = {expected}, got {spans(s)}\n  response "
+         f"{show(ids)}\n  (spans [start, end), a path from its <Path> to its </Path> inclusive; "
+         f"NOTES.md §1)")
 
 
 @pytest.mark.exercise_1
@@ -90,9 +120,8 @@ def test_ex1_spans_of_well_formed_responses(ids, expected):
 def test_ex1_malformed_responses_say_why(ids, phrase):
     s = parse_structure(ids, TAGS)
     assert not s.valid and phrase in s.reason, \
-        (f"{show(ids)}\n  expected valid=False with a reason "
-         f"containing {phrase!r}, got valid={s.valid}, "
-         f"reason={s.reason!r}")
+        (f"expected valid=False with a reason containing {phrase!r}, got valid={s.valid}, "
+         f"reason={s.reason!r}\n  response {show(ids)}")
 
 
 @pytest.mark.exercise_1
@@ -119,8 +148,8 @@ def test_ex1_reasons_word_for_word(ids, reason):
     The first problem found, with its token index (0-based, in the response)."""
     s = parse_structure(ids, TAGS)
     assert (s.valid, s.reason) == (False, reason), \
-        (f"{show(ids)}\n  expected reason {reason!r}\n  got valid={s.valid}, reason={s.reason!r}"
-         f"\n  (the attention.parse_structure docstring; NOTES.md §1)")
+        (f"expected reason {reason!r}, got valid={s.valid}, reason={s.reason!r}\n  response "
+         f"{show(ids)}\n  (the attention.parse_structure docstring; NOTES.md §1)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,11 +176,11 @@ def test_ex1_reasons_word_for_word(ids, reason):
 ])
 def test_ex2_positions_by_hand(structure, start, expected):
     got = unseen_positions(structure, start)
-    first_difference = next((i for i, (g, e) in enumerate(zip(got, expected)) if g != e),
-                            min(len(got), len(expected)))
-    assert got == expected, (f"blocks {spans(structure)}, first position {start}\n  expected "
-                             f"{expected}\n  got      {got}\n  first difference at index "
-                             f"{first_difference}"
+    i = first_difference(got, expected)
+    assert got == expected, (f"expected {len(expected)} positions, got {len(got)}; at index "
+                             f"{i} expected {item(expected, i)}, got {item(got, i)}\n  blocks "
+                             f"{spans(structure)}, first position {start}\n  expected "
+                             f"{expected}\n  got      {got}"
                              f"\n  (every path counts from p+1, p the position of its <Parallel>; "
                              f"</Parallel> one past the longest path; NOTES.md §2)")
 
@@ -164,15 +193,20 @@ def test_ex3_unseen_mask_hides_exactly_the_sibling_path():
     prompt = [21, 22, 23]
     ids = torch.tensor([prompt + RESPONSE])
     mask, _ = build_mask_and_positions(ids, [3], torch.ones_like(ids), TAGS, "unseen")
-    assert mask.shape == (1, 1, 19, 19) and mask.dtype == torch.float32, (mask.shape, mask.dtype)
+    assert mask.shape == (1, 1, 19, 19) and mask.dtype == torch.float32, \
+        mask_type(mask, (1, 1, 19, 19))
     hidden = (mask[0, 0] != 0).nonzero().tolist()
     future = [[i, j] for i in range(19) for j in range(i + 1, 19)]
     extra = sorted(set(map(tuple, hidden)) - set(map(tuple, future)))
     expected = [(i, j) for i in (9, 10, 11) for j in (5, 6, 7, 8)]
+    wrongly_hidden = sorted(set(extra) - set(expected))
+    wrongly_seen = sorted(set(expected) - set(extra))
     assert extra == expected, \
-        (f"prompt {prompt}, response {show(RESPONSE)} (row index = token "
-         f"index)\n  hidden beyond the causal mask, expected (query, key) "
-         f"{expected}\n  got {extra}\n"
+        (f"{len(wrongly_hidden)} (query, key) hidden that should be seen, {len(wrongly_seen)} "
+         f"seen that should be hidden; {first_wrong(ids[0].tolist(), wrongly_hidden, wrongly_seen)}"
+         f"\n  prompt {prompt}, response {show(RESPONSE)} (row index = token "
+         f"index)\n  hidden beyond the causal mask, (query, key) expected\n  {expected}\n  "
+         f"got\n  {extra}\n"
          f"  (path 2 = rows 9-11 must not see path 1 = columns 5-8; NOTES.md §2)")
     assert set(mask.unique().tolist()) == {0.0, torch.finfo(torch.float32).min}, \
         "additive mask: 0 visible, torch.finfo(dtype).min hidden, never a bool (NOTES.md §2)"
@@ -186,9 +220,14 @@ def test_ex3_padding_sees_itself_and_positions_start_at_zero():
     vis = (mask[0, 0] == 0).int().tolist()
     expected = [[1, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0], [0, 0, 1, 1, 0, 0],
                 [0, 0, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
-    assert vis == expected, f"left-padded row, visible (1) expected\n  {expected}\n  got\n  {vis}"
+    q = first_difference(vis, expected)
+    assert vis == expected, \
+        (f"left-padded row {ids[0].tolist()}: query {q} expected to see (1) {item(expected, q)}, "
+         f"got {item(vis, q)}\n  expected\n  {expected}\n  got\n  {vis}\n  (a padding "
+         f"query sees only itself; NOTES.md §2)")
     assert pos[0].tolist() == [0, 0, 0, 1, 2, 3], \
-        f"positions: padding 0, real tokens from 0; got {pos[0].tolist()}"
+        f"positions: expected [0, 0, 0, 1, 2, 3] (padding 0, real tokens from 0), got " \
+        f"{pos[0].tolist()}"
 
 
 # Two rows that differ in everything a row may own: row 0 is left-padded, has a 3-token prompt and
@@ -234,7 +273,9 @@ def test_ex3_each_row_of_a_batch_has_its_own_prompt_padding_and_blocks():
     ids, prompt_lengths, am = two_row_batch()
     mask, pos = build_mask_and_positions(ids, prompt_lengths, am, TAGS, "unseen")
     L = ids.shape[1]
-    assert mask.shape == (2, 1, L, L) and pos.shape == (2, L), (mask.shape, pos.shape)
+    assert mask.shape == (2, 1, L, L) and pos.shape == (2, L), \
+        (f"expected mask shape (2, 1, {L}, {L}) and positions (2, {L}), got "
+         f"{tuple(mask.shape)} and {tuple(pos.shape)}")
     for b, (before, prompt, response, after) in enumerate(TWO_ROWS):
         real = range(before, L - after)
         hidden = (mask[b, 0] != 0).nonzero().tolist()
@@ -246,7 +287,8 @@ def test_ex3_each_row_of_a_batch_has_its_own_prompt_padding_and_blocks():
         wrongly_seen = sorted(set(TWO_ROWS_HIDDEN[b]) - set(extra))
         assert extra == TWO_ROWS_HIDDEN[b], \
             (f"row {b} of a 2-row batch: {len(wrongly_hidden)} (query, key) hidden that this "
-             f"row's blocks do not hide, {len(wrongly_seen)} visible that they hide\n  {where}"
+             f"row's blocks do not hide, {len(wrongly_seen)} visible that they hide; "
+             f"{first_wrong(ids[b].tolist(), wrongly_hidden, wrongly_seen)}\n  {where}"
              f"\n  hidden beyond the causal mask, in row coordinates, expected\n  "
              f"{TWO_ROWS_HIDDEN[b]}\n  got\n  {extra}\n  hidden but should be seen: "
              f"{wrongly_hidden}\n  seen but should be hidden: {wrongly_seen}\n  (each row's "
@@ -273,9 +315,11 @@ def test_ex4_logprobs_by_hand():
     tokens = torch.tensor([[1, 0]])
     got = token_logprobs(logits, tokens)
     expected = [math.log(3 / 4), math.log(1 / 2)]
-    assert got.shape == (1, 2) and got.dtype == torch.float32, (got.shape, got.dtype)
+    assert got.shape == (1, 2) and got.dtype == torch.float32, \
+        f"expected shape (1, 2), dtype torch.float32, got {tuple(got.shape)}, {got.dtype}"
     assert got[0].tolist() == pytest.approx(expected, abs=1e-6), \
-        f"logits {logits.tolist()}, tokens {tokens.tolist()}"
+        (f"expected log-probs {expected}, got {got[0].tolist()}\n  logits {logits.tolist()}, "
+         f"tokens {tokens.tolist()}")
     # logits / 0.5: softmax(0, 2 log 3) = 1/10, 9/10
     got_t = token_logprobs(logits, tokens, temperature=0.5)
     assert got_t[0].tolist() == pytest.approx([math.log(9 / 10), math.log(1 / 2)], abs=1e-6), \
@@ -298,19 +342,20 @@ def test_ex5_one_table_of_tokens():
     loss, clipped, dual = policy_loss(ratio.log(), old, adv, 0.2, 0.28, 3.0)
     exp = [-1.1, -1.28, -0.5, -1.28]
     assert loss[0].tolist() == pytest.approx(exp, abs=1e-6), \
-        (f"A = +1, ratios {ratio.tolist()}, clip 0.2/0.28\n"
-         f"  expected loss {exp}\n  got {loss.tolist()} (NOTES.md §5)")
+        (f"A = +1: expected loss {exp}, got {loss.tolist()}\n  ratios {ratio.tolist()}, "
+         f"clip 0.2/0.28 (NOTES.md §5)")
     assert clipped[0].tolist() == [False, True, False, True] and not dual.any(), \
-        (clipped.tolist(), dual.tolist())
+        (f"A = +1, ratios {ratio.tolist()}: expected clipped [False, True, False, True] and no "
+         f"dual clip, got clipped {clipped.tolist()}, dual {dual.tolist()}")
     loss, clipped, dual = policy_loss(ratio.log(), old, -adv, 0.2, 0.28, 3.0)
     exp = [1.1, 1.5, 0.8, 3.0]
     assert loss[0].tolist() == pytest.approx(exp, abs=1e-6), \
-        (f"A = -1, ratios {ratio.tolist()}: clipped below at 0.8,"
-         f" dual clip at c|A| = 3\n  expected {exp}\n  got "
-         f"{loss.tolist()} (NOTES.md §5)")
+        (f"A = -1: expected loss {exp}, got {loss.tolist()}\n  ratios {ratio.tolist()}: "
+         f"clipped below at 0.8, dual clip at c|A| = 3 (NOTES.md §5)")
     assert clipped[0].tolist() == [False, False, True, False] and \
         dual[0].tolist() == [False, False, False, True], \
-        f"clipped {clipped.tolist()}, dual {dual.tolist()}"
+        (f"A = -1: expected clipped [False, False, True, False], dual [False, False, False, "
+         f"True], got clipped {clipped.tolist()}, dual {dual.tolist()}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -321,10 +366,11 @@ def test_ex6_two_groups():
     adv, var = compute_advantages([1.0, -1.0, 1.0, 1.0], 2)
     exp = [1 / (math.sqrt(2) + 1e-6), -1 / (math.sqrt(2) + 1e-6), 0.0, 0.0]
     assert adv.tolist() == pytest.approx(exp, abs=1e-6), \
-        (f"rewards [1, -1 | 1, 1], G = 2: (r - mean) / (unbiased std + "
-         f"1e-6), equal groups exactly 0\n  expected {exp}\n  got "
-         f"{adv.tolist()} (NOTES.md §5)")
-    assert var.tolist() == [True, False] and adv.dtype == torch.float32
+        (f"rewards [1, -1 | 1, 1], G = 2: expected advantages {exp}, got {adv.tolist()}\n  "
+         f"(r - mean) / (unbiased std + 1e-6), equal groups exactly 0 (NOTES.md §5)")
+    assert var.tolist() == [True, False] and adv.dtype == torch.float32, \
+        (f"rewards [1, -1 | 1, 1], G = 2: expected has-variance [True, False] and float32 "
+         f"advantages, got {var.tolist()}, {adv.dtype}")
 
 
 @pytest.mark.exercise_6
@@ -335,10 +381,9 @@ def test_ex6_weights_and_denominators():
                             ("seq-mean-token-sum-norm", [1, 1, 0, 0], 2 * 8)]:
         w, den = loss_weights(mask, mode, max_new_tokens=8)
         assert w[0].tolist() == pytest.approx(w_row0) and den == pytest.approx(d), \
-            (f"{mode}, loss mask {mask.tolist()}, max_new_tokens 8\n  expected row-0 weights "
-             f"{w_row0}, denominator {d}"
-             f"\n  got {w[0].tolist()}, {den} (NOTES.md §5; a response with no loss token is not "
-             f"counted)")
+            (f"{mode}: expected row-0 weights {w_row0}, denominator {d}; got {w[0].tolist()}, "
+             f"{den}\n  loss mask {mask.tolist()}, max_new_tokens 8 (NOTES.md §5; a response "
+             f"with no loss token is not counted)")
     assert agg_loss(torch.ones(3, 4), mask, "seq-mean-token-mean").item() == pytest.approx(1.0)
 
 
@@ -380,9 +425,10 @@ def test_ex7_k_responses_cannot_be_drawn_from_fewer(n, c, k):
 def test_ex8_s2_window_by_hand():
     got = [RewardSchedule("alternating").kind_at(t) for t in range(1, 13)]
     exp = ["accuracy"] * 8 + ["tiered"] * 2 + ["accuracy"] * 2
+    i = first_difference(got, exp)
     assert got == exp, \
-        f"steps 1..12 of S2 (window 10, 8 accuracy steps)\n  expected {exp}\n  got {got} " \
-        f"(NOTES.md §4)"
+        f"S2 (window 10, 8 accuracy steps): step {i + 1} expected {item(exp, i)!r}, got " \
+        f"{item(got, i)!r}\n  steps 1..12 expected {exp}\n  got {got} (NOTES.md §4)"
     r = [RewardSchedule("alternating").reward(9, correct=c, has_parallel=p, format_ok=f)
          for c, p, f in [(True, True, True), (True, False, True), (True, True, False),
                          (False, True, True)]]
@@ -405,7 +451,8 @@ def test_ex9_decode_mask_from_the_slot_owners_by_hand():
     cache.attend_to(6)
     codes = torch.tensor([[path_1, path_2, SHARED]])
     mask = cache.mask(codes, torch.float32)
-    assert mask.shape == (1, 1, 3, 6) and mask.dtype == torch.float32, (mask.shape, mask.dtype)
+    assert mask.shape == (1, 1, 3, 6) and mask.dtype == torch.float32, \
+        mask_type(mask, (1, 1, 3, 6))
     low = torch.finfo(torch.float32).min
     assert set(mask.unique().tolist()) <= {0.0, low}, \
         "additive: 0 where visible, finfo(dtype).min where hidden (never -inf, never bool)"
@@ -413,9 +460,12 @@ def test_ex9_decode_mask_from_the_slot_owners_by_hand():
     expected = [[1, 1, 1, 0, 1, 0],       # path 1: the prompt and its own slots
                 [1, 1, 0, 1, 0, 0],       # path 2: the prompt and its own slot
                 [1, 1, 0, 0, 0, 0]]       # the main chain: the shared slots only
+    q = first_difference(seen, expected)
     assert seen == expected, \
-        f"owners {cache.owner[0, :6].tolist()}, query codes {codes[0].tolist()}: visible (1) " \
-        f"expected\n  {expected}\n  got\n  {seen} (NOTES.md §2-§3)"
+        f"query {q} expected to see (1) {item(expected, q)}, got {item(seen, q)}\n  " \
+        f"owners {cache.owner[0, :6].tolist()}, query codes " \
+        f"{codes[0].tolist()}: visible (1) expected\n  {expected}\n  got\n  {seen} " \
+        f"(NOTES.md §2-§3)"
     assert (cache.mask(codes, torch.bfloat16) == torch.finfo(torch.bfloat16).min).any(), \
         "the hidden value is finfo(dtype).min of the dtype asked for"
 
@@ -434,7 +484,9 @@ def test_ex9_decode_mask_reads_each_rows_own_owners():
     seen = (cache.mask(codes, torch.float32)[:, 0] == 0).int().tolist()
     expected = [[[1, 1, 1, 0], [1, 1, 0, 0]],          # row 0: path 1 owns slot 2
                 [[1, 1, 0, 1], [1, 1, 0, 0]]]          # row 1: path 1 owns slot 3
+    row = first_difference(seen, expected)
     assert seen == expected, \
+        f"row {row}: expected visible (1) {item(expected, row)}, got {item(seen, row)}\n  " \
         f"owners {cache.owner[:, :4].tolist()}, query codes {codes.tolist()}: visible (1) " \
         f"expected per row\n  {expected}\n  got\n  {seen} (each row's queries read that row's " \
         f"owners; NOTES.md §2-§3)"
@@ -481,9 +533,11 @@ def test_ex9_closing_a_block_changes_only_its_own_cache_row():
     engine._close_block(s)
     got = engine.cache.owner[:, :11].tolist()
     expected = [owners, [SHARED] * 11]
+    row = first_difference(got, expected)
     assert got == expected, \
-        f"owners of rows 0 and 1 after closing the block of the sample in row 1 " \
-        f"(self.rows.index(s))\n  expected {expected}\n  got      {got}"
+        f"after closing the block of the sample in row 1 (self.rows.index(s)): row {row}'s " \
+        f"owners expected {item(expected, row)}, got {item(got, row)}\n  expected " \
+        f"{expected}\n  got      {got}"
 
 
 @pytest.mark.exercise_9
@@ -501,20 +555,24 @@ def test_ex9_closing_a_block_by_hand():
     engine.rows = [s]
     engine._close_block(s)
     assert engine.cache.owner[0, :12].tolist() == [SHARED] * 11 + [HIDDEN], \
-        f"every path slot becomes SHARED, nothing else changes; got " \
-        f"{engine.cache.owner[0, :12].tolist()}"
+        f"owners: expected {[SHARED] * 11 + [HIDDEN]} (every path slot becomes SHARED, " \
+        f"nothing else changes), got {engine.cache.owner[0, :12].tolist()}"
     expected = [parallel, *first, *second, (tags.end_parallel, 0, 0.0,
                                                  (False,) * len(tags.maskable))]
     assert main.tokens == expected, \
-        f"the response: <Parallel>, path 1, path 2, then an injected </Parallel>\n  expected " \
+        f"the response: expected <Parallel>, path 1, path 2, then an injected </Parallel> " \
+        f"({len(expected)} tokens), got {len(main.tokens)} tokens\n  expected " \
         f"{expected}\n  got {main.tokens}"
     assert main.position == 4 + 4, \
-        f"</Parallel> sits at p + longest + 1 = 3 + 4 + 1 = 8; the main chain's position is " \
-        f"{main.position}"
+        f"the main chain's position: expected 8 (</Parallel> sits at p + longest + 1 = 3 + 4 + " \
+        f"1), got {main.position}"
     assert (s.steps_spent, s.tokens_spent) == (1 + 4 + 1, 8 + 1), \
-        f"decode steps: 1 + the longest path (4) + </Parallel>; tokens: 8 + 1; got " \
-        f"{(s.steps_spent, s.tokens_spent)}"
+        f"(steps_spent, tokens_spent): expected (6, 9) (decode steps: 1 + the longest path " \
+        f"(4) + </Parallel>; tokens: 8 + 1), got {(s.steps_spent, s.tokens_spent)}"
     assert s.paths == [] and main.feed == tags.end_parallel and main.segment == SUMMARY, \
-        (s.paths, main.feed, main.segment)
+        (f"expected no open paths, the main chain feeding </Parallel> ({tags.end_parallel}) in "
+         f"segment {SUMMARY!r}, got {len(s.paths)} paths, feed {main.feed}, segment "
+         f"{main.segment!r}")
     assert main.forced == [*tags.newline, tags.summary], \
-        f"after </Parallel> the runtime forces the newline and <Summary>; got {main.forced}"
+        f"forced: expected {[*tags.newline, tags.summary]} (after </Parallel> the runtime " \
+        f"forces the newline and <Summary>), got {main.forced}"

@@ -123,14 +123,20 @@ def test_grade_says_what_to_do_first():
         "c": {"markers": ["exercise_9"], "outcome": "failed", "text": stopped_by_9},
         "d": {"markers": ["exercise_9"], "outcome": "failed", "text": "x\n" + stopped_by_1},
         "e": {"markers": ["exercise_9"], "outcome": "passed", "text": ""},
-        "f": {"markers": ["exercise_5"], "outcome": "failed",
-              "text": "    assert 1 == 2\nE   AssertionError: A = +1, ratios [1.1]\nE   more"},
+        "tests/test_exercises.py::test_f": {
+            "markers": ["exercise_5"], "outcome": "failed",
+            "text": ("    assert 1 == 2\nE   AssertionError: A = +1, ratios [1.1]\nE     expected "
+                     "loss [-1.1]\nE     got [-1.0]\nE     (NOTES.md)\nE   assert [-1.0] == [-1.1]"
+                     "\nE     got [9]")},
     }
     names = {5: "grpo.py: loss", 7: "eval.py: pass@k", 9: "sample.py: the sampler"}
     lines, all_done = grade.grade_lines(record, names, [5, 7, 9])
     assert "\n".join(lines).splitlines() == [
         "exercise 5  grpo.py: loss",
-        "    0/1 tests pass; 1 fail; the first, f: AssertionError: A = +1, ratios [1.1]",
+        ("    0/1 tests pass; 1 fail; the first, test_f: AssertionError: A = +1, ratios [1.1]; "
+         "expected loss"),
+        "      [-1.1]; got [-1.0]",
+        "      the whole message: python -m pytest tests/test_exercises.py -m exercise_5",
         "exercise 7  eval.py: pass@k",
         "    2/2 tests pass: done",
         "exercise 9  sample.py: the sampler",
@@ -145,10 +151,11 @@ def test_grade_says_what_to_do_first():
 
 
 # --------------------------------------------------------------------------------------------------
-# Bugs a student's solution once carried past the kit (issue 47), planted into a solved copy (the
-# reference bodies are the solutions): `python scripts/kit/grade.py k ...` there must fail the
-# exercise and its line must say where. Each: (what, file, the right code, the bug, the exercises
-# graded, {exercise that must fail: (phrases its line must hold, phrases it must not hold)}).
+# Bugs a student's solution once carried past the kit, or past a grade line that did not say what
+# was wrong (issue 47), planted into a solved copy (the reference bodies are the solutions):
+# `python scripts/kit/grade.py k ...` there must fail the exercise and its line must say where and
+# what. Each: (what, file, the right code, the bug, the exercises graded,
+# {exercise that must fail: (phrases its line must hold, phrases it must not hold)}).
 RIGHT_LOGPROB = ('        logprobs = token_logprobs(logits.masked_fill(banned, float("-inf")), '
                  'chosen,\n                                  self.sampling.temperature)')
 LOGPROB_AFTER_THE_FILTERS = '''\
@@ -164,6 +171,7 @@ LOGPROB_AFTER_THE_FILTERS = '''\
             filtered = filtered.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
         logprobs = token_logprobs(filtered, chosen)'''
 FIX_3_FIRST = "exercise 3 fails its own tests: fix it first"
+WHOLE_3 = "the whole message: python -m pytest tests/test_exercises.py -m exercise_3"
 PLANTED = [
     ("the hidden block written into every row", "attention.py",
      "allowed[b, r0 + s:r0 + e, hidden] = False", "allowed[:, r0 + s:r0 + e, hidden] = False",
@@ -187,11 +195,29 @@ PLANTED = [
      "return loss_mask / n.clamp(min=1), float(n.shape[0])", (6,),
      {6: (["loss_weights (the loss aggregation modes)",
            "the first, test_ex6_weights_and_denominators",
-           "AssertionError: seq-mean-token-mean, loss mask"], [])}),
+           ("AssertionError: seq-mean-token-mean: expected row-0 weights [0.5, 0.5, 0, 0], "
+            "denominator 2; got [0.5, 0.5, 0.0, 0.0], 3.0")], [])}),
     ("pass_at_k without its guard", "eval.py",
      "    if not (1 <= k <= n and 0 <= c <= n):\n", "    if False:\n", (7,),
      {7: (["the first, test_ex7_k_responses_cannot_be_drawn_from_fewer[2-0-5]",
            "pass_at_k(n=2, c=0, k=5): expected a ValueError"], [])}),
+    # a student's: the hidden rectangle from the <Parallel> itself (its first line once said only
+    # the input; now the count and the first wrong (query, key) in tokens)
+    ("the hidden columns start at <Parallel>", "attention.py",
+     "hidden = slice(r0 + block.start + 1, r0 + s)", "hidden = slice(r0 + block.start, r0 + s)",
+     (3,),
+     {3: ([("the first, test_ex3_unseen_mask_hides_exactly_the_sibling_path: AssertionError: 7 "
+            "(query, key) hidden that should be seen, 0 seen that should be hidden; the first: "
+            "query 5 (<A>) does not see key 4 (<P>)"), WHOLE_3], ["got ["])}),
+    ("a bool mask", "attention.py", "    return mask, positions.to(device)\n",
+     "    return allowed[:, None], positions.to(device)\n", (3,),
+     {3: (["expected an additive mask of shape (1, 1, 19, 19), dtype torch.float32",
+           "got shape (1, 1, 19, 19), dtype torch.bool", WHOLE_3], [])}),
+    ("a torch error in the student's code", "attention.py",
+     "chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)",
+     "chosen = logits.gather(-1, tokens)", (4,),
+     {4: (["RuntimeError: Index tensor must have the same number of dimensions",
+           "(raised at attention.py:", ": chosen = logits.gather(-1, tokens))"], [])}),
 ]
 
 
@@ -216,20 +242,27 @@ def exercise_block(stdout: str, k: int) -> str:
     return " ".join(mine[0].split())
 
 
-@pytest.mark.parametrize("what, rel, right, bug, graded, checks", PLANTED,
-                         ids=[p[0] for p in PLANTED])
-def test_planted_bugs_are_caught_where_they_are(solved, what, rel, right, bug, graded, checks):
+def grade_planted(solved, rel: str, right: str, bug: str, graded) -> subprocess.CompletedProcess:
+    """`python scripts/kit/grade.py graded...` in the solved copy with `right` in `rel` replaced
+    by `bug` (restored after)."""
     path = solved / rel
     original = path.read_text()
-    assert original.count(right) == 1, f"{rel} no longer holds {right!r}: update PLANTED"
+    assert original.count(right) == 1, f"{rel} no longer holds {right!r}: update the test"
     path.write_text(original.replace(right, bug))
     try:
-        command = [sys.executable, os.path.join("scripts", "grade.py"), *map(str, graded)]
-        proc = subprocess.run(command, cwd=solved, env=dict(os.environ, OMP_NUM_THREADS="1"),
+        command = [sys.executable, os.path.join("scripts", "kit", "grade.py"), *map(str, graded)]
+        return subprocess.run(command, cwd=solved, env=dict(os.environ, OMP_NUM_THREADS="1"),
                               capture_output=True, text=True, timeout=600, check=False)
     finally:
         path.write_text(original)
-    assert proc.returncode == 1, f"{what}: grade.py exits {proc.returncode}\n{proc.stdout}"
+
+
+@pytest.mark.parametrize("what, rel, right, bug, graded, checks", PLANTED,
+                         ids=[p[0] for p in PLANTED])
+def test_planted_bugs_are_caught_where_they_are(solved, what, rel, right, bug, graded, checks):
+    proc = grade_planted(solved, rel, right, bug, graded)
+    assert proc.returncode == 1, \
+        f"{what}: grade.py exits {proc.returncode}\n{proc.stdout}\n{proc.stderr[-2000:]}"
     for k, (says, never) in checks.items():
         line = exercise_block(proc.stdout, k)
         assert "tests pass: done" not in line, f"{what}: exercise {k} says done\n{proc.stdout}"
@@ -237,6 +270,22 @@ def test_planted_bugs_are_caught_where_they_are(solved, what, rel, right, bug, g
             assert phrase in line, f"{what}: exercise {k}'s line lacks {phrase!r}:\n{line}"
         for phrase in never:
             assert phrase not in line, f"{what}: exercise {k}'s line says {phrase!r}:\n{line}"
+
+
+def test_a_file_that_does_not_parse_is_named_with_its_line(solved):
+    """A student's syntax error: grade.py names the file and the line and says it is theirs (it
+    once showed a traceback inside grade.py, File "<unknown>")."""
+    right = "    return mask, positions.to(device)\n    # <<< exercise 3"
+    line = (solved / "attention.py").read_text().split(right)[0].count("\n") + 1
+    proc = grade_planted(solved, "attention.py", right, right.replace("mask,", "mask"), [3])
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr, \
+        f"{proc.stdout}\n{proc.stderr}"
+    assert proc.stdout.splitlines()[:3] == [
+        f"attention.py, line {line}, does not parse (SyntaxError: invalid syntax):",
+        "    return mask positions.to(device)",
+        "                ^",
+    ], proc.stdout
+    assert "It is your attention.py that does not parse, not the grader" in proc.stdout
 
 
 def test_grade_shows_the_kits_message_first_and_what_to_fix_first():
@@ -259,12 +308,14 @@ def test_grade_shows_the_kits_message_first_and_what_to_fix_first():
     assert "\n".join(lines).splitlines() == [
         "exercise 3  attention.py: the mask",
         "    0/2 tests pass; 2 fail; the first, test_ex3: AssertionError: row 1 of a 2-row batch",
+        "      the whole message: python -m pytest tests/test_exercises.py -m exercise_3",
         "exercise 9  sample.py: the sampler",
         ("    0/1 tests pass; exercise 3 fails its own tests: fix it first (these tests go through "
          "its code);"),
         ("      1 fail; the first, test_b[unseen]: sample 0 (prompt 0), response token 3 'x' in "
          "the main"),
         "      chain: recorded log-prob -1.0, the training forward's -2.0",
+        "      the whole message: python -m pytest tests/test_sample.py -m exercise_9",
         "total: 0 of 2 exercises done, 0 of 3 tests pass",
     ]
     assert not all_done

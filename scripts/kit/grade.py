@@ -8,13 +8,16 @@ Exercise k's tests are the ones marked exercise_k (tests/test_exercises.py and t
 tests/conftest.py's EXERCISE_TESTS tags); one pytest session runs them all, quietly (and those of
 the exercises they go through, NEEDS). An exercise not done says how many of its tests stop at its
 own NotImplementedError (not started), at another exercise's (do that one first), or fail otherwise
-(the first line of the first, the kit's own tests first; and which exercise it goes through fails
-its own tests: fix that one first). Exit status 0 when every exercise asked for passes, else 1.
-The full failure: python -m pytest -m exercise_k -x tests
+(the first, the kit's own tests first: its message's first line, the expected and actual values,
+where the code under test raised it, and the command that shows it whole; and which exercise it
+goes through fails its own tests: fix that one first). A student's file that does not parse is
+named with its line. Exit status 0 when every exercise asked for passes, else 1.
+The full failures: python -m pytest tests/test_exercises.py -m exercise_k (the kit's own first)
 """
 import argparse
 import ast
 import json
+import linecache
 import os
 import re
 import sys
@@ -30,6 +33,9 @@ MARKER = re.compile(r"exercise_(\d+)")
 MISSING_PIECE = re.compile(r"NotImplementedError: Exercise (\d+)")
 REASON_CHARS = 400                      # a failure's first line, cut to this many characters
 LINE_CHARS = 100                        # and wrapped at this width
+VALUE_CHARS = 160                       # a line that gives an expected/actual value, cut so
+VALUE = re.compile(r"^(expected|got)\b.*\S")   # such a line of a message (the kit's way)
+FRAME = re.compile(r"^(\S+\.py):(\d+): ")  # a traceback entry's location in a pytest report
 TEXT_CHARS = 3000                       # the end of a failure's report kept in the JSON
 KIT_TESTS = "tests/test_exercises.py"   # the kit's own tests: their messages are shown first
 # Which other exercises an exercise's tests go through (ASSIGNMENTS.md's last column): a failure
@@ -52,14 +58,14 @@ class Recorder:
     def pytest_collectreport(self, report):
         if report.failed:               # a test file that does not import: all its tests fail
             self.tests[report.nodeid] = {"markers": [], "outcome": "failed",
-                                         "text": report.longreprtext[-TEXT_CHARS:]}
+                                         "text": report.longreprtext}
 
     def pytest_runtest_logreport(self, report):
         test = self.tests.setdefault(report.nodeid,
                                      {"markers": [], "outcome": "passed", "text": ""})
         if report.outcome != "passed" and test["outcome"] == "passed":
             test["outcome"] = report.outcome
-            test["text"] = report.longreprtext[-TEXT_CHARS:]
+            test["text"] = report.longreprtext
 
 
 def enclosing_function(tree: ast.Module, line: int) -> str:
@@ -89,7 +95,7 @@ def exercise_names(root: str = ROOT) -> dict[int, str]:
             text = f.read()
         if "# >>> exercise" not in text:
             continue
-        tree = ast.parse(text)
+        tree = ast.parse(text, filename=rel)     # a SyntaxError names the file: main says so
         for n, line in enumerate(text.splitlines(), 1):
             begin = BEGIN.match(line)
             if begin:
@@ -101,17 +107,71 @@ def exercise_names(root: str = ROOT) -> dict[int, str]:
     return names
 
 
-def first_line_of_failure(text: str) -> str:
-    """The first "E   ..." line of a pytest failure report (else its first line: a test that
-    fails with pytest.fail(..., pytrace=False) reports its message alone), cut short."""
+def message_lines(text: str) -> list[str]:
+    """The message of a pytest failure report: its first "E ..." line and the E lines indented
+    below it (pytest's own explanation, "assert ...", starts back at the first one's indent);
+    without E lines, the report's first line (pytest.fail(..., pytrace=False) reports its
+    message alone: its first line says where)."""
     lines = [line for line in text.splitlines() if line.strip()] or [""]
-    errors = [line[1:].strip() for line in lines if line.startswith("E ")]
-    line = lines[0].strip()
-    if errors:
-        line = errors[0]
-    if len(line) > REASON_CHARS:
-        line = line[:REASON_CHARS - 3] + "..."
-    return line
+    errors = [line[1:] for line in lines if line.startswith("E ")]
+    if not errors:
+        return [lines[0].strip()]
+    indent = len(errors[0]) - len(errors[0].lstrip())
+    message = [errors[0].strip()]
+    for line in errors[1:]:
+        if len(line) - len(line.lstrip()) <= indent:
+            break
+        message.append(line.strip())
+    return message
+
+
+def cut(text: str, chars: int) -> str:
+    """`text` cut to `chars` characters, "..." marking the cut."""
+    if len(text) > chars:
+        return text[:chars - 3] + "..."
+    return text
+
+
+def failure_reason(text: str, files: tuple[str, ...] = ()) -> str:
+    """What a failure report says went wrong, on one line: its message's first line; when that
+    gives no expected value, also the message's lines that begin with "expected" or "got" (the
+    kit's messages give the values there); and when the error was raised in the code under test,
+    not by a test's check, where: the last traceback entry in `files` (the exercise's), with its
+    line of code."""
+    message = message_lines(text)
+    parts = [cut(message[0], REASON_CHARS)]
+    if "expected" not in message[0]:
+        parts += [cut(line, VALUE_CHARS) for line in message[1:] if VALUE.match(line)]
+    reason = "; ".join(parts)
+    frames = [FRAME.match(line) for line in text.splitlines()]
+    frames = [frame for frame in frames if frame]
+    if frames and not frames[-1][1].startswith("tests/"):       # raised outside the tests
+        mine = [frame for frame in frames if frame[1] in files]
+        if mine:
+            path = mine[-1][1]
+            line = int(mine[-1][2])
+            code = linecache.getline(os.path.join(ROOT, path), line).strip()
+            reason += f" (raised at {path}:{line}: {cut(code, VALUE_CHARS)})"
+    return reason
+
+
+def does_not_parse(error: SyntaxError) -> str:
+    """The grade's whole output when a student's file does not parse (exercise_names reads the
+    marked files): the file, the line and the error, and that it is theirs, not the grader's."""
+    code = (error.text or "").rstrip("\n")
+    indent = len(code) - len(code.lstrip())
+    caret = " " * max((error.offset or 1) - 1 - indent, 0) + "^"
+    advice = (f"It is your {error.filename} that does not parse, not the grader: fix that line, "
+              f"then grade again (python -c \"import {error.filename.removesuffix('.py')}\" shows "
+              f"the same).")
+    return (f"{error.filename}, line {error.lineno}, does not parse "
+            f"({type(error).__name__}: {error.msg}):\n    {code.strip()}\n    {caret}\n"
+            f"{textwrap.fill(advice, LINE_CHARS)}")
+
+
+def files_of(name: str) -> tuple[str, ...]:
+    """The files of an exercise_names entry ("a.py: f (what), g (what); b.py: h (what)")."""
+    return tuple(part.split(": ")[0] for part in name.split("; "))
 
 
 def tests_of(tests: dict, k: int) -> list[dict]:
@@ -129,11 +189,13 @@ def is_done(tests: dict, k: int) -> bool:
     return bool(mine) and all(t["outcome"] != "failed" for t in mine)
 
 
-def failure_summary(k: int, failed: list[dict], tests: dict) -> str:
+def failure_summary(k: int, failed: list[dict], tests: dict,
+                    files: tuple[str, ...] = ()) -> tuple[str, str]:
     """Why exercise k's failed tests fail: stopped by its own NotImplementedError (not started),
     by another exercise's (which to do first), or by something else (the first such failure,
-    the kit's own first; and, when an exercise these tests go through (NEEDS) fails its own
-    tests, that one to fix first)."""
+    the kit's own first: failure_reason, `files` the exercise's; and, when an exercise these
+    tests go through (NEEDS) fails its own tests, that one to fix first). And the command that
+    shows that failure whole ("" when none is shown)."""
     waiting = {}                                 # exercise j -> tests stopped by its raise
     other = []
     for test in failed:
@@ -156,15 +218,18 @@ def failure_summary(k: int, failed: list[dict], tests: dict) -> str:
         first = other[0]
         test_name = first["nodeid"].split("::")[-1]
         parts.append(f"{len(other)} fail; the first, {test_name}: "
-                     f"{first_line_of_failure(first['text'])}")
-    return "; ".join(parts)
+                     f"{failure_reason(first['text'], files)}")
+        command = f"python -m pytest {first['nodeid'].split('::')[0]} -m exercise_{k}"
+        return "; ".join(parts), command
+    return "; ".join(parts), ""
 
 
 def grade_lines(tests: dict, names: dict[int, str], exercises: list[int]) -> tuple[list[str], bool]:
     """One line per exercise (its tests that pass, of all; done, or why the others fail:
-    failure_summary), wrapped at LINE_CHARS, and a total; and whether every exercise in
-    `exercises` is done. A skipped test does not count against it; an exercise without a test
-    is not done. `tests` may hold other exercises' tests too (those of NEEDS)."""
+    failure_summary, then the command that shows it whole), wrapped at LINE_CHARS, and a total;
+    and whether every exercise in `exercises` is done. A skipped test does not count against
+    it; an exercise without a test is not done. `tests` may hold other exercises' tests too
+    (those of NEEDS)."""
     lines = []
     done = 0
     passed_tests = 0
@@ -176,21 +241,25 @@ def grade_lines(tests: dict, names: dict[int, str], exercises: list[int]) -> tup
         passed_tests += passed
         total_tests += len(mine)
         head = f"exercise {k}  {names.get(k, '?')}"
+        command = ""
         if mine and not failed:
             done += 1
             status = f"{passed}/{len(mine)} tests pass: done"
         elif not mine:
             status = f"no test is marked exercise_{k}"
         else:
-            status = f"{passed}/{len(mine)} tests pass; {failure_summary(k, failed, tests)}"
+            summary, command = failure_summary(k, failed, tests, files_of(names.get(k, "?")))
+            status = f"{passed}/{len(mine)} tests pass; {summary}"
         head = textwrap.fill(head, LINE_CHARS, subsequent_indent=" " * 12,
                              break_on_hyphens=False)
         status = textwrap.fill(status, LINE_CHARS, initial_indent="    ",
                                subsequent_indent="      ", break_on_hyphens=False)
+        if command:                              # unwrapped: to copy as it is
+            status += f"\n      the whole message: {command}"
         lines.append(f"{head}\n{status}")
     broken = [n for n, t in tests.items() if not t["markers"] and t["outcome"] == "failed"]
     for nodeid in broken:                        # a test file that failed to import
-        lines.append(f"cannot collect {nodeid}: {first_line_of_failure(tests[nodeid]['text'])}")
+        lines.append(f"cannot collect {nodeid}: {failure_reason(tests[nodeid]['text'])}")
     lines.append(f"total: {done} of {len(exercises)} exercises done, {passed_tests} of "
                  f"{total_tests} tests pass")
     return lines, done == len(exercises) and not broken
@@ -212,7 +281,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("exercises", nargs="*", type=int, help="which (default: all)")
     parser.add_argument("--json", default="", help="also write every test's outcome here")
     args = parser.parse_args(argv)
-    names = exercise_names()                     # the exercises: the bodies marked in the code
+    try:
+        names = exercise_names()                 # the exercises: the bodies marked in the code
+    except SyntaxError as error:
+        print(does_not_parse(error))
+        return 1
     exercises = sorted(set(args.exercises)) or sorted(names)
     unknown = [k for k in exercises if k not in names]
     if unknown:
@@ -221,8 +294,10 @@ def main(argv: list[str]) -> int:
     needed = {j for k in exercises for j in NEEDS.get(k, ()) if j in names}
     tests = run_tests(sorted(needed | set(exercises)))     # NEEDS: to say which to fix first
     if json_path:
+        ends = {nodeid: dict(test, text=test["text"][-TEXT_CHARS:])
+                for nodeid, test in tests.items()}
         with open(json_path, "w", encoding="utf-8") as f:
-            json.dump(tests, f)
+            json.dump(ends, f)
     lines, all_done = grade_lines(tests, names, exercises)
     print("\n".join(lines))
     return 0 if all_done else 1
