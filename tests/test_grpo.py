@@ -599,6 +599,22 @@ def test_the_first_steps_check_the_samplers_logprobs(tmp_path, monkeypatch):
     assert not any(key.startswith("logprob_gap") for key in second)
 
 
+def test_save_every_minutes_saves_on_a_clock(tmp_path, monkeypatch):
+    """--save_every_minutes (here a nanosecond: every step is past it) saves after every step
+    though --save_every=0; without it only the last step is saved."""
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)
+    init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(3)]
+    base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=6, max_steps=3,
+                max_time=0.0, eval_data="", save_every=0, log_every=0, keep_last=0)
+    for minutes, saved in ((1e-12, [1, 2, 3]), (0.0, [3])):
+        out = tmp_path / f"run-{minutes}"
+        grpo.train(tiny_run(**base, save_every_minutes=minutes, out_dir=str(out)),
+                   records=records)
+        assert [step for step, _ in plumbing.checkpoints(str(out))] == saved
+
+
 # where SIGTERM arrives in step 2: (what it patches, which call of it sends the signal), and the
 # step the run is saved at: before the first optimizer step the step is abandoned (checkpoint-1),
 # after it the step finishes (checkpoint-2)
