@@ -630,8 +630,15 @@ def test_a_signal_mid_step_saves_the_last_completed_step_and_the_resume_is_exact
     by the schedule). In its sampling (at the 3rd decode step) or its update before the first
     optimizer step, the step is abandoned and step 1 is saved, with the data position and RNGs
     as step 2 began; after the first optimizer step, step 2 finishes and is saved. The run stops;
-    --resume=True then gives the weights of an uninterrupted run, bit for bit."""
-    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    --resume=True then gives the weights of an uninterrupted run, bit for bit. The reward draws
+    from the global RNG, so the RNGs saved must be those of step 2's start, not its abandon."""
+    def scores_with_global_noise(responses, golds, **kw):
+        rows = fake_scores(responses, golds, **kw)
+        for row in rows:
+            row["reward"] += torch.rand(()).item()
+        return rows
+
+    monkeypatch.setattr(grpo, "score_batch", scores_with_global_noise)
     model, tok = tiny(seed=1)
     init = save_checkpoint(str(tmp_path / "init"), model, tok)
     records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(5)]
