@@ -157,7 +157,7 @@ def draw_tokens(logits: torch.Tensor, banned: torch.Tensor, sampling: SamplingCo
         probs = sorted_logits.softmax(-1)
         drop = probs.cumsum(-1) - probs > sampling.top_p   # keep the smallest prefix reaching top_p
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    cumulative = logits.softmax(-1).cpu().double().cumsum(-1)           # (n, V)
+    cumulative = logits.softmax(-1).cpu().cumsum(-1, dtype=torch.float64)     # (n, V)
     # the first token whose cumulative probability passes u x total: token i with probability
     # p_i. In float64, u x total (u < 1 has 24 bits) stays below the total, so a token of
     # probability 0 (banned, or cut by top-k or top-p) adds nothing and is never the first
