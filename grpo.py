@@ -43,7 +43,7 @@ from data import embedded_test_parts, load_data, prompt_style_of
 from eval import evaluate_run, first_evaluation, fit_context, log_line, own_tokenizer, rollout_stats
 from model import Mode, frozen_copy, load_model, resolve_preset
 from rewards import RewardSchedule, score_batch
-from sample import Rollout, SamplingConfig, SamplingFlags, generate
+from sample import Rollout, SamplingConfig, SamplingFlags, Stopped, generate
 
 
 @dataclass
@@ -113,23 +113,33 @@ class GRPORun(plumbing.Run):
     pad_id: int = 0
 
 
-def grpo_step(run: GRPORun, step: int) -> dict:
+def grpo_step(run: GRPORun, step: int) -> dict | None:
     """One GRPO step (NOTES.md §5): draw prompts, sample group_size rollouts each, score them
     with this step's reward, turn the rewards into group-relative advantages, update the policy.
-    Returns the step's statistics (all ranks')."""
+    Returns the step's statistics (all ranks'), or None when a signal (a preemption) abandoned
+    the step before it changed a weight: each rank stops sampling at its next decode step, and
+    the ranks agree after sampling and before each micro-batch up to the first optimizer step
+    (after it, the step finishes). A rank samples its places of the global batch (`rank_places`),
+    each prompt's responses seeded by the step and that place, so N ranks sample and train as 1
+    rank does at the same batch_size."""
     cfg = run.cfg
     d = run.dist
     stage = stage_at(cfg, step)
     clock = plumbing.Stopwatch()
-    per_rank = cfg.batch_size // d.world_size
     drawn = run.streams[stage.data].take(cfg.batch_size)
-    mine = drawn[d.rank * per_rank:(d.rank + 1) * per_rank]
-    problems = [run.sources[stage.data][i] for i in mine]
-    prompts = [run.prompts[stage.data][i] for i in mine]
+    places = rank_places(cfg.batch_size, d.world_size, d.rank, cfg.ppo_mini_batches)
+    problems = [run.sources[stage.data][drawn[p]] for p in places]
+    prompts = [run.prompts[stage.data][drawn[p]] for p in places]
     if cfg.fsdp:
         plumbing.sync_rollout_model(run.rollout_model, run.train_model)
-    rollouts = sample_rollouts(run.rollout_model, run.tokenizer, prompts, cfg,
-                               seed=plumbing.rollout_seed(cfg.seed, step, d.rank))
+    try:
+        rollouts = sample_rollouts(run.rollout_model, run.tokenizer, prompts, cfg,
+                                   seed=plumbing.rollout_seed(cfg.seed, step), places=places,
+                                   stop=run.signalled)
+    except Stopped:                                # this rank was signalled: the ranks agree next
+        rollouts = []
+    if run.any_rank_signalled():
+        return None
     clock.lap("time_sample")
     golds = [problems[r.prompt_index]["answer"] for r in rollouts]
     scores = score_batch([r.text for r in rollouts], golds, reward=stage.reward, step=step,
@@ -146,7 +156,10 @@ def grpo_step(run: GRPORun, step: int) -> dict:
     update = ppo_update(run.train_model, run.optimizer, trained, trained_advantages, cfg,
                         tags=run.tags, pad_id=run.pad_id, scheduler=run.scheduler,
                         ref_model=run.ref_model, clip_ratio_high=stage.clip_ratio_high,
-                        check_logprobs=step <= cfg.logprob_check_steps)
+                        check_logprobs=step <= cfg.logprob_check_steps,
+                        stop=run.any_rank_signalled)
+    if update is None:
+        return None
     clock.lap("time_update")
     advantage_sums = [advantages.abs().sum().item(), len(advantages), len(trained)]
     abs_sum, count, trained_count = plumbing.all_reduce(advantage_sums, d.device)
@@ -155,6 +168,24 @@ def grpo_step(run: GRPORun, step: int) -> dict:
             "adv_abs_mean": abs_sum / max(count, 1.0), "rollouts_trained": int(trained_count),
             **update, "lr": run.optimizer.param_groups[0]["lr"],
             "clip_ratio_high": stage.clip_ratio_high, **clock.laps}
+
+
+def rank_places(batch_size: int, world_size: int, rank: int, ppo_mini_batches: int) -> list[int]:
+    """The places in the step's global batch (0 .. batch_size - 1) of the prompts that `rank`
+    samples and trains. The update splits a rank's rollouts into ppo_mini_batches contiguous
+    parts, so a rank takes its share of each of the global batch's ppo_mini_batches parts: the
+    ranks' k-th mini-batches together are 1 rank's k-th (rank_places(8, 2, 1, 2) -> [2, 3, 6,
+    7]). When ppo_mini_batches x world_size does not divide batch_size: contiguous shares (the
+    mini-batches then differ from 1 rank's; `setup` says so)."""
+    per_rank = batch_size // world_size
+    if batch_size % (ppo_mini_batches * world_size):
+        return list(range(rank * per_rank, (rank + 1) * per_rank))
+    share = per_rank // ppo_mini_batches           # prompts of one mini-batch on one rank
+    places = []
+    for k in range(ppo_mini_batches):
+        first = k * (batch_size // ppo_mini_batches) + rank * share
+        places += range(first, first + share)
+    return places
 
 
 @dataclass(frozen=True)
@@ -187,23 +218,30 @@ def stage_at(cfg: GRPOConfig, step: int) -> Stage:
     return Stage(schedule, data, high)
 
 
-def sample_rollouts(model, tokenizer, prompts: list[list[int]], cfg: GRPOConfig,
-                    seed: int) -> list[Rollout]:
-    """group_size rollouts per prompt, prompt-major, in chunks of generate_batch_size prompts
-    (chunk c sampled with seed + c)."""
+def sample_rollouts(model, tokenizer, prompts: list[list[int]], cfg: GRPOConfig, seed: int,
+                    places: list[int] | None = None, stop=None) -> list[Rollout]:
+    """group_size rollouts per prompt, prompt-major, in chunks of generate_batch_size prompts;
+    prompt i's responses draw from numbers seeded by (seed, places[i]) (`sample.generate`;
+    default: i), so the chunking does not change them. `stop`: sample.generate's (raises
+    sample.Stopped)."""
     chunk = cfg.generate_batch_size or len(prompts)          # prompts per call: the memory
+    if places is None:
+        places = list(range(len(prompts)))
     was_training = model.training
     model.eval()
     rollouts = []
-    for c, start in enumerate(range(0, len(prompts), chunk)):
-        with autocast(next(model.parameters()).device):
-            chunk_rollouts = generate(model, tokenizer, prompts[start:start + chunk],
-                                      group_size=cfg.group_size, mode=cfg.mode,
-                                      sampling=cfg.sampling(seed=seed + c))
-        for r in chunk_rollouts:
-            r.prompt_index += start
-        rollouts += chunk_rollouts
-    model.train(was_training)
+    try:
+        for start in range(0, len(prompts), chunk):
+            with autocast(next(model.parameters()).device):
+                chunk_rollouts = generate(model, tokenizer, prompts[start:start + chunk],
+                                          group_size=cfg.group_size, mode=cfg.mode,
+                                          sampling=cfg.sampling(seed=seed),
+                                          places=places[start:start + chunk], stop=stop)
+            for r in chunk_rollouts:
+                r.prompt_index += start
+            rollouts += chunk_rollouts
+    finally:
+        model.train(was_training)
     return rollouts
 
 
@@ -228,18 +266,22 @@ STAT_SUMS = ("loss", "pg_loss", "kl", "tokens", "clipped", "dual", "entropy", "r
 
 def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOConfig, *,
                tags: TagIds, pad_id: int, clip_ratio_high: float, scheduler=None,
-               ref_model=None, check_logprobs: bool = False) -> dict:
+               ref_model=None, check_logprobs: bool = False, stop=None) -> dict | None:
     """cfg.ppo_mini_batches optimizer steps of the PPO-clip loss on this rank's rollouts (any
     number, also 0). `cfg` is resolved (`resolve_defaults`: cfg.mode and cfg.kl_coef are in
     force); clip_ratio_high is this step's (`stage_at`); ref_model (kl_coef > 0): the frozen
     initial weights; check_logprobs: measure the sampler's log-probs against the training
     forward's. model: plain, DDP- or FSDP-wrapped. Global statistics: loss and pg_loss (means
     over mini-batches), kl, clip_frac, dual_clip_frac, entropy, ratio_mean (token means),
-    counts, and the log-prob gap when measured."""
+    counts, and the log-prob gap when measured. `stop`: a question every rank asks at the same
+    points (before the extra forwards, then before each micro-batch until the first optimizer
+    step); True abandons the update with the weights as they were: None is returned."""
     device = next(model.parameters()).device
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     advantages = torch.as_tensor(advantages, dtype=torch.float32).flatten()
     minis = mini_batches(rollouts, advantages, cfg, pad_id, device)
+    if stop is not None and stop():
+        return None
     if ref_model is not None:             # the KL term's reference log-probs (kl_coef > 0)
         for mb in (mb for mini in minis for mb in mini.micro_batches):
             mb.ref_logprobs = response_logprobs(ref_model, mb, cfg, tags)
@@ -253,6 +295,9 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
         if mini.denominator == 0:              # nothing to learn on any rank: every rank skips
             continue
         for j, mb in enumerate(mini.micro_batches):
+            if stop is not None and not grad_norms and stop():   # no optimizer step yet
+                optimizer.zero_grad(set_to_none=True)
+                return None
             last = j == len(mini.micro_batches) - 1
             with plumbing.grad_sync(model, enabled=last):
                 logprobs, entropy = token_scores(model, mb, tags, cfg.mode, mb.loss_mask.bool(),
@@ -583,6 +628,10 @@ def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
     run.pad_id = run.tokenizer.pad_token_id
     if run.pad_id is None:
         run.pad_id = run.tags.eos
+    if d.world_size > 1 and cfg.batch_size % (cfg.ppo_mini_batches * d.world_size):
+        run.log(f"note: --batch_size={cfg.batch_size} is not a multiple of --ppo_mini_batches x "
+                f"ranks ({cfg.ppo_mini_batches} x {d.world_size}): the mini-batches, and so the "
+                "run, differ from a 1-rank run's (rank_places)")
     total_optimizer_steps = cfg.max_steps * cfg.ppo_mini_batches
     plumbing.prepare(run, lambda s: plumbing.lr_factor(s, cfg.warmup_steps, total_optimizer_steps,
                                                         cfg.lr_schedule),
@@ -608,14 +657,19 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None,
         eval_before = first_evaluation(run)
         evaluate = functools.partial(evaluate_run, run) if run.eval_records else None
         row = {}
+        kept = {"mode": cfg.mode, "recipe": cfg.recipe, "eval_before": eval_before}
         for step in run.steps(cfg.max_steps, "grpo"):
-            row = grpo_step(run, step)
+            positions = {name: s.position() for name, s in run.streams.items()}
+            stats = grpo_step(run, step)
+            if stats is None:           # abandoned on a signal: the step before it is saved
+                run.abandon_step(data_position=positions, **kept)
+                continue
+            row = stats
             line = log_line(step, row)
             postfix = {"reward": f"{row['reward_mean']:+.2f}", "acc": f"{row['accuracy']:.2f}",
                        "var": f"{row['groups_with_variance']:.2f}"}
             positions = {name: s.position() for name, s in run.streams.items()}
-            run.end_step(row, line, postfix, evaluate, data_position=positions, mode=cfg.mode,
-                         recipe=cfg.recipe, eval_before=eval_before)
+            run.end_step(row, line, postfix, evaluate, data_position=positions, **kept)
         eval_after = None
         if evaluate and run.step > first_step and not run.signal_received:
             eval_after = evaluate("after")

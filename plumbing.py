@@ -2,13 +2,14 @@
 
 * ranks: `distributed()` joins torchrun's process group (--dist_timeout_minutes, the CUDA
   allocator's expandable segments); `all_reduce`, `grad_sync`;
-* the run: `RunFlags` (the flags both trainers have), `resolve_config` (the settings in force and
-  their sources; on a resume `check_resume` refuses a changed experiment), `load_run` (seed every
-  RNG, load the model, a node's ranks in turn), `prepare` (DDP or FSDP2, AdamW, the lr schedule, an
-  exact resume), the loop's bookkeeping (`Run.steps` and `Run.end_step`: log, evaluate, save;
-  stop at --max_time or on SIGINT/SIGTERM after saving the step in hand), `Run.save`
-  (checkpoint-<step> with the trainer state); GRPO's start checkpoint, its rollout seeds and the
-  FSDP rollout copy's refresh;
+* the run: `RunFlags` (the flags both trainers have), `resolve_config` (the settings in force
+  and their sources; on a resume `check_resume` refuses a changed experiment), `load_run` (seed
+  every RNG, load the model, a node's ranks in turn), `prepare` (DDP or FSDP2, AdamW, the lr
+  schedule, an exact resume), the loop's bookkeeping (`Run.steps` and `Run.end_step`: log,
+  evaluate, save every --save_every steps or --save_every_minutes; stop at --max_time, or on SIGINT/SIGTERM
+  with the last completed step saved, `Run.abandon_step` when the trainer stopped the step in
+  flight), `Run.save` (checkpoint-<step> with the trainer state); GRPO's start checkpoint, its
+  rollout seeds and the FSDP rollout copy's refresh;
 * run folders: checkpoint naming, `--resume`, a lock per out_dir, moving an earlier run aside
   (nothing a user made is deleted or overwritten), settings.json and resumes.jsonl
   (`record_settings`);
@@ -67,6 +68,7 @@ FALSE_WORDS = ("", *config.FALSE_WORDS)
 # checkpoint (Qwen3-4B: 16 GB of weights and 32 GB of AdamW state, 8 minutes at 100 MB/s), or
 # while the node's ranks load the model in turn (load_run). A real hang then costs this long.
 DIST_TIMEOUT_MINUTES = 30.0
+SECONDS_PER_MINUTE = 60.0
 
 
 @dataclass
@@ -84,6 +86,7 @@ class RunFlags:
     resume: str = ""                     # a checkpoint folder, or True = the latest in out_dir
     allow_changes: str = ""              # a resume may change these settings: "kl_coef,lr"
     keep_last: config.NonNegativeInt = 2       # checkpoints kept in out_dir (0 = all)
+    save_every_minutes: config.NonNegativeFloat = 0.0   # also save once this long since the last
     wandb_project: str = ""              # also log log.jsonl's rows to Weights & Biases (wandb)
     dist_timeout_minutes: config.PositiveFloat = DIST_TIMEOUT_MINUTES   # a collective's wait
 
@@ -446,15 +449,14 @@ def start_wandb(cfg):
 # The optimizer step, the schedule, the stream of examples
 
 
-RUN_SEED_STRIDE = 1_000_003    # rollout seeds: a prime above any step count ...
+RUN_SEED_STRIDE = 1_000_003    # rollout seeds: a prime above any step count
 
 
-MAX_RANKS = 4096               # ... and room for this many ranks: no two (seed, step, rank) meet
-
-
-def rollout_seed(seed: int, step: int, rank: int) -> int:
-    """A sampling seed of its own for every (run seed, step, rank)."""
-    return (seed * RUN_SEED_STRIDE + step) * MAX_RANKS + rank
+def rollout_seed(seed: int, step: int) -> int:
+    """A sampling seed of its own for every (run seed, step), the same on every rank: a prompt's
+    responses are told apart by its place in the global batch (`sample.response_draws`), so a
+    run's rollouts do not depend on the rank count."""
+    return seed * RUN_SEED_STRIDE + step
 
 
 def plan_micro_batches(lengths: list[int], ppo_mini_batches: int, micro_batch_size: int,
@@ -576,7 +578,10 @@ class Run:
     total_steps: int = 0                   # the loop's (`steps`)
     stopped_by: str = ""                   # why the loop ended early: "--max_time=<s>", a signal
     signal_received: str = ""              # SIGINT or SIGTERM, caught by `steps`
+    step_rng: dict | None = None           # the RNGs as the step in flight began (`abandon_step`)
+    saved_step: int | None = None          # the step of the latest checkpoint (every rank's)
     t_start: float = 0.0
+    t_saved: float = 0.0                   # when the last checkpoint was written (or the start)
     bar: object = None
 
     def log(self, *args):
@@ -602,20 +607,24 @@ class Run:
 
     def steps(self, total_steps: int, desc: str):
         """The training loop's step numbers: from the resumed step + 1 to total_steps, with a
-        progress bar. The caller ends each step with `end_step`, which may end the loop early.
-        SIGINT (Ctrl-C) and SIGTERM (a cluster's preemption) are caught meanwhile: the step in
-        hand finishes and is saved, and --resume=True continues it exactly; a second signal
-        interrupts at once."""
+        progress bar. The caller ends each step with `end_step`, or with `abandon_step` when a
+        signal stopped it part-way; either may end the loop early. SIGINT (Ctrl-C) and SIGTERM
+        (a cluster's preemption) are caught meanwhile (`catch_signals`): the trainer abandons
+        the step in flight at its next safe point, or finishes it, and the last completed step
+        is saved; --resume=True continues it exactly."""
         self.total_steps = total_steps
         self.checkpoint = self.resume or None
         if self.step >= total_steps:              # a resumed run that is already done
             self.log(f"note: {self.resume} is at step {self.step} and this run has {total_steps} "
                      "steps: nothing is left to train (raise --max_steps to go on)")
         self.t_start = time.monotonic()
+        self.t_saved = self.t_start
+        self.saved_step = self.step if self.resume else None
         self.bar = tqdm(total=total_steps, initial=self.step, disable=not self.dist.is_main,
                         dynamic_ncols=True, desc=desc)
         with catch_signals(self):
             while self.step < total_steps and not self.stopped_by:
+                self.step_rng = rng_state()
                 self.step += 1
                 yield self.step
         self.bar.close()
@@ -639,9 +648,41 @@ class Run:
         last = self.step == self.total_steps or bool(stop)
         if evaluate and cfg.eval_every and self.step % cfg.eval_every == 0 and not last:
             evaluate(f"step {self.step}")
-        if last or (cfg.save_every and self.step % cfg.save_every == 0):
+        by_steps = cfg.save_every and self.step % cfg.save_every == 0
+        if last or by_steps or self.save_is_due():
             self.checkpoint = self.save(**trainer_state)
         self.stopped_by = stop
+
+    def save_is_due(self) -> bool:
+        """Whether --save_every_minutes have passed since the last checkpoint (on any rank: every
+        rank decides alike)."""
+        minutes = self.cfg.save_every_minutes
+        if not minutes:
+            return False
+        due = time.monotonic() - self.t_saved >= minutes * SECONDS_PER_MINUTE
+        return bool(all_reduce([due], self.dist.device, "max")[0])
+
+    def signalled(self) -> bool:
+        """Whether this rank caught a signal (no collective: the sampler asks every decode
+        step)."""
+        return bool(self.signal_received)
+
+    def any_rank_signalled(self) -> bool:
+        """Whether any rank caught a signal, on every rank (one collective: every rank must ask
+        at the same point of the step)."""
+        return bool(all_reduce([self.signalled()], self.dist.device, "max")[0])
+
+    def abandon_step(self, **trainer_state):
+        """End the loop on a signal that stopped the step in flight before it changed any weight
+        (the trainer's safe points: grpo.grpo_step): nothing of it is kept. The last completed
+        step (step - 1) is saved with `trainer_state` (the caller's as that step ended, e.g. the
+        data position) and the RNGs as this step began, unless its checkpoint exists (saved by
+        the schedule, or resumed from): --resume=True then runs this step again, as an
+        uninterrupted run would. Every rank calls it."""
+        self.step -= 1
+        self.stopped_by = self.signal_received or "a signal (on another rank)"
+        if self.saved_step != self.step:
+            self.checkpoint = self.save(rng=self.step_rng, **trainer_state)
 
     def stop_early(self) -> str:
         """Why the loop ends before its last step: "--max_time=<seconds>" once they have passed,
@@ -656,10 +697,10 @@ class Run:
             return f"--max_time={self.cfg.max_time:g}"
         return ""
 
-    def save(self, **trainer_state) -> str | None:
-        """out_dir/checkpoint-<step> with the optimizer, schedule, RNGs and the caller's state;
-        every rank calls it (FSDP gathers the full state dicts to rank 0 first). Then the
-        keep_last newest stay. Returns the path (on rank 0)."""
+    def save(self, rng: dict | None = None, **trainer_state) -> str | None:
+        """out_dir/checkpoint-<step> with the optimizer, schedule, RNGs (`rng`, else as they are
+        now) and the caller's state; every rank calls it (FSDP gathers the full state dicts to
+        rank 0 first). Then the keep_last newest stay. Returns the path (on rank 0)."""
         cfg = self.cfg
         path = os.path.join(cfg.out_dir, f"checkpoint-{self.step}")
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -672,7 +713,7 @@ class Run:
             optimizer_state = self.optimizer.state_dict()
         if self.dist.is_main:
             state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state,
-                         rng=rng_state(), scheduler=self.scheduler.state_dict(),
+                         rng=rng or rng_state(), scheduler=self.scheduler.state_dict(),
                          optimizer=optimizer_state)
             save_checkpoint(path, self.train_model, self.tokenizer, state, **model_state)
             if cfg.keep_last > 0:
@@ -680,6 +721,8 @@ class Run:
                     shutil.rmtree(old, ignore_errors=True)
         if dist.is_initialized():
             dist.barrier()
+        self.t_saved = time.monotonic()
+        self.saved_step = self.step
         return path if self.dist.is_main else None
 
 
@@ -981,10 +1024,12 @@ CAUGHT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 @contextmanager
 def catch_signals(run: Run):
-    """Inside: the first SIGINT or SIGTERM only sets run.signal_received (the loop saves and
-    stops after the step in hand) and restores the handlers it replaced, so that a second one
-    acts at once (Ctrl-C: KeyboardInterrupt). Only the main thread may set handlers: elsewhere
-    nothing is caught."""
+    """Inside: the first SIGINT or SIGTERM only sets run.signal_received (the trainer abandons or
+    finishes the step in flight, saves the last completed one and stops) and restores SIGINT's
+    handler, so that a second Ctrl-C acts at once (KeyboardInterrupt). A second SIGTERM changes
+    nothing: under Slurm a worker gets the cluster's and then torchrun's, and the launcher's
+    SIGKILL ends the grace time anyway. Only the main thread may set handlers: elsewhere nothing
+    is caught."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -995,8 +1040,9 @@ def catch_signals(run: Run):
             signal.signal(number, handler)
 
     def note(number, frame):
-        run.signal_received = signal.Signals(number).name
-        restore()
+        if not run.signal_received:
+            run.signal_received = signal.Signals(number).name
+        signal.signal(signal.SIGINT, previous[signal.SIGINT])
 
     for number in CAUGHT_SIGNALS:
         signal.signal(number, note)

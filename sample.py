@@ -60,11 +60,13 @@ done.
 import dataclasses
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle OpenMP threads sleep (see sft.py)
 
+import numpy as np
 import torch
 
 import config
@@ -103,6 +105,10 @@ PATH_BUDGET = "path_budget"        # the path is at max_path_tokens: </Path> inj
 EOS_IN_PATH = "eos_in_path"        # </Path> injected
 EOS_IN_SUMMARY = "eos_in_summary"  # </Summary> injected (if the budget holds it)
 OVER_BUDGET = "over_budget"        # the budget cannot hold it: the sample ends (`_fits`)
+
+
+class Stopped(Exception):
+    """`generate`'s `stop` said so between two decode steps: no rollouts (a preemption)."""
 
 
 DEFAULT_MAX_NEW_TOKENS = 256   # a response's budget when neither the caller nor a preset sets one
@@ -162,9 +168,10 @@ class Rollout:
 
 
 def draw_tokens(logits: torch.Tensor, banned: torch.Tensor, sampling: SamplingConfig,
-                generator: torch.Generator) -> torch.Tensor:
-    """One token per row of logits (n, V) float32: greedy, or drawn from `generator` after the
-    temperature, top-k and top-p. banned (n, V) bool: the tags the runtime masks."""
+                uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of logits (n, V) float32: greedy, or drawn after the temperature, top-k
+    and top-p by inverting the cumulative distribution at the row's number of `uniforms` (n,)
+    float32 in [0, 1) (`response_draws`). banned (n, V) bool: the tags the runtime masks."""
     logits = logits.masked_fill(banned, float("-inf"))
     if sampling.greedy or sampling.temperature <= 0:
         return logits.argmax(-1)
@@ -177,8 +184,30 @@ def draw_tokens(logits: torch.Tensor, banned: torch.Tensor, sampling: SamplingCo
         probs = sorted_logits.softmax(-1)
         drop = probs.cumsum(-1) - probs > sampling.top_p   # keep the smallest prefix reaching top_p
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    probs = logits.softmax(-1).cpu()
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
+    cumulative = logits.softmax(-1).cpu().cumsum(-1, dtype=torch.float64)     # (n, V)
+    # the first token whose cumulative probability passes u x total: token i with probability
+    # p_i. In float64, u x total (u < 1 has 24 bits) stays below the total, so a token of
+    # probability 0 (banned, or cut by top-k or top-p) adds nothing and is never the first
+    threshold = uniforms.cpu().double()[:, None] * cumulative[:, -1:]
+    chosen = torch.searchsorted(cumulative, threshold, right=True).squeeze(-1)
+    return chosen.to(logits.device)
+
+
+def response_draws(seed: int, places: list[int], group_size: int, width: int) -> torch.Tensor:
+    """(len(places) x group_size, width) float32 uniform in [0, 1): the numbers the responses of
+    each prompt draw their tokens with, prompt-major, `width` per response (its k-th draw takes
+    number k). Prompt i's group takes them from a generator of its own, seeded by (seed,
+    places[i]) (numpy's SeedSequence mixes the two): a response depends on the seed and its
+    prompt's place, not on which other prompts share the call, so GRPO, which passes each
+    prompt's place in the global batch, samples alike on any number of ranks and in any
+    generate_batch_size chunks. One generator a prompt and one draw of its numbers: a decode
+    step's draw stays one vectorised inversion (`draw_tokens`), not a call per row."""
+    rows = []
+    for place in places:
+        mixed = np.random.SeedSequence([seed, place]).generate_state(1, np.uint64)[0]
+        generator = torch.Generator().manual_seed(int(mixed))
+        rows.append(torch.rand(group_size, width, generator=generator))
+    return torch.cat(rows)
 
 
 class SlotCache:
@@ -298,6 +327,8 @@ class Sample:
     closed_paths: int = 0           # Seen: the current block's paths closed so far
     blocks: int = 0
     done: str = ""                  # "", "eos" or "budget"
+    number: int = 0                 # its row of Engine.uniforms (its place among the call's)
+    draws: int = 0                  # tokens drawn for it so far (dropped draws too)
 
 
 def ban_masks(tags: TagIds, vocab_size: int, allow_parallel: bool, device) -> dict:
@@ -325,13 +356,15 @@ class Engine:
     """The decode loop over the rows of one `generate` call (see the module docstring)."""
 
     def __init__(self, model, tags: TagIds, mode: str, sampling: SamplingConfig, pad_id: int,
-                 generator: torch.Generator):
+                 seed: int = 0, stop: Callable[[], bool] | None = None):
         self.model = model
         self.tags = tags
         self.mode = mode
         self.sampling = sampling
         self.pad_id = pad_id
-        self.generator = generator
+        self.seed = seed
+        self.stop = stop
+        self.uniforms = None               # run(): `response_draws`, a row per sample
         self.max_path_tokens = sampling.max_path_tokens or sampling.max_new_tokens
         weight = next(model.parameters())
         self.device = weight.device
@@ -348,9 +381,11 @@ class Engine:
 
     # ---- the decode loop
 
-    def run(self, prompts: list[list[int]], group_size: int) -> list[Sample]:
+    def run(self, prompts: list[list[int]], group_size: int,
+            places: list[int] | None = None) -> list[Sample]:
         """Prefill every prompt once (left-padded), fan it out to group_size rows, decode until
-        every row is done."""
+        every row is done. `places`: each prompt's seed place (`response_draws`; None: its
+        index)."""
         P = len(prompts)
         L = max(map(len, prompts))
         ids = torch.tensor([[self.pad_id] * (L - len(p)) + p for p in prompts])
@@ -368,15 +403,22 @@ class Engine:
                              position_ids=positions.to(self.device), cache=cache, use_cache=True,
                              logits_to_keep=1)
         cache.fan_out(group_size)
+        # every fed token gets a draw, and so does the prompt's last: at most a response's tokens
+        # plus one a sample
+        self.uniforms = response_draws(self.seed, places or list(range(P)), group_size,
+                                       self.response_capacity() + 1)
         samples = []
         for i in range(P):
             for _ in range(group_size):
-                samples.append(Sample(i, prompts[i], Stream(MAIN, position=len(prompts[i]))))
+                samples.append(Sample(i, prompts[i], Stream(MAIN, position=len(prompts[i])),
+                                      number=len(samples)))
         self.rows = list(samples)
         self.slots_filled = [L] * len(samples)                       # per row
         last_logits = out.logits[:, -1].float().repeat_interleave(group_size, dim=0)
         self._choose_and_advance(last_logits, [(s, s.main) for s in samples])
         while self.rows:
+            if self.stop is not None and self.stop():
+                raise Stopped("generate() was stopped before its rollouts were done")
             self._step()
         return samples
 
@@ -434,7 +476,13 @@ class Engine:
         first_of_path = [st.segment == PATH and st.path_len == 1 for _, st in fed]
         first_of_path = torch.tensor(first_of_path, device=self.device)[:, None]
         banned[:, [self.tags.end_path, eos]] |= first_of_path        # no empty path (NOTES.md §4)
-        chosen = draw_tokens(logits, banned, self.sampling, self.generator)
+        numbers = []                  # where each draw's number is in the flattened uniforms
+        width = self.uniforms.shape[1]
+        for s, _ in fed:
+            numbers.append(s.number * width + s.draws)
+            s.draws += 1
+        uniforms = self.uniforms.view(-1)[torch.tensor(numbers)]
+        chosen = draw_tokens(logits, banned, self.sampling, uniforms)
         # the log-prob under the softmax the token was drawn from: the banned tokens left out.
         # The rollout records what was banned, and the training forward leaves the same tokens
         # out, so the ratio compares like with like. Under the full softmax, a loss with a
@@ -704,13 +752,18 @@ def critical_path(structure: Structure, mode: str) -> int:
 
 @torch.inference_mode()
 def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen",
-             sampling: SamplingConfig | None = None, **settings) -> list[Rollout]:
+             sampling: SamplingConfig | None = None, places: list[int] | None = None,
+             stop: Callable[[], bool] | None = None, **settings) -> list[Rollout]:
     """`group_size` responses per prompt (strings or id lists), prompt-major, from a Hugging Face
     causal LM in eval mode. `sampling` (default SamplingConfig()), with any of its fields given
     as keywords instead (`generate(..., temperature=0.7, max_new_tokens=128)`). The same seed
-    and inputs give the same rollouts. `Rollout.logprobs`: of each sampled token under the tag masks
-    (`Rollout.banned`) but before top-p and top-k, the training forward's quantity. ValueError
-    for a setting out of range."""
+    and inputs give the same rollouts; a prompt's responses draw from numbers seeded by the seed
+    and the prompt's place, `places[i]` (default: its index; `response_draws`), so they do not
+    depend on the other prompts of the call (up to float rounding of the batched forward).
+    `Rollout.logprobs`: of each sampled token under the tag masks (`Rollout.banned`) but before
+    top-p and top-k, the training forward's quantity. `stop`: asked before every decode step; once
+    it returns True, `Stopped` is raised (a preemption abandons the step). ValueError for a
+    setting out of range."""
     sampling = dataclasses.replace(sampling or SamplingConfig(), **settings)
     encoded = []
     for p in prompts:
@@ -718,16 +771,16 @@ def generate(model, tokenizer, prompts, group_size: int = 1, mode: str = "unseen
             encoded.append(tokenizer.encode(p, add_special_tokens=False))
         else:
             encoded.append(list(p))
+    if places is not None and len(places) != len(encoded):
+        raise ValueError(f"places: {len(places)} for {len(encoded)} prompts; give one a prompt")
     tags = TagIds.from_tokenizer(tokenizer)
-    generator = torch.Generator()
-    if sampling.seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(sampling.seed)
+    seed = sampling.seed
+    if seed is None:
+        seed = np.random.SeedSequence().entropy            # fresh, the global RNGs untouched
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tags.eos
-    engine = Engine(model, tags, mode, sampling, pad_id, generator)
+    engine = Engine(model, tags, mode, sampling, pad_id, seed, stop)
     with folded_query_attention_for_sdpa():     # no copy of the cache's keys and values
-        samples = engine.run(encoded, group_size)
+        samples = engine.run(encoded, group_size, places)
     rollouts = []
     for s in samples:
         ids = [token for token, _, _, _ in s.main.tokens]

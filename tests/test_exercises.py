@@ -496,8 +496,7 @@ def tiny_engine(rows: int):
     """An Unseen engine on the tiny model with an empty `rows`-row cache, and its tokenizer."""
     model, tok = load_model("tiny", seed=0)
     tags = TagIds.from_tokenizer(tok)
-    engine = Engine(model, tags, "unseen", SamplingConfig(max_new_tokens=40), tok.pad_token_id,
-                    torch.Generator())
+    engine = Engine(model, tags, "unseen", SamplingConfig(max_new_tokens=40), tok.pad_token_id)
     engine.cache = SlotCache(rows=rows, capacity=16, device="cpu")
     return engine, tok
 

@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import config
 import grpo
 import plumbing
+import sample
 from attention import TagIds, structured_forward, token_logprobs
 from grpo import (
     GRPOConfig,
@@ -603,36 +604,91 @@ def test_the_first_steps_check_the_samplers_logprobs(tmp_path, monkeypatch):
     assert not any(key.startswith("logprob_gap") for key in second)
 
 
-def test_a_signal_mid_step_saves_that_step_and_the_resume_is_exact(tmp_path, monkeypatch):
-    """SIGTERM (a cluster's preemption) arrives while step 2 runs: the step finishes, is saved
-    (--save_every=0 would save only at the end), the run stops; --resume=True then gives the
-    weights of an uninterrupted run, bit for bit."""
+def test_save_every_minutes_saves_on_a_clock(tmp_path, monkeypatch):
+    """--save_every_minutes (here a nanosecond: every step is past it) saves after every step
+    though --save_every=0; without it only the last step is saved."""
     monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)
+    init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(3)]
+    base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=6, max_steps=3,
+                max_time=0.0, eval_data="", save_every=0, log_every=0, keep_last=0)
+    for minutes, saved in ((1e-12, [1, 2, 3]), (0.0, [3])):
+        out = tmp_path / f"run-{minutes}"
+        grpo.train(tiny_run(**base, save_every_minutes=minutes, out_dir=str(out)),
+                   records=records)
+        assert [step for step, _ in plumbing.checkpoints(str(out))] == saved
+
+
+# where SIGTERM arrives in step 2: (what it patches, which call of it sends the signal), and the
+# step the run is saved at: before the first optimizer step the step is abandoned (checkpoint-1),
+# after it the step finishes (checkpoint-2)
+SIGNAL_POINTS = {"sampling": ((sample.Engine, "_step"), 3, 1),
+                 "update": ((grpo, "ppo_update"), 1, 1),
+                 "after_optimizer_step": ((plumbing, "optimizer_step"), 1, 2)}
+
+
+@pytest.mark.parametrize("where", SIGNAL_POINTS)
+def test_a_signal_mid_step_saves_the_last_completed_step_and_the_resume_is_exact(tmp_path,
+                                                                               monkeypatch, where):
+    """SIGTERM (a cluster's preemption) arrives while step 2 runs (--save_every=0: nothing saved
+    by the schedule). In its sampling (at the 3rd decode step) or its update before the first
+    optimizer step, the step is abandoned and step 1 is saved, with the data position and RNGs
+    as step 2 began; after the first optimizer step, step 2 finishes and is saved. The run stops;
+    --resume=True then gives the weights of an uninterrupted run, bit for bit. The reward draws
+    from the global RNG, so the RNGs saved must be those of step 2's start, not its abandon."""
+    def scores_with_global_noise(responses, golds, **kw):
+        rows = fake_scores(responses, golds, **kw)
+        for row in rows:
+            row["reward"] += torch.rand(()).item()
+        return rows
+
+    monkeypatch.setattr(grpo, "score_batch", scores_with_global_noise)
     model, tok = tiny(seed=1)
     init = save_checkpoint(str(tmp_path / "init"), model, tok)
     records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(5)]
     base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=12, micro_batch_size=2,
                 lr=1e-3, max_time=0.0, eval_data="", save_every=0, log_every=0, max_steps=4)
     full = grpo.train(tiny_run(**base, out_dir=str(tmp_path / "a")), records=records)
+    (owner, name), nth_call, saved_step = SIGNAL_POINTS[where]
+    real = getattr(owner, name)
     real_step = grpo.grpo_step
+    calls = []
+    current = {"step": 0}
 
-    def step_with_a_signal(run, step):
-        if step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)          # handled inside the step that follows
+    def signalling(*args, **kwargs):
+        calls.append(1)
+        if current["step"] == 2 and len(calls) == nth_call:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    def counting_step(run, step):
+        current["step"] = step
+        calls.clear()
         return real_step(run, step)
 
-    monkeypatch.setattr(grpo, "grpo_step", step_with_a_signal)
+    monkeypatch.setattr(grpo, "grpo_step", counting_step)
+    monkeypatch.setattr(owner, name, signalling)
     stopped = grpo.train(tiny_run(**base, out_dir=str(tmp_path / "b")), records=records)
-    assert stopped["stopped_by"] == "SIGTERM" and stopped["steps"] == 2
-    assert stopped["checkpoint"] == str(tmp_path / "b" / "checkpoint-2")
+    assert stopped["stopped_by"] == "SIGTERM" and stopped["steps"] == saved_step
+    assert stopped["checkpoint"] == str(tmp_path / "b" / f"checkpoint-{saved_step}")
+    assert [p.name for p in (tmp_path / "b").glob("checkpoint-*")] == [f"checkpoint-{saved_step}"]
+    assert len((tmp_path / "b" / "log.jsonl").read_text().splitlines()) == saved_step
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL     # the handler is restored
     monkeypatch.setattr(grpo, "grpo_step", real_step)
+    monkeypatch.setattr(owner, name, real)
     resumed = grpo.train(tiny_run(**base, out_dir=str(tmp_path / "b"), resume="True"),
                          records=records)
     from safetensors.torch import load_file
     a = load_file(os.path.join(full["checkpoint"], "model.safetensors"))
     b = load_file(os.path.join(resumed["checkpoint"], "model.safetensors"))
     assert resumed["steps"] == 4 and all(torch.equal(a[k], b[k]) for k in a)
+    rows = [{k: v for k, v in json.loads(line).items() if k != "elapsed" and "time" not in k}
+            for line in Path(full["log"]).read_text().splitlines()]
+    resumed_rows = [{k: v for k, v in json.loads(line).items()
+                     if k != "elapsed" and "time" not in k}
+                    for line in Path(resumed["log"]).read_text().splitlines()]
+    assert resumed_rows == rows                          # the same rollouts and statistics
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,20 +1,36 @@
 """What would stop a first run on a GPU node (issue 39): the process group's timeout, the CUDA
-allocator's settings, and the host memory of the ranks loading the model. Each test failed with its
-fix undone."""
+allocator's settings, and the host memory of the ranks loading the model; and what would make its
+results depend on the rank count (issue 46). Each test failed with its fix undone.
+
+Run as a script (`torchrun --nproc_per_node=2 tests/test_ranks.py grpo|preempt ...`) it is the
+worker of test_grpo_on_two_ranks_equals_one_rank and test_sigterm_under_torchrun_...."""
 import datetime
+import functools
 import json
 import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import ROOT, torchrun_two_ranks
+from conftest import ROOT, TWO_RANK_TIMEOUT, torchrun_two_ranks
 
 import config
 import grpo
 import plumbing
+import sample
 import sft
 from model import load_model
+
+GRPO_SETTINGS = dict(preset="tiny", batch_size=4, group_size=2, ppo_mini_batches=2,
+                     micro_batch_size=2, max_new_tokens=12, lr=1e-3, max_steps=3, max_time=0.0,
+                     eval_data="", save_every=0, log_every=0)
+RECORDS = [{"id": str(i), "problem": f"Ava has {i} pens and {i + 2} cups.", "answer": str(i)}
+           for i in range(7)]
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
@@ -85,3 +101,169 @@ def test_the_ranks_of_a_node_load_in_turns(tmp_path):
     assert rows[0]["end"] <= rows[1]["start"]
     params = sum(p.numel() * 4 for p in model.parameters())
     assert [r["param_bytes"] for r in rows] == [params, params]
+
+
+def text_reward(responses, golds, **kw):
+    """A reward with variance in every group even for a random model: a function of the text."""
+    return [{"reward": float(sum(map(ord, t)) % 7), "correct": False, "kind": "accuracy"}
+            for t in responses]
+
+
+def grpo_recording_rollouts(cfg, folder: str, rank: int) -> None:
+    """grpo.train on RECORDS with text_reward; each rollout by (step, prompt, its index in the
+    group), with its token ids and log-probs, into folder/rollouts-<rank>.pkl."""
+    real_scores = grpo.score_batch
+    real_step = grpo.grpo_step
+    real_sample = grpo.sample_rollouts
+    current = {"step": 0}
+    seen = []
+
+    def counting_step(run, step):
+        current["step"] = step
+        return real_step(run, step)
+
+    def recording(model, tokenizer, prompts, cfg, seed, **kw):
+        rollouts = real_sample(model, tokenizer, prompts, cfg, seed, **kw)
+        for i, r in enumerate(rollouts):
+            key = (current["step"], tuple(r.prompt_ids), i % cfg.group_size)
+            seen.append((key, r.response_ids, r.logprobs))
+        return rollouts
+
+    grpo.score_batch = text_reward
+    grpo.grpo_step = counting_step
+    grpo.sample_rollouts = recording
+    try:
+        grpo.train(cfg, records=RECORDS)
+    finally:
+        grpo.score_batch = real_scores
+        grpo.grpo_step = real_step
+        grpo.sample_rollouts = real_sample
+    with open(os.path.join(folder, f"rollouts-{rank}.pkl"), "wb") as f:
+        pickle.dump(seen, f)
+
+
+def test_grpo_on_two_ranks_equals_one_rank(tmp_path):
+    """GRPO on 2 gloo ranks and on 1 process at the same global batch (4 prompts x 2, 2 PPO
+    mini-batches, rewards that differ within every group): the same rollouts at every step,
+    token for token, with log-probs and, after 3 steps, weights equal to 1e-6. Each prompt's
+    responses are seeded by its place in the global batch, and each rank takes its share of both
+    mini-batches (grpo.rank_places); seeded by rank (the old plumbing.rollout_seed), step 1's
+    rollouts already differ."""
+    model, tok = load_model("tiny", seed=1)
+    init = plumbing.save_checkpoint(str(tmp_path / "init"), model, tok)
+    torchrun_two_ranks(__file__, "grpo", str(tmp_path), init)
+    one = grpo.GRPOConfig(**GRPO_SETTINGS, model=init, out_dir=str(tmp_path / "one"))
+    grpo_recording_rollouts(one, str(tmp_path), rank=-1)
+    loaded = {}
+    for name in ("rollouts--1", "rollouts-0", "rollouts-1"):
+        with open(tmp_path / f"{name}.pkl", "rb") as f:
+            loaded[name] = pickle.load(f)
+    alone = sorted(loaded["rollouts--1"])
+    together = sorted(loaded["rollouts-0"] + loaded["rollouts-1"])
+    assert len(alone) == len(together) == 3 * 4 * 2
+    assert [p for p, _, _ in alone] == [p for p, _, _ in together]
+    for (key, ids_a, logprobs_a), (_, ids_b, logprobs_b) in zip(alone, together):
+        assert ids_a == ids_b, f"step {key[0]}: other rollouts on 2 ranks"
+        assert torch.allclose(torch.tensor(logprobs_a), torch.tensor(logprobs_b), atol=1e-6), key
+    from safetensors.torch import load_file
+    a = load_file(str(tmp_path / "one" / "checkpoint-3" / "model.safetensors"))
+    b = load_file(str(tmp_path / "two" / "checkpoint-3" / "model.safetensors"))
+    w0 = load_file(os.path.join(init, "model.safetensors"))
+    gap = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert gap <= 1e-6, f"1 rank and 2 ranks: weights {gap:.2e} apart after 3 steps"
+    assert max((a[k] - w0[k]).abs().max().item() for k in a) > 1e-4      # it trained
+
+
+# The preemption test: the launcher's grace time between SIGTERM and SIGKILL (torchrun's and
+# Slurm's: 30 s) made short, and a step made much slower than it by a pause at every decode step.
+WINDOW_SECONDS = 6.0
+SLOW_DECODE_SECONDS = 1.5      # x up to 12 decode steps: step 2 samples for up to 18 s
+SLOW_FROM_STEP = "SLOW_FROM_STEP"    # the worker's variable: pause from this step on
+POLL_SECONDS = 0.2
+
+
+def preemptible_grpo(argv: list[str]) -> None:
+    """grpo.py's command line on RECORDS with text_reward (plumbing.run_script: its signal
+    handling, its exit); with SLOW_FROM_STEP=k in the environment every decode step of step k
+    and later first sleeps SLOW_DECODE_SECONDS."""
+    slow_from = int(os.environ.get(SLOW_FROM_STEP, "0"))
+    real_step = grpo.grpo_step
+    real_decode = sample.Engine._step
+    current = {"step": 0}
+
+    def counting_step(run, step):
+        current["step"] = step
+        return real_step(run, step)
+
+    def slow_decode(engine):
+        if slow_from and current["step"] >= slow_from:
+            time.sleep(SLOW_DECODE_SECONDS)
+        return real_decode(engine)
+
+    grpo.grpo_step = counting_step
+    sample.Engine._step = slow_decode
+    grpo.score_batch = text_reward
+    plumbing.run_script("grpo.py", grpo.GRPOConfig,
+                        functools.partial(grpo.train, records=RECORDS), argv)
+
+
+def log_rows(path) -> int:
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def test_sigterm_under_torchrun_leaves_a_checkpoint_within_the_window(tmp_path):
+    """2 gloo ranks under torchrun; SIGTERM to torchrun (which passes it to its workers) a second
+    into step 2, whose sampling takes up to 18 s, and SIGKILL to everything WINDOW_SECONDS later,
+    as a launcher does: the ranks abandon step 2 at their next decode step and save step 1 within
+    the window, and --resume=True from it ends with the weights of an uninterrupted run, bit for
+    bit. Finishing the step in flight (the old way) is killed with no checkpoint."""
+    model, tok = load_model("tiny", seed=1)
+    init = plumbing.save_checkpoint(str(tmp_path / "init"), model, tok)
+    flags = [f"--model={init}", "--preset=tiny", "--batch_size=4", "--group_size=2",
+             "--max_new_tokens=12", "--lr=1e-3", "--max_steps=3", "--eval_data=",
+             "--save_every=0", "--log_every=1"]
+    full = tmp_path / "full"
+    torchrun_two_ranks(__file__, "preempt", *flags, f"--out_dir={full}")
+    stopped = tmp_path / "stopped"
+    env = dict(os.environ, OMP_NUM_THREADS="1", **{SLOW_FROM_STEP: "2"})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.abspath(__file__), "preempt", *flags, f"--out_dir={stopped}"]
+    with open(tmp_path / "stopped.out", "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + TWO_RANK_TIMEOUT
+        while log_rows(stopped / "log.jsonl") < 1:
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "stopped.out").read_text()[-3000:]
+            time.sleep(POLL_SECONDS)
+        time.sleep(1.0)                                 # into step 2's sampling
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=WINDOW_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)        # the launcher's SIGKILL
+            proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    output = (tmp_path / "stopped.out").read_text()
+    saved = stopped / "checkpoint-1" / "trainer_state.pt"
+    assert saved.is_file(), f"no checkpoint within {WINDOW_SECONDS} s of SIGTERM:\n{output[-3000:]}"
+    assert "grpo.py: stopped by SIGTERM after step 1" in output, output[-3000:]
+    assert log_rows(stopped / "log.jsonl") == 1
+    torchrun_two_ranks(__file__, "preempt", *flags, f"--out_dir={stopped}", "--resume=True")
+    from safetensors.torch import load_file
+    a = load_file(str(full / "checkpoint-3" / "model.safetensors"))
+    b = load_file(str(stopped / "checkpoint-3" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+if __name__ == "__main__":                   # the torchrun worker of the tests above
+    if sys.argv[1] == "grpo":
+        folder, init = sys.argv[2:]
+        two = grpo.GRPOConfig(**GRPO_SETTINGS, model=init, out_dir=os.path.join(folder, "two"))
+        grpo_recording_rollouts(two, folder, int(os.environ["RANK"]))
+    else:
+        preemptible_grpo(sys.argv[2:])

@@ -412,7 +412,8 @@ def decode_step(sampler, tokenizer: IdTokenizer, tags: TagIds, st: mp.Setting,
     logits = out.logits.flatten(0, 1).float()
     bans = sample.ban_masks(tags, logits.shape[-1], True, device)
     banned = bans[sample.PATH].expand(logits.shape[0], -1)
-    chosen = sample.draw_tokens(logits, banned, cfg.sampling(), torch.Generator())
+    uniforms = torch.rand(logits.shape[0], generator=torch.Generator().manual_seed(SEED))
+    chosen = sample.draw_tokens(logits, banned, cfg.sampling(), uniforms)
     token_logprobs(logits, chosen, cfg.temperature)
     sampler.train(was_training)
     del first_logits

@@ -50,7 +50,9 @@ BOOL = 1
 ADAM_MOMENTS = 2               # AdamW's exp_avg and exp_avg_sq, fp32 each
 ADAM_STEP_BYTES = 4            # AdamW's `step`: one fp32 scalar tensor per parameter tensor
 LOGIT_BUFFERS = 4              # (chunk, vocab) fp32 tensors alive at once in a chunk's backward
-DECODE_LOGIT_BYTES = 13        # per query and vocab entry in a decode step (fp32 model output)
+DECODE_LOGIT_BYTES = 21        # per query and vocab entry in a decode step (fp32 model output;
+                               # 8 of them: draw_tokens' float64 cumulative distribution, on the
+                               # host: on CUDA an overestimate)
 DECODE_LOGIT_BYTES_CUDA = 15   # ... under autocast: the bf16 output and its fp32 copy
 MASK_ALIGNMENT = 8             # CUDA memory-efficient SDPA copies a mask whose rows are not
                                # a multiple of 8 elements long (per call: per layer)
