@@ -2,14 +2,14 @@
 
 * ranks: `distributed()` joins torchrun's process group (--dist_timeout_minutes, the CUDA
   allocator's expandable segments); `all_reduce`, `grad_sync`;
-* the run: `RunFlags` (the flags both trainers have), `resolve_config` (the settings in force
-  and their sources; on a resume `check_resume` refuses a changed experiment), `load_run` (seed
-  every RNG, load the model, a node's ranks in turn), `prepare` (DDP or FSDP2, AdamW, the lr
-  schedule, an exact resume), the loop's bookkeeping (`Run.steps` and `Run.end_step`: log,
-  evaluate, save every --save_every steps or --save_every_minutes; stop at --max_time, or on SIGINT/SIGTERM
-  with the last completed step saved, `Run.abandon_step` when the trainer stopped the step in
-  flight), `Run.save` (checkpoint-<step> with the trainer state); GRPO's start checkpoint, its
-  rollout seeds and the FSDP rollout copy's refresh;
+* the run: `RunFlags` (the flags both trainers have), `resolve_config` (the settings in force and
+  their sources; on a resume `check_resume` refuses a changed experiment), `load_run` (seed every
+  RNG, load the model, a node's ranks in turn), `prepare` (DDP or FSDP2, AdamW, the lr schedule,
+  an exact resume), the loop's bookkeeping (`Run.steps` and `Run.end_step`: log, evaluate, save
+  every --save_every steps or --save_every_minutes; stop at --max_time, or on SIGINT/SIGTERM with
+  the last completed step saved, `Run.abandon_step` when the trainer stopped the step in flight),
+  `Run.save` (checkpoint-<step> with the trainer state); GRPO's start checkpoint, its rollout
+  seeds and the FSDP rollout copy's refresh;
 * run folders: checkpoint naming, `--resume`, a lock per out_dir, moving an earlier run aside
   (nothing a user made is deleted or overwritten), settings.json and resumes.jsonl
   (`record_settings`);
