@@ -93,6 +93,7 @@ class SamplingFlags:
     budget: Literal["tokens", "steps"] = "tokens"   # what max_new_tokens bounds: T, or D
     num_paths: Annotated[int, config.Range(low=2)] = 2  # paths per Unseen block (Seen: per block)
     max_blocks: config.NonNegativeInt = 4        # then <Parallel> is masked (NOTES.md §8)
+    open_block: bool = False      # a forced block: the runtime writes <Parallel> first (injected)
 
     def sampling_config(self, **settings) -> "SamplingConfig":
         """These flags as the SamplingConfig of a `generate` call, with its other `settings`."""
@@ -114,6 +115,9 @@ class SamplingConfig(SamplingFlags):
         if self.max_new_tokens is None:
             self.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
         config.check(self)
+        if self.open_block and (not self.allow_parallel or self.max_blocks == 0):
+            raise ValueError("open_block=True forces a block, but this sampling bans blocks "
+                             "(the sequential mode, or max_blocks=0): drop one of the two")
 
 
 @dataclass
@@ -523,6 +527,11 @@ class Engine:
             if out_of_path_budget or token == self.tags.eos:       # dropped: </Path> injected
                 return self._end_path(s, st, sampled=0, logprob=0.0)
         sampled = 1
+        if self.sampling.open_block and st.segment == MAIN and not st.tokens:
+            token = self.tags.parallel             # dropped: a forced block, <Parallel> injected
+            sampled = 0
+            logprob = 0.0
+            banned = None
         if st.segment == SUMMARY and token == self.tags.eos:       # dropped: </Summary> injected
             token = self.tags.end_summary
             sampled = 0
