@@ -277,10 +277,18 @@ MEANS = ("accuracy", "format_valid", "parallel_ratio", "num_blocks", "response_T
 def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: torch.Tensor,
                   device) -> dict:
     """Means over every rank's rollouts, and the share of groups whose rewards differ (the only
-    ones to learn from)."""
+    ones to learn from). The signal RL sees about the choice to open a block (README, "When RL
+    chooses"): `block_accuracy_gap`, the accuracy of the responses with a block minus that of
+    those without (None when one kind is absent), and `mixed_groups`, the share of groups that
+    hold both kinds: only there can the advantages tell the two apart. Rollouts are prompt-major,
+    len(has_variance) groups of equal size."""
     positions = [p for r in rollouts for p in parallel_positions(r.structure)]
     structures = [r.structure for r in rollouts]
     rewards = [s["reward"] for s in scores]
+    with_block = [bool(s.blocks) for s in structures]
+    right = [bool(s["correct"]) for s in scores]
+    group_size = len(rollouts) // max(len(has_variance), 1)
+    kinds = [set(with_block[i:i + group_size]) for i in range(0, len(rollouts), group_size)]
     local = {"n": len(rollouts),
              "reward": sum(rewards),
              "reward_sq": sum(r ** 2 for r in rewards),
@@ -294,7 +302,11 @@ def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: tor
              "varied_groups": int(has_variance.sum()),
              "groups": len(has_variance),
              "position": sum(positions),
-             "blocks_seen": len(positions)}
+             "blocks_seen": len(positions),
+             "with_block": sum(with_block),
+             "right_with_block": sum(b and c for b, c in zip(with_block, right)),
+             "right_without_block": sum(c and not b for b, c in zip(with_block, right)),
+             "mixed_groups": sum(len(k) == 2 for k in kinds)}
     g = dict(zip(local, plumbing.all_reduce(list(local.values()), device)))
     n = max(g["n"], 1.0)
     reward_mean = g["reward"] / n
@@ -304,6 +316,12 @@ def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: tor
         stats[key] = g[key] / n
     stats["groups_with_variance"] = g["varied_groups"] / max(g["groups"], 1.0)
     stats["parallel_position"] = g["position"] / g["blocks_seen"] if g["blocks_seen"] else None
+    without_block = g["n"] - g["with_block"]
+    stats["block_accuracy_gap"] = None
+    if g["with_block"] and without_block:
+        stats["block_accuracy_gap"] = (g["right_with_block"] / g["with_block"]
+                                       - g["right_without_block"] / without_block)
+    stats["mixed_groups"] = g["mixed_groups"] / max(g["groups"], 1.0)
     return stats
 
 
