@@ -15,11 +15,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _write_eval(folder, rows):
     """rows: per problem, a list of (correct, has_parallel, T, D) samples."""
     os.makedirs(folder)
-    with open(os.path.join(folder, "samples.jsonl"), "w") as fh:
-        for i, samples in enumerate(rows):
-            for correct, block, tokens, steps in samples:
-                fh.write(json.dumps({"id": f"p{i}", "correct": correct, "has_parallel": block,
+    lines = []
+    for i, samples in enumerate(rows):
+        for correct, block, tokens, steps in samples:
+            lines.append(json.dumps({"id": f"p{i}", "correct": correct, "has_parallel": block,
                                      "T": tokens, "D": steps}) + "\n")
+    with open(os.path.join(folder, "samples.jsonl"), "w") as fh:
+        fh.writelines(lines)
 
 
 def _seed(root, seed, block_rows, free_rows):
