@@ -41,6 +41,7 @@ HIGH = 0.975
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
          9: 2.262, 10: 2.228}
 UNIT_COLUMN = {"tokens": "T", "steps": "D"}   # samples.jsonl's count of each unit
+WINDOW = 10                  # steps in the figure's moving means (as scripts/dynamics.py)
 
 
 def read_samples(folder: str) -> list[dict]:
@@ -91,6 +92,35 @@ def sign(value: float) -> int:
     return (value > 0) - (value < 0)
 
 
+def training_curves(grpo_folder: str) -> dict:
+    """The free arm's training rows (log.jsonl): per step, the block share, the share of groups
+    holding both kinds and the accuracy with a block minus without (None: one kind absent), %."""
+    path = os.path.join(grpo_folder, "log.jsonl")
+    curves = {"share": [], "mixed": [], "gap": []}
+    if not os.path.exists(path):
+        return curves
+    with open(path, encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    for row in rows:
+        if "parallel_ratio" not in row:           # an evaluation's row
+            continue
+        curves["share"].append(100 * row["parallel_ratio"])
+        curves["mixed"].append(100 * row["mixed_groups"])
+        gap = row["block_accuracy_gap"]
+        curves["gap"].append(None if gap is None else 100 * gap)
+    return curves
+
+
+def moving_mean(values: list) -> list[float]:
+    """The mean of each value and the WINDOW - 1 before it, None values left out; NaN where a
+    window holds none (a gap in the line)."""
+    out = []
+    for i in range(len(values)):
+        recent = [v for v in values[max(0, i - WINDOW + 1):i + 1] if v is not None]
+        out.append(sum(recent) / len(recent) if recent else float("nan"))
+    return out
+
+
 def seed_row(root: str, task: str, unit: str, seed: int, split: str) -> dict | None:
     """One seed's forced gap and S1's change in a cell, or None when an evaluation is missing."""
     cell = os.path.join(root, f"{task}-seed{seed}", unit)
@@ -110,7 +140,8 @@ def seed_row(root: str, task: str, unit: str, seed: int, split: str) -> dict | N
             "free": statistics.mean(accuracy["free"].values()),
             "sft_share": statistics.mean(share["sft"].values()),
             "free_share": statistics.mean(share["free"].values()),
-            "agrees": sign(gap[0]) != 0 and sign(gap[0]) == sign(change[0])}
+            "agrees": sign(gap[0]) != 0 and sign(gap[0]) == sign(change[0]),
+            "curves": training_curves(os.path.join(cell, "free", "grpo"))}
 
 
 def collect(root: str, seeds: list[int], tasks: tuple, split: str) -> dict:
@@ -169,13 +200,16 @@ def report(cells: dict, seeds: list[int], split: str) -> str:
 
 
 def plot(cells: dict, out: str):
-    """Per cell, the forced gap against S1's change: a point per seed, the across-seed mean with
-    its t intervals as crossed bars; the claim holds in the quadrants of equal signs."""
+    """Left: per cell, the forced gap against S1's change: a point per seed, the across-seed mean
+    with its t intervals as crossed bars; the claim holds in the quadrants of equal signs. Right:
+    S1's training rollouts against the step (WINDOW-step means, a line per seed): the block share
+    (solid) and the signal RL sees, the share of groups holding both kinds (dotted) and the
+    accuracy with a block minus without (dashed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 5))
+    fig, (ax, curves_ax) = plt.subplots(1, 2, figsize=(12, 5))
     for (task, unit), rows in cells.items():
         if not rows:
             continue
@@ -183,6 +217,11 @@ def plot(cells: dict, out: str):
         changes = [r["change"][0] for r in rows]
         points = ax.scatter(gaps, changes, s=18, alpha=0.6)
         color = points.get_facecolor()[0]
+        for r in rows:
+            for key, style in (("share", "-"), ("mixed", ":"), ("gap", "--")):
+                values = moving_mean(r["curves"][key])
+                curves_ax.plot(range(1, len(values) + 1), values, color=color, linestyle=style,
+                               linewidth=1)
         gap, gap_low, gap_high = t_interval(gaps)
         change, change_low, change_high = t_interval(changes)
         xerr = None if gap_low is None else [[gap - gap_low], [gap_high - gap]]
@@ -195,6 +234,12 @@ def plot(cells: dict, out: str):
     ax.set_ylabel("S1's block-share change (points)")
     ax.set_title("Does RL follow the forced gap? (scripts/choice.sh)", fontsize=10)
     ax.legend(fontsize=8)
+    curves_ax.axhline(0, color="grey", linewidth=0.5)
+    curves_ax.set_xlabel("GRPO step (free choice, Unseen S1)")
+    curves_ax.set_ylabel("blocks (solid), groups with both kinds (dotted),\n"
+                         "acc. with - without a block (dashed), %")
+    curves_ax.set_title(f"What S1 sees and does ({WINDOW}-step means, a line per seed)",
+                        fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 

@@ -86,3 +86,16 @@ def test_choice_sh_refuses_bad_settings_before_anything_runs(tmp_path, setting, 
                          capture_output=True, text=True, check=False)
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_training_curves_in_percent_and_their_means_skip_missing_gaps(tmp_path):
+    """Two training rows and an evaluation row (skipped): shares 50 and 25%, mixed groups 75 and
+    0%, gaps -10 and None (one kind absent). The WINDOW-step mean of 1, None, 3: 1, 1, 2."""
+    rows = [{"step": 1, "parallel_ratio": 0.5, "mixed_groups": 0.75, "block_accuracy_gap": -0.1},
+            {"step": 2, "parallel_ratio": 0.25, "mixed_groups": 0.0, "block_accuracy_gap": None},
+            {"step": 2, "eval/synthetic:hard:val/mean_at_k": 0.4}]
+    (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    curves = choice.training_curves(str(tmp_path))
+    assert curves == {"share": [50.0, 25.0], "mixed": [75.0, 0.0], "gap": [-10.0, None]}
+    assert choice.moving_mean([1.0, None, 3.0]) == [1.0, 1.0, 2.0]
+    assert choice.training_curves(str(tmp_path / "absent")) == {"share": [], "mixed": [], "gap": []}
