@@ -4,10 +4,11 @@
 Every loader returns one dict per problem: {"id", "problem", "answer", "solution" (the SFT target
 with the tags as text, no EOS; or None), "source"}, and for the real sets "worked_solution" (the
 file's own, GSM8K's or MATH's, or None: shown by show_data.py, trained on only as GSM8K's
-sequential traces). `load_data` takes synthetic:easy / :medium /
-:hard (4, 5, 6 numbers; ":rl" and ":test": the disjoint parts of RL's and the held-out number
-patterns), the real sets of `KNOWN_DATASETS` (read from `data_dir`, else $PARALLEL_R1_DATA, else
-../shared/data, else the hub), a comma list, or a .jsonl/.json/.parquet file.
+sequential traces). `load_data` takes synthetic:easy / :medium / :hard (4, 5, 6 numbers;
+":rl", ":val" and ":test": the disjoint parts of RL's, the validation and the held-out test
+number patterns; carry:… alike), the real sets of `KNOWN_DATASETS` (read from `data_dir`, else
+$PARALLEL_R1_DATA, else ../shared/data, else the hub), a comma list, or a .jsonl/.json/.parquet
+file.
 
     python scripts/look/show_data.py --show=synthetic:hard --n=2 [--style=sequential]
 """
@@ -103,9 +104,20 @@ def build_prompt(tokenizer, problem: str, style: str = "parallel",
 # with probability guess_accuracy; its last allowed round always does.
 
 SYNTHETIC_SPLITS = {"easy": 4, "medium": 5, "hard": 6}      # difficulty -> numbers in the list
-SYNTHETIC_SIZES = {"train": 20_000, "rl": 20_000, "test": 500}   # records per part (no limit)
-SYNTHETIC_PARTS = ("test", "rl", "train", "train", "train")  # the part of each of 5 hash buckets
-SYNTHETIC_NAMES = [f"synthetic:{s}{p}" for s in SYNTHETIC_SPLITS for p in ("", ":rl", ":test")]
+SYNTHETIC_SIZES = {"train": 20_000, "rl": 20_000, "val": 500, "test": 500}   # records per part
+# The part of each of 10 hash buckets. Bucket b keeps the part that bucket b % 5 had when there
+# were 5 ("test", "rl", "train", "train", "train"), so the SFT ("train") and RL ("rl") patterns and
+# streams are those of every earlier run; the held-out fifth is halved into "val" (bucket 0) and
+# "test" (bucket 5). Why carve the held-out fifth rather than keep it whole as "val" and take a
+# fresh "test" elsewhere: the pattern space is small (easy: 308 patterns, hard: 298) and the SFT
+# (easy) and RL parts read every pattern of theirs, so no unread pattern exists outside the
+# held-out fifth; a fresh test would change the SFT or RL stream. The cost: before 2026-12-07
+# ":test" was the whole fifth and settings were chosen on it, so the new ":test" holds patterns
+# that selection saw (README numbers on the old ":test" are not numbers on the new one; NOTES §9).
+SYNTHETIC_PARTS = ("val", "rl", "train", "train", "train", "test", "rl", "train", "train", "train")
+HELD_OUT_PARTS = ("val", "test")     # never trained on: choose on "val", report on "test"
+PART_SUFFIXES = ("", ":rl", ":val", ":test")    # "" is the SFT part, "train"
+SYNTHETIC_NAMES = [f"synthetic:{s}{p}" for s in SYNTHETIC_SPLITS for p in PART_SUFFIXES]
 MAX_SUM = 9                    # targets are one digit
 GUESS_ACCURACY = 0.5           # the teacher's chance to try the right pair
 MAX_ROUNDS = 3                 # a teacher trace has up to three rounds; the last one is right
@@ -141,8 +153,8 @@ def make_problem(rng: random.Random, size: int) -> PairProblem:
 
 def problem_part(problem: PairProblem) -> str:
     """The part of a problem's number pattern (the list as a set, the target) by a fixed hash:
-    "train" (3 in 5), "rl" or "test" (1 in 5 each). No two parts share a pattern: RL and test
-    problems are new to the cold start."""
+    "train" (3 in 5), "rl" (1 in 5), "val" or "test" (1 in 10 each; SYNTHETIC_PARTS says why).
+    No two parts share a pattern: RL, validation and test problems are new to the cold start."""
     key = repr((sorted(problem.numbers), problem.target)).encode()
     digest = hashlib.blake2b(key, digest_size=8).digest()
     return SYNTHETIC_PARTS[int.from_bytes(digest, "big") % len(SYNTHETIC_PARTS)]
@@ -245,7 +257,7 @@ def synthetic_records(split: str, part: str, style: str, limit: int | None, seed
 # "none", after which single attempts try the untried candidates.
 
 CARRY_SPLITS = {"easy": 4, "medium": 5, "hard": 6}   # difficulty -> numbers in the list
-CARRY_NAMES = [f"carry:{s}{p}" for s in CARRY_SPLITS for p in ("", ":rl", ":test")]
+CARRY_NAMES = [f"carry:{s}{p}" for s in CARRY_SPLITS for p in PART_SUFFIXES]
 CARRY_NUMBERS = range(10, 100)  # two-digit numbers
 BASE = 10                       # a column's digit; a column sum of BASE or more carries one
 SWAP_CHANCE = 0.5               # an attempt writes its pair in either order, equally often
@@ -276,7 +288,8 @@ def make_carry_problem(rng: random.Random, size: int) -> CarryProblem:
 
 def carry_part(problem: CarryProblem) -> str:
     """The part of a carry problem's number pattern (the list as a set, the target), hashed as
-    `problem_part` hashes the pair task's: "train" (3 in 5), "rl" or "test" (1 in 5 each)."""
+    `problem_part` hashes the pair task's: "train" (3 in 5), "rl" (1 in 5), "val" or "test"
+    (1 in 10 each)."""
     key = repr(("carry", sorted(problem.numbers), problem.target)).encode()
     digest = hashlib.blake2b(key, digest_size=8).digest()
     return SYNTHETIC_PARTS[int.from_bytes(digest, "big") % len(SYNTHETIC_PARTS)]
@@ -700,12 +713,12 @@ def load_one(name: str, style: str, strict: bool, limit: int | None, seed: int,
              data_dir: str | None, tokenizer, parallel_fraction: float,
              max_paths: int) -> list[dict]:
     """The records of one data name (see `load_data`)."""
-    synthetic = re.fullmatch(r"synthetic:(\w+)(?::(rl|test))?", name)
+    synthetic = re.fullmatch(r"synthetic:(\w+)(?::(rl|val|test))?", name)
     if synthetic and synthetic.group(1) in SYNTHETIC_SPLITS:
         part = synthetic.group(2) or "train"
         return synthetic_records(synthetic.group(1), part, style, limit, seed, parallel_fraction,
                                  max_paths)
-    carry = re.fullmatch(r"carry:(\w+)(?::(rl|test))?", name)
+    carry = re.fullmatch(r"carry:(\w+)(?::(rl|val|test))?", name)
     if carry and carry.group(1) in CARRY_SPLITS:
         return carry_records(carry.group(1), carry.group(2) or "train", style, limit, seed,
                              parallel_fraction, max_paths)
@@ -738,7 +751,8 @@ def embedded_test_parts(spec: str) -> str | None:
     "carry:hard:test,carry:easy:test"): where a run on them is evaluated. None if some name of
     the spec is not one of the embedded tasks' training or RL parts."""
     names = [name.strip() for name in spec.split(",") if name.strip()]
-    trainable = [n for n in SYNTHETIC_NAMES + CARRY_NAMES if not n.endswith(":test")]
+    trainable = [n for n in SYNTHETIC_NAMES + CARRY_NAMES
+                 if not n.endswith((":val", ":test"))]
     if not names or any(name not in trainable for name in names):
         return None
     return ",".join(name.removesuffix(":rl") + ":test" for name in names)

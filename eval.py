@@ -289,12 +289,21 @@ def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: tor
                   device) -> dict:
     """Means over every rank's rollouts, the share of groups whose rewards differ (the only
     ones to learn from), of responses with blocks the well-formed share (None without blocks),
-    and per rewards.FORMAT_FAILURES name the share of responses failing by it ("fail/<name>")."""
+    and per rewards.FORMAT_FAILURES name the share of responses failing by it ("fail/<name>").
+    The signal RL sees about the choice to open a block (README, "When RL chooses"):
+    `block_accuracy_gap`, the accuracy of the responses with a block minus that of those without
+    (None when one kind is absent), and `mixed_groups`, the share of groups that hold both kinds:
+    only there can the advantages tell the two apart. Rollouts are prompt-major,
+    len(has_variance) groups of equal size."""
     positions = [p for r in rollouts for p in parallel_positions(r.structure)]
     structures = [r.structure for r in rollouts]
     rewards = [s["reward"] for s in scores]
     failures = [format_failure(r.structure, s["answer_found"], r.finish_reason == "budget")
                 for r, s in zip(rollouts, scores)]
+    with_block = [bool(s.blocks) for s in structures]
+    right = [bool(s["correct"]) for s in scores]
+    group_size = len(rollouts) // max(len(has_variance), 1)
+    kinds = [set(with_block[i:i + group_size]) for i in range(0, len(rollouts), group_size)]
     local = {"n": len(rollouts),
              "reward": sum(rewards),
              "reward_sq": sum(r ** 2 for r in rewards),
@@ -310,7 +319,11 @@ def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: tor
              "varied_groups": int(has_variance.sum()),
              "groups": len(has_variance),
              "position": sum(positions),
-             "blocks_seen": len(positions)}
+             "blocks_seen": len(positions),
+             "with_block": sum(with_block),
+             "right_with_block": sum(b and c for b, c in zip(with_block, right)),
+             "right_without_block": sum(c and not b for b, c in zip(with_block, right)),
+             "mixed_groups": sum(len(k) == 2 for k in kinds)}
     for name in FORMAT_FAILURES:
         local[f"fail/{name}"] = failures.count(name)
     g = dict(zip(local, plumbing.all_reduce(list(local.values()), device)))
@@ -327,6 +340,12 @@ def rollout_stats(rollouts: list[Rollout], scores: list[dict], has_variance: tor
         stats["blocks_well_formed"] = g["blocks_ok"] / g["parallel_ratio"]
     for name in FORMAT_FAILURES:
         stats[f"fail/{name}"] = g[f"fail/{name}"] / n
+    without_block = g["n"] - g["with_block"]
+    stats["block_accuracy_gap"] = None
+    if g["with_block"] and without_block:
+        stats["block_accuracy_gap"] = (g["right_with_block"] / g["with_block"]
+                                       - g["right_without_block"] / without_block)
+    stats["mixed_groups"] = g["mixed_groups"] / max(g["groups"], 1.0)
     return stats
 
 

@@ -28,6 +28,7 @@ says whether the draw is kept, `Engine._draw_verdict`: KEPT, or why the runtime 
 siblings; Unseen appends </Parallel> itself once all have closed); before a forced token
 (FORCED_NEXT: \\n, <Summary>; Seen also <Path> and </Parallel>); at a path's budget (PATH_BUDGET);
 an EOS inside a path or a summary (EOS_IN_PATH, EOS_IN_SUMMARY: its closing tag is injected);
+a forced block's first draw (FORCED_BLOCK, `open_block=True`: <Parallel> is injected instead);
 a token the budget cannot hold (OVER_BUDGET: the sample ends); and every later draw of the same
 step of a sample that ended (SAMPLE_ENDED). NOTES.md §3 walks one block through it, step by step.
 
@@ -104,6 +105,7 @@ FORCED_NEXT = "forced_next"        # the runtime injects the next token (\n, <Su
 PATH_BUDGET = "path_budget"        # the path is at max_path_tokens: </Path> injected
 EOS_IN_PATH = "eos_in_path"        # </Path> injected
 EOS_IN_SUMMARY = "eos_in_summary"  # </Summary> injected (if the budget holds it)
+FORCED_BLOCK = "forced_block"      # open_block=True, the response's first token: <Parallel> instead
 OVER_BUDGET = "over_budget"        # the budget cannot hold it: the sample ends (`_fits`)
 
 
@@ -126,6 +128,7 @@ class SamplingFlags:
     budget: Literal["tokens", "steps"] = "tokens"   # what max_new_tokens bounds: T, or D
     num_paths: Annotated[int, config.Range(low=2)] = 2  # paths per Unseen block (Seen: per block)
     max_blocks: config.NonNegativeInt = 4        # then <Parallel> is masked (NOTES.md §8)
+    open_block: bool = False      # a forced block: the runtime writes <Parallel> first (injected)
 
     def sampling_config(self, **settings) -> "SamplingConfig":
         """These flags as the SamplingConfig of a `generate` call, with its other `settings`."""
@@ -147,6 +150,9 @@ class SamplingConfig(SamplingFlags):
         if self.max_new_tokens is None:
             self.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
         config.check(self)
+        if self.open_block and (not self.allow_parallel or self.max_blocks == 0):
+            raise ValueError("open_block=True forces a block, but this sampling bans blocks "
+                             "(the sequential mode, or max_blocks=0): drop one of the two")
 
 
 @dataclass
@@ -600,6 +606,8 @@ class Engine:
             return EOS_IN_PATH
         if st.segment == SUMMARY and token == self.tags.eos:
             return EOS_IN_SUMMARY
+        if self.sampling.open_block and st.segment == MAIN and not st.tokens:
+            return FORCED_BLOCK
         if not self._fits(s, growing=st):
             return OVER_BUDGET
         return KEPT
@@ -628,8 +636,11 @@ class Engine:
         if st.segment == PATH and token == self.tags.end_path:
             return self._end_path(s, st, sampled=1, logprob=logprob, banned=banned)
         sampled = 1
+        if verdict == FORCED_BLOCK:
+            token = self.tags.parallel
         if verdict == EOS_IN_SUMMARY:
             token = self.tags.end_summary
+        if verdict in (FORCED_BLOCK, EOS_IN_SUMMARY):   # dropped: the runtime's token instead
             sampled = 0
             logprob = 0.0
             banned = None

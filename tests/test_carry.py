@@ -3,6 +3,7 @@ parts, answers by brute force and side by side, every column of every trace reco
 summaries, the answer checker, scripts/look/failures.py and scripts/studies/carry_stats.py on
 hand-made responses, show_data."""
 import collections
+import itertools
 import re
 
 import pytest
@@ -95,14 +96,15 @@ def test_generator_is_deterministic_and_parts_are_disjoint():
         numbers, target = read_problem(p.text)
         return tuple(sorted(numbers)), target
 
+    sizes = (("train", 3000), ("rl", 3000), ("val", 500), ("test", 500))
     parts = {part: {pattern(p) for s in data.CARRY_SPLITS for p in carry_problems(s, part, n)}
-             for part, n in (("train", 3000), ("rl", 3000), ("test", 500))}
-    assert parts["train"].isdisjoint(parts["rl"]) and parts["train"].isdisjoint(parts["test"])
-    assert parts["rl"].isdisjoint(parts["test"])
+             for part, n in sizes}
+    for (a, _), (b, _) in itertools.combinations(sizes, 2):
+        assert parts[a].isdisjoint(parts[b]), (a, b)
     assert min(len(p) for p in parts.values()) >= 1000
-    records = load_data("carry:easy,carry:easy:rl,carry:easy:test", limit=2)
+    records = load_data("carry:easy,carry:easy:rl,carry:easy:val,carry:easy:test", limit=2)
     assert [r["source"] for r in records] == ["carry:easy"] * 2 + ["carry:easy:rl"] * 2 + \
-        ["carry:easy:test"] * 2
+        ["carry:easy:val"] * 2 + ["carry:easy:test"] * 2
 
 
 def check_attempt(m: re.Match, numbers: list[int], target: int, right: set[int]) -> tuple:
@@ -274,6 +276,7 @@ def test_a_run_on_an_embedded_task_is_evaluated_on_its_test_part():
     assert embedded_test_parts("synthetic:easy, carry:medium:rl") == \
         "synthetic:easy:test,carry:medium:test"
     assert embedded_test_parts("carry:hard:test") is None     # already held out
+    assert embedded_test_parts("carry:hard:val") is None
     assert embedded_test_parts("gsm8k:train") is None
     tiny = dict(model="tiny", preset="tiny")
     assert grpo.resolve_defaults(grpo.GRPOConfig(data="carry:hard:rl", **tiny)).eval_data == \

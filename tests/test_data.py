@@ -2,6 +2,8 @@
 checked by a brute-force solver, every check recomputed, the parallel fraction, the answer checker),
 the real files (counts, answer normalisation checked against independent copies, the Parallel-GSM8K
 filter), prompts, and the errors bad input gets."""
+import hashlib
+import itertools
 import json
 import os
 import re
@@ -115,24 +117,46 @@ def test_generator_is_deterministic():
     assert [r["problem"] for r in seq] == [r["problem"] for r in recs] and seq != recs
 
 
-def test_train_rl_and_test_share_nothing():
+def test_train_rl_val_and_test_share_nothing():
     splits = list(data.SYNTHETIC_SPLITS)
     def pattern(p):
         return tuple(sorted(read_problem(p.text)[0])), read_problem(p.text)[1]
 
+    sizes = (("train", 3000), ("rl", 3000), ("val", 500), ("test", 500))
     parts = {part: {pattern(p) for s in splits for p in synthetic_problems(s, part, n)}
-             for part, n in (("train", 3000), ("rl", 3000), ("test", 500))}
-    assert parts["train"].isdisjoint(parts["rl"]) and parts["train"].isdisjoint(parts["test"])
-    assert parts["rl"].isdisjoint(parts["test"])
-    # and no part is tiny (test: 195 patterns today)
-    assert min(len(p) for p in parts.values()) >= 100
-    records = load_data("synthetic:easy,synthetic:easy:rl,synthetic:easy:test", limit=2)
+             for part, n in sizes}
+    for (a, _), (b, _) in itertools.combinations(sizes, 2):
+        assert parts[a].isdisjoint(parts[b]), (a, b)
+    # and no part is tiny (the held-out fifth: 197 patterns, 108 in val, 89 in test today)
+    assert min(len(p) for p in parts.values()) >= 85
+    records = load_data("synthetic:easy,synthetic:easy:rl,synthetic:easy:val,synthetic:easy:test",
+                        limit=2)
     assert {r["source"] for r in records} == \
-        {"synthetic:easy", "synthetic:easy:rl", "synthetic:easy:test"}
+        {"synthetic:easy", "synthetic:easy:rl", "synthetic:easy:val", "synthetic:easy:test"}
+
+
+# The first 300 records (problem | trace) of the SFT and RL parts, sha256 of their texts joined by
+# newlines, first 16 hex digits, computed by the code before ":val" was carved out of the
+# held-out fifth (2026-12-07): the SFT data and the RL stream of every earlier run are unchanged.
+TRAIN_AND_RL_STREAMS = {
+    "synthetic:easy": "345cbb42655f3e92", "synthetic:easy:rl": "74c06a9214c2723d",
+    "synthetic:medium": "db07c9da2bf72287", "synthetic:medium:rl": "fdddc95422cc1cc4",
+    "synthetic:hard": "a4c5025d9632ec19", "synthetic:hard:rl": "de4075f22150799c",
+    "carry:easy": "2ddd83cc12143ad0", "carry:easy:rl": "3391b247035818ed",
+    "carry:medium": "5de90aef16df8e82", "carry:medium:rl": "01b32ac8850d98f8",
+    "carry:hard": "7bf74784b44f375b", "carry:hard:rl": "02198cee0f696ba8",
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRAIN_AND_RL_STREAMS))
+def test_sft_and_rl_streams_are_those_before_the_validation_part(name):
+    records = load_data(name, limit=300)
+    text = "\n".join(r["problem"] + "|" + r["solution"] for r in records)
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == TRAIN_AND_RL_STREAMS[name]
 
 
 @pytest.mark.parametrize("name", ["synthetic:easy", "synthetic:medium", "synthetic:hard:rl",
-                                  "synthetic:hard:test"])
+                                  "synthetic:hard:val", "synthetic:hard:test"])
 def test_answers_and_every_check_recomputed_from_the_text(name):
     size = data.SYNTHETIC_SPLITS[name.split(":")[1]]
     for style in ("parallel", "sequential"):

@@ -402,3 +402,38 @@ def test_default_out_dirs_of_two_runs_checkpoints_differ(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path / "runs" / "eval")) == \
         ["runs_a_sft_checkpoint-1", "runs_b_sft_checkpoint-1"]
     assert out == [os.path.join("sft", "checkpoint-1")] * 2   # the table's Method cell stays short
+
+
+def test_rollout_stats_signal_of_the_choice_on_hand_made_rollouts():
+    """block_accuracy_gap and mixed_groups on three groups of 4, by hand. Group 1: two with a
+    block (1 right), two without (2 right): mixed. Group 2: four without (1 right). Group 3: four
+    with a block (4 right). With a block: 6 responses, 5 right; without: 6, 3 right. Gap: 5/6 -
+    3/6 = 1/3; mixed groups 1 of 3. All one kind: the gap is None."""
+    from types import SimpleNamespace
+
+    from attention import TagIds, parse_structure
+    from model import tiny_tokenizer
+    tok = tiny_tokenizer()
+    tags = TagIds.from_tokenizer(tok)
+    block = ("<Parallel><Path>1+2=3 vs 3: ok</Path><Path>1+3=4 vs 3: no</Path></Parallel>\n"
+             "<Summary>1, 2</Summary>\nFinal Answer: 1, 2")
+    chain = "1+2=3 vs 3: ok\nFinal Answer: 1, 2"
+
+    def rollout(text):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        structure = parse_structure(ids, tags)
+        return SimpleNamespace(structure=structure, num_tokens=len(ids), critical_path=len(ids),
+                               finish_reason="eos")
+
+    kinds = [block, block, chain, chain] + [chain] * 4 + [block] * 4
+    right = [1, 0, 1, 1] + [1, 0, 0, 0] + [1, 1, 1, 1]
+    rollouts = [rollout(text) for text in kinds]
+    assert [bool(r.structure.blocks) for r in rollouts] == [text == block for text in kinds]
+    scores = [{"reward": float(c), "correct": bool(c)} for c in right]
+    has_variance = torch.tensor([True, True, False])
+    stats = ev.rollout_stats(rollouts, scores, has_variance, "cpu")
+    assert stats["block_accuracy_gap"] == pytest.approx(5 / 6 - 3 / 6, abs=1e-12)
+    assert stats["mixed_groups"] == pytest.approx(1 / 3, abs=1e-12)
+    assert stats["parallel_ratio"] == 0.5 and stats["accuracy"] == 8 / 12
+    only_chains = ev.rollout_stats(rollouts[4:8], scores[4:8], torch.tensor([True]), "cpu")
+    assert only_chains["block_accuracy_gap"] is None and only_chains["mixed_groups"] == 0.0

@@ -271,6 +271,28 @@ def test_max_blocks_masks_parallel_so_the_answer_can_follow(models):
                and r.structure.blocks[0].summary[1] < r.num_tokens - 1 for r in rollouts)
 
 
+@pytest.mark.parametrize("mode,budget", [("unseen", "tokens"), ("unseen", "steps"),
+                                         ("seen", "tokens")])
+def test_open_block_forces_a_block_the_runtime_injects(models, mode, budget):
+    """open_block=True (the forced-block arm of scripts/choice.sh): every response opens with an
+    injected <Parallel> (not sampled, log-prob 0.0, so not trained by default), its paths follow,
+    and every sampled token still has the training forward's log-prob. The plain tiny model
+    (which rarely opens a block itself) without it opens fewer."""
+    model, _, tok = models
+    tags = TagIds.from_tokenizer(tok)
+    settings = dict(group_size=3, mode=mode, max_new_tokens=40, max_path_tokens=8,
+                    budget=budget, seed=3)
+    rollouts = generate(model, tok, PROMPTS, open_block=True, **settings)
+    assert all(r.response_ids[0] == tags.parallel for r in rollouts)
+    assert all(r.sampled_mask[0] == 0 and r.logprobs[0] == 0.0 for r in rollouts)
+    assert all(r.structure.blocks and r.structure.blocks[0].start == 0 for r in rollouts)
+    assert max_logprob_diff(model, tok, rollouts, mode, 1.0) <= LOGPROB_TOLERANCE
+    free = generate(model, tok, PROMPTS, **settings)
+    assert sum(bool(r.structure.blocks) for r in free) < len(free)
+    with pytest.raises(ValueError, match="open_block=True forces a block"):
+        generate(model, tok, PROMPTS[:1], max_new_tokens=4, open_block=True, max_blocks=0)
+
+
 def test_a_sampled_end_path_at_the_path_budget_is_kept_as_sampled(models):
     """max_path_tokens=3 holds <Path>, one token and </Path>: a </Path> the model samples in the
     last place fits (the place was kept free for it), so it is recorded as sampled, with its

@@ -449,3 +449,27 @@ def test_stopping_the_script_stops_its_jobs(tmp_path):
             break
         time.sleep(0.1)
     assert not os.path.exists(f"/proc/{job}"), "the job outlived the script"
+
+
+def test_dynamics_signal_means_skip_steps_without_a_gap_and_the_plot_shows_them(tmp_path):
+    """moving_mean_present by hand (WINDOW 10): values 1, None, 3 -> 1, 1, 2; all None -> NaN.
+    A run whose log holds the signal (mixed_groups, block_accuracy_gap) gets a third panel."""
+    import math
+
+    from scripts import dynamics
+    assert dynamics.moving_mean_present([1.0, None, 3.0]) == [1.0, 1.0, 2.0]
+    assert math.isnan(dynamics.moving_mean_present([None])[0])
+    pytest.importorskip("matplotlib")
+    _write_eval(tmp_path / "pair-seed0" / "eval-sft", [0.8], 0.6)
+    folder = tmp_path / "pair-seed0" / "s1"
+    _write_run(folder, [0.5] * 4, [0.5] * 4)
+    rows = [{"step": s, "parallel_ratio": 0.5, "accuracy": 0.5, "mixed_groups": 0.25,
+             "block_accuracy_gap": None if s == 2 else -0.1} for s in range(1, 5)]
+    (folder / "grpo" / "log.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    _write_eval(folder / "eval", [0.3], 0.7)
+    runs = dynamics.collect(str(tmp_path), [0], ("pair",))
+    assert runs[("pair", "s1")][0]["gap"] == [-0.1, None, -0.1, -0.1]
+    import matplotlib.pyplot as plt
+    dynamics.plot(runs, str(tmp_path / "d.png"))
+    figure = plt.gcf()
+    assert len(figure.axes) == 3 and len(figure.axes[2].lines) == 3   # mixed, gap, the zero line

@@ -17,7 +17,10 @@ SFT and after GRPO; the training share over the first and last WINDOW steps; the
 accuracy over any WINDOW steps against the first WINDOW's (a crash: below half); then the issue's
 targets, each with the seeds that meet it. --plot: block share against the step (a WINDOW-step
 moving mean; a line per seed, the band their min and max), a column per task, training accuracy
-beneath. Needs matplotlib for --plot (pip install -r requirements-extra.txt).
+beneath, and, where the logs hold it, the signal RL sees about the choice (eval.rollout_stats): the
+share of groups holding responses with and without a block (only there do the advantages tell
+the two apart) and the accuracy with a block minus without (both in %, WINDOW-step means of the
+steps that have it). Needs matplotlib for --plot (pip install -r requirements-extra.txt).
 """
 import argparse
 import json
@@ -67,6 +70,16 @@ def moving_mean(values: list[float], window: int = WINDOW) -> list[float]:
     return out
 
 
+def moving_mean_present(values: list) -> list[float]:
+    """moving_mean over the values that are not None (a step without both kinds has no gap);
+    NaN where a window holds none (a gap in the plotted line)."""
+    out = []
+    for i in range(len(values)):
+        recent = [v for v in values[max(0, i - WINDOW + 1):i + 1] if v is not None]
+        out.append(sum(recent) / len(recent) if recent else float("nan"))
+    return out
+
+
 def run_row(root: str, task: str, setting: str, seed: int) -> dict | None:
     """One run's numbers, or None when it has not finished (no eval summary)."""
     folder, sft_eval, _ = SETTINGS[(task, setting)]
@@ -91,7 +104,10 @@ def run_row(root: str, task: str, setting: str, seed: int) -> dict | None:
     lowest_accuracy = None                        # a start at 0 cannot crash
     if start_accuracy > 0:
         lowest_accuracy = min(smoothed) / start_accuracy
+    mixed = [r.get("mixed_groups") for r in log]             # None in logs made before them
+    gap = [r.get("block_accuracy_gap") for r in log]
     return {"seed": seed, "steps": len(log), "ratio": ratio, "accuracy": accuracy,
+            "mixed": mixed, "gap": gap,
             "sft_share": sft_share, "share": share,
             "sft_accuracy": sft_accuracy, "final_accuracy": final_accuracy,
             "train_first": statistics.mean(ratio[:WINDOW]),
@@ -195,8 +211,10 @@ def plot(runs: dict, out: str):
 
     tasks = [task for task in ("pair", "carry")
              if any(rows for key, rows in runs.items() if key[0] == task)]
-    fig, axes = plt.subplots(2, len(tasks), figsize=(5.5 * len(tasks), 6.5), sharex=True,
-                             squeeze=False)
+    signal = any(r["mixed"] and r["mixed"][0] is not None for rows in runs.values() for r in rows)
+    panels = 2 + signal
+    fig, axes = plt.subplots(panels, len(tasks), figsize=(5.5 * len(tasks), 3.25 * panels),
+                             sharex=True, squeeze=False)
     titles = {"pair": "pair task, equal tokens", "carry": "carry task, S1 under two budgets"}
     for column, task in enumerate(tasks):
         for (key_task, setting), rows in runs.items():
@@ -216,10 +234,20 @@ def plot(runs: dict, out: str):
                     line, = axes[row][column].plot(x, curve, color=color, linewidth=1, label=name)
                     color = line.get_color()
                 axes[row][column].fill_between(x, low, high, alpha=0.15, color=color)
+            for r in rows if signal else []:
+                mixed = [None if v is None else 100 * v for v in r["mixed"][:steps]]
+                gap = [None if v is None else 100 * v for v in r["gap"][:steps]]
+                axes[2][column].plot(x, moving_mean_present(mixed), color=color, linewidth=1)
+                axes[2][column].plot(x, moving_mean_present(gap), color=color, linewidth=1,
+                                     linestyle="--")
         axes[0][column].set_title(titles[task])
         axes[0][column].set_ylabel("responses with a block (%)")
         axes[1][column].set_ylabel("training accuracy (%)")
-        axes[1][column].set_xlabel("GRPO step")
+        axes[-1][column].set_xlabel("GRPO step")
+        if signal:
+            axes[2][column].set_ylabel("groups with both kinds (solid),\n"
+                                       "acc. with - without a block (dashed) (%)", fontsize=8)
+            axes[2][column].axhline(0, color="grey", linewidth=0.5)
         axes[0][column].set_ylim(0, 100)
         if axes[0][column].lines:
             axes[0][column].legend(fontsize=8, loc="center right")   # between 0 and 100%

@@ -1,0 +1,319 @@
+"""The choice, controlled: does RL open blocks where a forced block beats a forced chain, and drop
+them where it loses? From the runs of scripts/studies/choice.sh (issue 45).
+
+    python scripts/studies/choice.py runs/choice [--seeds=0,1,2,3,4] [--tasks=pair,carry] [--split=test]
+        [--md=results/choice.md] [--plot=results/choice.png]
+    python scripts/studies/choice.py --sweep CHAIN_EVAL BLOCK_EVAL --caps=32,48,64 [--seed=0]
+
+The folder holds, per task t, seed s and unit u (tokens, steps): t-seed<s>/<u>/sft-eval-<split>
+(the SFT, free to open a block) and t-seed<s>/<u>/<arm>/eval-<split> for the arms chain (forced
+chain), block (forced block) and free (Unseen S1), each an eval.py folder (samples.jsonl).
+
+Per cell (task x unit) and seed: the forced gap, Mean@k of the forced block minus the forced
+chain, and S1's block-share change, the free arm's share of responses with a block minus the
+SFT's, each with a paired bootstrap 95% interval over the problems (both arms answered the same
+problems; BOOTSTRAP draws, seeded); across seeds, each one's mean with a t interval (the seed as
+the unit; none for one seed). A seed agrees when the sign of S1's change is the sign of its
+forced gap (the claim under test, stated before the runs: in every cell they agree).
+
+--sweep reads two evaluations of one model made at a large budget (the forced chain and the
+forced block) and prints, at each cap in tokens and in decode steps, the forced gap of the
+responses cut there (right only if right and within the cap: a post-hoc cut, the same for both
+arms), with its paired bootstrap interval: where the gap may change sign between the units, to
+choose B on :val before any training. Needs matplotlib for --plot.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+
+ARMS = ("chain", "block", "free")
+UNITS = ("tokens", "steps")
+TASKS = ("pair", "carry")
+BOOTSTRAP = 2000             # resamples of the problems in a paired bootstrap
+BOOTSTRAP_SEED = 0
+LOW = 0.025                  # the 95% interval's quantiles
+HIGH = 0.975
+# Student's t, 97.5% quantile, by degrees of freedom (seeds - 1): a 95% interval across seeds.
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+         9: 2.262, 10: 2.228}
+UNIT_COLUMN = {"tokens": "T", "steps": "D"}   # samples.jsonl's count of each unit
+WINDOW = 10                  # steps in the figure's moving means (as scripts/studies/dynamics.py)
+
+
+def read_samples(folder: str) -> list[dict]:
+    """The rows of an eval.py folder's samples.jsonl."""
+    with open(os.path.join(folder, "samples.jsonl"), encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def per_problem(samples: list[dict], key: str, unit: str | None = None,
+                cap: int | None = None) -> dict:
+    """{problem id: the mean over its samples of `key` ("correct" or "has_parallel")}, in %;
+    with a cap, a sample counts only if it spent at most `cap` of `unit` (a post-hoc cut)."""
+    values = {}
+    for row in samples:
+        value = bool(row[key])
+        if cap is not None:
+            value = value and row[UNIT_COLUMN[unit]] <= cap
+        values.setdefault(row["id"], []).append(100.0 * value)
+    return {problem: statistics.mean(v) for problem, v in values.items()}
+
+
+def paired_bootstrap(base: dict, other: dict, seed: int = BOOTSTRAP_SEED) -> tuple:
+    """(mean of other - base over the problems both hold, 2.5% and 97.5% quantiles of that mean
+    over BOOTSTRAP resamples of those problems). ValueError when they share no problem."""
+    shared = sorted(set(base) & set(other))
+    if not shared:
+        raise ValueError("the two evaluations share no problem: were they made on one split?")
+    differences = [other[p] - base[p] for p in shared]
+    rng = random.Random(seed)
+    n = len(differences)
+    means = sorted(sum(rng.choices(differences, k=n)) / n for _ in range(BOOTSTRAP))
+    low = means[int(LOW * BOOTSTRAP)]
+    high = means[min(int(HIGH * BOOTSTRAP), BOOTSTRAP - 1)]
+    return statistics.mean(differences), low, high
+
+
+def t_interval(values: list[float]) -> tuple:
+    """(mean, low, high): the 95% t interval across seeds; low and high None for one seed."""
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return mean, None, None
+    quantile = T_975[min(len(values) - 1, max(T_975))]
+    half = quantile * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def sign(value: float) -> int:
+    return (value > 0) - (value < 0)
+
+
+def training_curves(grpo_folder: str) -> dict:
+    """The free arm's training rows (log.jsonl): per step, the block share, the share of groups
+    holding both kinds and the accuracy with a block minus without (None: one kind absent), %."""
+    path = os.path.join(grpo_folder, "log.jsonl")
+    curves = {"share": [], "mixed": [], "gap": []}
+    if not os.path.exists(path):
+        return curves
+    with open(path, encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    for row in rows:
+        if "parallel_ratio" not in row:           # an evaluation's row
+            continue
+        curves["share"].append(100 * row["parallel_ratio"])
+        curves["mixed"].append(100 * row["mixed_groups"])
+        gap = row["block_accuracy_gap"]
+        curves["gap"].append(None if gap is None else 100 * gap)
+    return curves
+
+
+def moving_mean(values: list) -> list[float]:
+    """The mean of each value and the WINDOW - 1 before it, None values left out; NaN where a
+    window holds none (a gap in the line)."""
+    out = []
+    for i in range(len(values)):
+        recent = [v for v in values[max(0, i - WINDOW + 1):i + 1] if v is not None]
+        out.append(sum(recent) / len(recent) if recent else float("nan"))
+    return out
+
+
+def seed_row(root: str, task: str, unit: str, seed: int, split: str) -> dict | None:
+    """One seed's forced gap and S1's change in a cell, or None when an evaluation is missing."""
+    cell = os.path.join(root, f"{task}-seed{seed}", unit)
+    folders = {"sft": os.path.join(cell, f"sft-eval-{split}")}
+    for arm in ARMS:
+        folders[arm] = os.path.join(cell, arm, f"eval-{split}")
+    if not all(os.path.exists(os.path.join(f, "samples.jsonl")) for f in folders.values()):
+        return None
+    samples = {name: read_samples(folder) for name, folder in folders.items()}
+    accuracy = {arm: per_problem(samples[arm], "correct") for arm in ("chain", "block", "free")}
+    share = {name: per_problem(samples[name], "has_parallel") for name in ("sft", "free")}
+    gap = paired_bootstrap(accuracy["chain"], accuracy["block"])
+    change = paired_bootstrap(share["sft"], share["free"])
+    return {"seed": seed, "gap": gap, "change": change,
+            "chain": statistics.mean(accuracy["chain"].values()),
+            "block": statistics.mean(accuracy["block"].values()),
+            "free": statistics.mean(accuracy["free"].values()),
+            "sft_share": statistics.mean(share["sft"].values()),
+            "free_share": statistics.mean(share["free"].values()),
+            "agrees": sign(gap[0]) != 0 and sign(gap[0]) == sign(change[0]),
+            "curves": training_curves(os.path.join(cell, "free", "grpo"))}
+
+
+def collect(root: str, seeds: list[int], tasks: tuple, split: str) -> dict:
+    """{(task, unit): [seed_row of each seed that finished]}."""
+    cells = {}
+    for task in tasks:
+        for unit in UNITS:
+            rows = [seed_row(root, task, unit, seed, split) for seed in seeds]
+            cells[(task, unit)] = [row for row in rows if row is not None]
+    return cells
+
+
+def interval_text(value: float, low, high) -> str:
+    if low is None:
+        return f"{value:+.1f}"
+    return f"{value:+.1f} [{low:+.1f}, {high:+.1f}]"
+
+
+def report(cells: dict, seeds: list[int], split: str) -> str:
+    legend = (f"Hard `:{split}` problems, at each run's own unit and budget. Forced gap: Mean@4 "
+              "of the forced block minus the forced chain; S1's change: the free arm's share of "
+              "responses with a block minus its SFT's (points). Per seed: paired bootstrap 95% "
+              "interval over the problems; across seeds: mean and t 95% interval (seed the unit).")
+    header = ("| task | unit | seeds | forced gap, across seeds | S1's change, across seeds | "
+              "seeds that agree (sign of change = sign of gap) |")
+    lines = [legend, "", header, "|---|---|---|---|---|---|"]
+    for (task, unit), rows in cells.items():
+        if not rows:
+            lines.append(f"| {task} | {unit} | none finished | | | |")
+            continue
+        gap = t_interval([r["gap"][0] for r in rows])
+        change = t_interval([r["change"][0] for r in rows])
+        agree = [str(r["seed"]) for r in rows if r["agrees"]]
+        ran = ", ".join(str(r["seed"]) for r in rows)
+        lines.append(f"| {task} | {unit} | {ran} | {interval_text(*gap)} | "
+                     f"{interval_text(*change)} | {len(agree)} of {len(rows)} "
+                     f"({', '.join(agree) or 'none'}) |")
+    header = ("| task | unit | seed | chain | block | free | forced gap | SFT share | S1 share | "
+              "S1's change | agrees |")
+    lines += ["", "Per seed:", "", header, "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (task, unit), rows in cells.items():
+        for r in rows:
+            lines.append(f"| {task} | {unit} | {r['seed']} | {r['chain']:.1f} | "
+                         f"{r['block']:.1f} | {r['free']:.1f} | {interval_text(*r['gap'])} | "
+                         f"{r['sft_share']:.1f}% | {r['free_share']:.1f}% | "
+                         f"{interval_text(*r['change'])} | {'yes' if r['agrees'] else 'no'} |")
+    missing = []
+    for (task, unit), rows in cells.items():
+        done = {r["seed"] for r in rows}
+        lacking = [str(seed) for seed in seeds if seed not in done]
+        if lacking:
+            missing.append(f"{task}, {unit}: seeds {', '.join(lacking)}")
+    if missing:
+        lines += ["", "Not finished (an evaluation missing):"] + [f"- {m}" for m in missing]
+    return "\n".join(lines)
+
+
+def plot(cells: dict, out: str):
+    """Left: per cell, the forced gap against S1's change: a point per seed, the across-seed mean
+    with its t intervals as crossed bars; the claim holds in the quadrants of equal signs. Right:
+    S1's training rollouts against the step (WINDOW-step means, a line per seed): the block share
+    (solid) and the signal RL sees, the share of groups holding both kinds (dotted) and the
+    accuracy with a block minus without (dashed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, curves_ax) = plt.subplots(1, 2, figsize=(12, 5))
+    for (task, unit), rows in cells.items():
+        if not rows:
+            continue
+        gaps = [r["gap"][0] for r in rows]
+        changes = [r["change"][0] for r in rows]
+        points = ax.scatter(gaps, changes, s=18, alpha=0.6)
+        color = points.get_facecolor()[0]
+        for r in rows:
+            for key, style in (("share", "-"), ("mixed", ":"), ("gap", "--")):
+                values = moving_mean(r["curves"][key])
+                curves_ax.plot(range(1, len(values) + 1), values, color=color, linestyle=style,
+                               linewidth=1)
+        gap, gap_low, gap_high = t_interval(gaps)
+        change, change_low, change_high = t_interval(changes)
+        xerr = None if gap_low is None else [[gap - gap_low], [gap_high - gap]]
+        yerr = None if change_low is None else [[change - change_low], [change_high - change]]
+        ax.errorbar([gap], [change], xerr=xerr, yerr=yerr, color=color, marker="s",
+                    capsize=3, label=f"{task}, budget in {unit} ({len(rows)} seeds)")
+    ax.axhline(0, color="grey", linewidth=0.5)
+    ax.axvline(0, color="grey", linewidth=0.5)
+    ax.set_xlabel("forced gap: forced block - forced chain (Mean@4, points)")
+    ax.set_ylabel("S1's block-share change (points)")
+    ax.set_title("Does RL follow the forced gap? (scripts/studies/choice.sh)", fontsize=10)
+    ax.legend(fontsize=8)
+    curves_ax.axhline(0, color="grey", linewidth=0.5)
+    curves_ax.set_xlabel("GRPO step (free choice, Unseen S1)")
+    curves_ax.set_ylabel("blocks (solid), groups with both kinds (dotted),\n"
+                         "acc. with - without a block (dashed), %")
+    curves_ax.set_title(f"What S1 sees and does ({WINDOW}-step means, a line per seed)",
+                        fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def sweep(chain_folder: str, block_folder: str, caps: list[int]) -> str:
+    """The forced gap of two evaluations of one model cut at each cap, in each unit."""
+    chain = read_samples(chain_folder)
+    block = read_samples(block_folder)
+    lines = ["| cap | unit | chain | block | forced gap [95%] |", "|---|---|---|---|---|"]
+    for cap in caps:
+        for unit in UNITS:
+            base = per_problem(chain, "correct", unit, cap)
+            other = per_problem(block, "correct", unit, cap)
+            gap = paired_bootstrap(base, other)
+            lines.append(f"| {cap} | {unit} | {statistics.mean(base.values()):.1f} | "
+                         f"{statistics.mean(other.values()):.1f} | {interval_text(*gap)} |")
+    return "\n".join(lines)
+
+
+def parse_numbers(text: str) -> list[int]:
+    try:
+        numbers = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers separated by commas, "
+                                         "e.g. 0,1,2") from None
+    if len(set(numbers)) < len(numbers) or min(numbers) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give each number once, none below 0")
+    return numbers
+
+
+def parse_tasks(text: str) -> tuple:
+    tasks = tuple(text.split(","))
+    if not tasks or any(task not in TASKS for task in tasks):
+        raise argparse.ArgumentTypeError(f"{text!r}: give tasks of {','.join(TASKS)}, "
+                                         "comma-separated")
+    return tasks
+
+
+def main(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("folders", nargs="+", help="the folder choice.sh wrote (runs/choice); "
+                        "with --sweep, the forced chain's and the forced block's eval folders")
+    parser.add_argument("--seeds", type=parse_numbers, default=[0, 1, 2, 3, 4])
+    parser.add_argument("--tasks", type=parse_tasks, default=TASKS)
+    parser.add_argument("--split", choices=("val", "test"), default="test",
+                        help="the evaluations to read (eval-<split>)")
+    parser.add_argument("--md", default="", help="also write the table here")
+    parser.add_argument("--plot", default="", help="draw the figure here (a .png)")
+    parser.add_argument("--sweep", action="store_true", help="the forced gap at caps (above)")
+    parser.add_argument("--caps", type=parse_numbers, default=[32, 48, 64, 96, 128])
+    args = parser.parse_args(argv)
+    for folder in args.folders:
+        if not os.path.isdir(folder):
+            parser.error(f"{folder}: no such folder")
+    if args.sweep:
+        if len(args.folders) != 2:
+            parser.error("--sweep reads two eval folders: the forced chain's, the forced block's")
+        print(sweep(*args.folders, args.caps))
+        return 0
+    if len(args.folders) != 1:
+        parser.error("give one folder: the one choice.sh wrote (runs/choice)")
+    cells = collect(args.folders[0], args.seeds, args.tasks, args.split)
+    if not any(cells.values()):
+        parser.error(f"{args.folders[0]}: no seed with every evaluation of a cell "
+                     f"(<task>-seed<s>/<unit>/sft-eval-{args.split} and <arm>/eval-{args.split})")
+    text = report(cells, args.seeds, args.split)
+    print(text)
+    if args.md:
+        with open(args.md, "w", encoding="utf-8") as fh:
+            fh.write("# The choice, controlled (scripts/studies/choice.sh)\n\n" + text + "\n")
+    if args.plot:
+        plot(cells, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

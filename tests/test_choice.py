@@ -1,0 +1,101 @@
+"""scripts/studies/choice.py: the forced gap, S1's block-share change, their intervals and the seeds that
+agree, on a fabricated run folder whose numbers are worked out by hand; the sweep's post-hoc cut;
+scripts/studies/choice.sh's refusals of bad settings."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from scripts.studies import choice
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _write_eval(folder, rows):
+    """rows: per problem, a list of (correct, has_parallel, T, D) samples."""
+    os.makedirs(folder)
+    lines = []
+    for i, samples in enumerate(rows):
+        for correct, block, tokens, steps in samples:
+            lines.append(json.dumps({"id": f"p{i}", "correct": correct, "has_parallel": block,
+                                     "T": tokens, "D": steps}) + "\n")
+    with open(os.path.join(folder, "samples.jsonl"), "w") as fh:
+        fh.writelines(lines)
+
+
+def _seed(root, seed, block_rows, free_rows):
+    cell = root / f"pair-seed{seed}" / "tokens"
+    _write_eval(cell / "sft-eval-val", [[(0, 1, 9, 9), (0, 0, 9, 9)]] * 2)   # share 50%
+    _write_eval(cell / "chain" / "eval-val", [[(1, 0, 9, 9), (0, 0, 9, 9)], [(0, 0, 9, 9)] * 2])
+    _write_eval(cell / "block" / "eval-val", block_rows)
+    _write_eval(cell / "free" / "eval-val", free_rows)
+
+
+def test_choice_table_by_hand(tmp_path):
+    """Two problems, two samples each. Chain: 50 and 0 (Mean 25). Seed 0: block 100 and 50, a
+    gap of +50 on each problem (so the bootstrap interval is [+50, +50]); the free arm opens no
+    block (0% against the SFT's 50%: -50 on each problem): the signs differ, no agreement.
+    Seed 1: block 50 and 50, a gap of +0 and +50 (+25); free 100% blocks: +50 on each,
+    agrees. Across seeds the gaps +50, +25: mean 37.5, sd 17.678, t(1) 12.706 x 12.5 = 158.825."""
+    _seed(tmp_path, 0, [[(1, 1, 9, 9)] * 2, [(1, 1, 9, 9), (0, 1, 9, 9)]],
+          [[(1, 0, 9, 9)] * 2, [(0, 0, 9, 9)] * 2])
+    _seed(tmp_path, 1, [[(1, 1, 9, 9), (0, 1, 9, 9)], [(1, 1, 9, 9), (0, 1, 9, 9)]],
+          [[(1, 1, 9, 9)] * 2, [(1, 1, 9, 9)] * 2])
+    cells = choice.collect(str(tmp_path), [0, 1, 2], ("pair",), "val")
+    assert [len(cells[("pair", unit)]) for unit in choice.UNITS] == [2, 0]
+    seed0, seed1 = cells[("pair", "tokens")]
+    assert seed0["gap"] == (50.0, 50.0, 50.0) and seed0["change"] == (-50.0, -50.0, -50.0)
+    assert (seed0["chain"], seed0["block"], seed0["free"]) == (25.0, 75.0, 50.0)
+    assert not seed0["agrees"]
+    assert seed1["gap"][0] == 25.0 and seed1["change"] == (50.0, 50.0, 50.0) and seed1["agrees"]
+    assert 0.0 <= seed1["gap"][1] <= 25.0 <= seed1["gap"][2] <= 50.0    # +0 or +50 resampled
+    mean, low, high = choice.t_interval([50.0, 25.0])
+    assert mean == 37.5 and low == pytest.approx(37.5 - 158.825, abs=1e-3)
+    assert high == pytest.approx(37.5 + 158.825, abs=1e-3)
+    assert choice.t_interval([3.0]) == (3.0, None, None)
+    text = choice.report(cells, [0, 1, 2], "val")
+    assert "| pair | tokens | 0, 1 | +37.5 [-121.3, +196.3] | +0.0 [-635.3, +635.3] | " \
+           "1 of 2 (1) |" in text
+    assert "| pair | steps | none finished | | | |" in text
+    assert "| pair | tokens | 0 | 25.0 | 75.0 | 50.0 | +50.0 [+50.0, +50.0] | 50.0% | 0.0% | " \
+           "-50.0 [-50.0, -50.0] | no |" in text
+    assert "Not finished (an evaluation missing):\n- pair, tokens: seeds 2\n- pair, steps: " \
+           "seeds 0, 1, 2" in text
+
+
+def test_sweep_cuts_each_unit_at_the_cap(tmp_path):
+    """A right block response of T = 60 tokens and D = 40 decode steps counts at cap 48 in decode
+    steps, not in tokens; the chain's (T = D = 30) at both: the gap is 0 in steps, -100 in
+    tokens."""
+    _write_eval(tmp_path / "chain", [[(1, 0, 30, 30)]])
+    _write_eval(tmp_path / "block", [[(1, 1, 60, 40)]])
+    text = choice.sweep(str(tmp_path / "chain"), str(tmp_path / "block"), [48])
+    assert "| 48 | tokens | 100.0 | 0.0 | -100.0 [-100.0, -100.0] |" in text
+    assert "| 48 | steps | 100.0 | 100.0 | +0.0 [+0.0, +0.0] |" in text
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("UNITS=tokens tokens", "names tokens twice"), ("ARMS=chain forced", "unknown 'forced'"),
+    ("PAIR_KL=-1", "PAIR_KL=-1: give a number"), ("SEEDS=", "SEEDS must not be empty"),
+    ("SPLITS=train", "unknown 'train' in SPLITS")])
+def test_choice_sh_refuses_bad_settings_before_anything_runs(tmp_path, setting, message):
+    name, value = setting.split("=", 1)
+    env = dict(os.environ, **{name: value}, OUT=str(tmp_path / "out"), PY="false")
+    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "studies", "choice.sh")], env=env,
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_training_curves_in_percent_and_their_means_skip_missing_gaps(tmp_path):
+    """Two training rows and an evaluation row (skipped): shares 50 and 25%, mixed groups 75 and
+    0%, gaps -10 and None (one kind absent). The WINDOW-step mean of 1, None, 3: 1, 1, 2."""
+    rows = [{"step": 1, "parallel_ratio": 0.5, "mixed_groups": 0.75, "block_accuracy_gap": -0.1},
+            {"step": 2, "parallel_ratio": 0.25, "mixed_groups": 0.0, "block_accuracy_gap": None},
+            {"step": 2, "eval/synthetic:hard:val/mean_at_k": 0.4}]
+    (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    curves = choice.training_curves(str(tmp_path))
+    assert curves == {"share": [50.0, 25.0], "mixed": [75.0, 0.0], "gap": [-10.0, None]}
+    assert choice.moving_mean([1.0, None, 3.0]) == [1.0, 1.0, 2.0]
+    assert choice.training_curves(str(tmp_path / "absent")) == {"share": [], "mixed": [], "gap": []}
