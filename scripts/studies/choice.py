@@ -1,8 +1,8 @@
 """The choice, controlled: does RL open blocks where a forced block beats a forced chain, and drop
 them where it loses? From the runs of scripts/studies/choice.sh (issue 45).
 
-    python scripts/studies/choice.py runs/choice [--seeds=0,1,2,3,4] [--tasks=pair,carry] [--split=test]
-        [--md=results/choice.md] [--plot=results/choice.png]
+    python scripts/studies/choice.py runs/choice [--seeds=0,1,2,3,4] [--tasks=pair,carry]
+        [--split=test] [--md=results/choice.md] [--plot=results/choice.png]
     python scripts/studies/choice.py --sweep CHAIN_EVAL BLOCK_EVAL --caps=32,48,64 [--seed=0]
 
 The folder holds, per task t, seed s and unit u (tokens, steps): t-seed<s>/<u>/sft-eval-<split>
