@@ -1,6 +1,6 @@
 """scripts/studies/choice.py: the forced gap, S1's block-share change, their intervals and the
-seeds that agree, on a fabricated run folder whose numbers are worked out by hand; the sweep's post-hoc cut;
-scripts/studies/choice.sh's refusals of bad settings."""
+seeds that agree, on a fabricated run folder whose numbers are worked out by hand; the sweep's
+post-hoc cut; scripts/studies/choice.sh's refusals of bad settings."""
 import json
 import os
 import subprocess
