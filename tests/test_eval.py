@@ -429,7 +429,7 @@ def test_rollout_stats_signal_of_the_choice_on_hand_made_rollouts():
     right = [1, 0, 1, 1] + [1, 0, 0, 0] + [1, 1, 1, 1]
     rollouts = [rollout(text) for text in kinds]
     assert [bool(r.structure.blocks) for r in rollouts] == [text == block for text in kinds]
-    scores = [{"reward": float(c), "correct": bool(c)} for c in right]
+    scores = [{"reward": float(c), "correct": bool(c), "answer_found": True} for c in right]
     has_variance = torch.tensor([True, True, False])
     stats = ev.rollout_stats(rollouts, scores, has_variance, "cpu")
     assert stats["block_accuracy_gap"] == pytest.approx(5 / 6 - 3 / 6, abs=1e-12)
