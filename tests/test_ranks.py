@@ -105,7 +105,8 @@ def test_the_ranks_of_a_node_load_in_turns(tmp_path):
 
 def text_reward(responses, golds, **kw):
     """A reward with variance in every group even for a random model: a function of the text."""
-    return [{"reward": float(sum(map(ord, t)) % 7), "correct": False, "kind": "accuracy"}
+    return [{"reward": float(sum(map(ord, t)) % 7), "correct": False, "answer_found": False,
+             "kind": "accuracy"}
             for t in responses]
 
 
