@@ -10,8 +10,9 @@ is its --help. A field's range is part of its type, declared once with the field
 
 `base` (a checkpoint's config, for --resume) replaces the defaults; `fill` applies a preset to the
 None fields; `sources` says where each resolved value came from (settings.json, printed by
-`settings_table`). The presets of sft.py, grpo.py and eval.py, and GRPO's recipes' modes, are at
-the end of this file.
+`settings_table`). The presets of sft.py, grpo.py and eval.py, GRPO's recipes' modes and the
+checks and notes on GRPO's resolved settings (`check_grpo`, `grpo_notes`) are at the end of this
+file.
 """
 import argparse
 import dataclasses
@@ -316,6 +317,41 @@ GRPO_PRESETS = {
 RECIPE_MODE = {"seen": "seen", "unseen-s1": "unseen", "unseen-s2": "unseen", "scaffold": "unseen",
                "baseline": "sequential"}
 RECIPE_FIELDS = ("mode", "reward", "clip_ratio_high")
+
+
+def check_grpo(cfg, world_size: int) -> None:
+    """The resolved GRPO settings that cannot learn or cannot run on `world_size` ranks
+    (grpo.resolve_defaults): ValueError naming the flag and what to use instead."""
+    if cfg.temperature == 0:
+        raise ValueError("--temperature=0: GRPO compares the responses of a group, and greedy ones "
+                         "are all the same, so every advantage is 0 and nothing is learned; use a "
+                         "temperature above 0 (the paper: 1.0)")
+    if cfg.group_size == 1:
+        raise ValueError("--group_size=1: a GRPO advantage compares responses to the same prompt, "
+                         "so with one every advantage is 0 and nothing is learned; use 2 or more")
+    if cfg.batch_size % world_size:
+        raise ValueError(f"--batch_size={cfg.batch_size} prompts do not split evenly over "
+                         f"{world_size} ranks")
+    rollouts_per_rank = cfg.batch_size * cfg.group_size // world_size
+    if cfg.ppo_mini_batches > rollouts_per_rank:
+        raise ValueError(f"--ppo_mini_batches={cfg.ppo_mini_batches} is more than the "
+                         f"{rollouts_per_rank} rollouts a rank has per step: some optimizer steps "
+                         "would have no data")
+
+
+def grpo_notes(cfg, world_size: int) -> list[str]:
+    """The resolved GRPO settings that run but may not do what was meant, in words (grpo.setup
+    prints them)."""
+    notes = []
+    if cfg.recipe == "seen" and cfg.easy_steps >= cfg.max_steps:
+        notes.append(f"--easy_steps={cfg.easy_steps} >= --max_steps={cfg.max_steps}: the run "
+                     "never leaves the easy-RL stage (recipe seen)")
+    if world_size > 1 and cfg.batch_size % (cfg.ppo_mini_batches * world_size):
+        notes.append(f"--batch_size={cfg.batch_size} is not a multiple of --ppo_mini_batches x "
+                     f"ranks ({cfg.ppo_mini_batches} x {world_size}): the mini-batches, and so the "
+                     "run, differ from a 1-rank run's (plumbing.rank_places)")
+    return notes
+
 
 # eval.py: the embedded task's three test parts, or the paper's four benchmarks (NOTES.md §7).
 EVAL_PRESETS = {

@@ -10,9 +10,9 @@ One step (`grpo_step`): draw prompts -> `sample_rollouts` -> `score_batch` (the 
 this step, `stage_at`) -> `compute_advantages` -> `ppo_update` (ppo_mini_batches optimizer steps of
 the PPO-clip loss, plus kl_coef times a KL estimate against the initial weights). The file is its
 config, the method (`grpo_step`, then what it calls in the order it calls it), then `setup` and
-`train`, a short loop. Around the method, elsewhere: the presets (config.GRPO_PRESETS), the
-evaluations and the rollout statistics (eval.py), the loop's bookkeeping, ranks, checkpoints and
-the exact resume (plumbing.py).
+`train`, a short loop. Around the method, elsewhere: the presets and the settings' checks
+(config.py), the evaluations and the rollout statistics (eval.py), the loop's bookkeeping, the
+ranks' places in a batch, the frozen model copies, checkpoints and the exact resume (plumbing.py).
 
 Simplified on purpose, unlike the official code (NOTES.md §8): logp_old is the sampler's own
 log-prob (in fp32 the ratio starts at 1, in bf16 up to rounding, and a forward is saved; the first
@@ -41,7 +41,7 @@ import plumbing
 from attention import TagIds, autocast, token_scores
 from data import embedded_test_parts, load_data, prompt_style_of
 from eval import evaluate_run, first_evaluation, fit_context, log_line, own_tokenizer, rollout_stats
-from model import Mode, frozen_copy, load_model, resolve_preset
+from model import Mode, resolve_preset
 from rewards import RewardSchedule, score_batch
 from sample import Rollout, SamplingConfig, SamplingFlags, Stopped, generate
 
@@ -119,26 +119,23 @@ def grpo_step(run: GRPORun, step: int) -> dict | None:
     Returns the step's statistics (all ranks'), or None when a signal (a preemption) abandoned
     the step before it changed a weight: each rank stops sampling at its next decode step, and
     the ranks agree after sampling and before each micro-batch up to the first optimizer step
-    (after it, the step finishes). A rank samples its places of the global batch (`rank_places`),
-    each prompt's responses seeded by the step and that place, so N ranks sample and train as 1
-    rank does at the same batch_size."""
+    (after it, the step finishes). A rank samples its places of the global batch
+    (`plumbing.rank_places`), each prompt's responses seeded by the step and that place, so N
+    ranks sample and train as 1 rank does at the same batch_size."""
     cfg = run.cfg
     d = run.dist
     stage = stage_at(cfg, step)
     clock = plumbing.Stopwatch()
     drawn = run.streams[stage.data].take(cfg.batch_size)
-    places = rank_places(cfg.batch_size, d.world_size, d.rank, cfg.ppo_mini_batches)
+    places = plumbing.rank_places(cfg.batch_size, d.world_size, d.rank, cfg.ppo_mini_batches)
     problems = [run.sources[stage.data][drawn[p]] for p in places]
     prompts = [run.prompts[stage.data][drawn[p]] for p in places]
     if cfg.fsdp:
         plumbing.sync_rollout_model(run.rollout_model, run.train_model)
-    try:
-        rollouts = sample_rollouts(run.rollout_model, run.tokenizer, prompts, cfg,
-                                   seed=plumbing.rollout_seed(cfg.seed, step), places=places,
-                                   stop=run.signalled)
-    except Stopped:                                # this rank was signalled: the ranks agree next
-        rollouts = []
-    if run.any_rank_signalled():
+    rollouts = sample_rollouts(run.rollout_model, run.tokenizer, prompts, cfg,
+                               seed=plumbing.rollout_seed(cfg.seed, step), places=places,
+                               stop=run.signalled)     # [] when this rank was signalled
+    if run.any_rank_signalled():                       # the ranks agree: abandon the step
         return None
     clock.lap("time_sample")
     golds = [problems[r.prompt_index]["answer"] for r in rollouts]
@@ -168,24 +165,6 @@ def grpo_step(run: GRPORun, step: int) -> dict | None:
             "adv_abs_mean": abs_sum / max(count, 1.0), "rollouts_trained": int(trained_count),
             **update, "lr": run.optimizer.param_groups[0]["lr"],
             "clip_ratio_high": stage.clip_ratio_high, **clock.laps}
-
-
-def rank_places(batch_size: int, world_size: int, rank: int, ppo_mini_batches: int) -> list[int]:
-    """The places in the step's global batch (0 .. batch_size - 1) of the prompts that `rank`
-    samples and trains. The update splits a rank's rollouts into ppo_mini_batches contiguous
-    parts, so a rank takes its share of each of the global batch's ppo_mini_batches parts: the
-    ranks' k-th mini-batches together are 1 rank's k-th (rank_places(8, 2, 1, 2) -> [2, 3, 6,
-    7]). When ppo_mini_batches x world_size does not divide batch_size: contiguous shares (the
-    mini-batches then differ from 1 rank's; `setup` says so)."""
-    per_rank = batch_size // world_size
-    if batch_size % (ppo_mini_batches * world_size):
-        return list(range(rank * per_rank, (rank + 1) * per_rank))
-    share = per_rank // ppo_mini_batches           # prompts of one mini-batch on one rank
-    places = []
-    for k in range(ppo_mini_batches):
-        first = k * (batch_size // ppo_mini_batches) + rank * share
-        places += range(first, first + share)
-    return places
 
 
 @dataclass(frozen=True)
@@ -222,8 +201,8 @@ def sample_rollouts(model, tokenizer, prompts: list[list[int]], cfg: GRPOConfig,
                     places: list[int] | None = None, stop=None) -> list[Rollout]:
     """group_size rollouts per prompt, prompt-major, in chunks of generate_batch_size prompts;
     prompt i's responses draw from numbers seeded by (seed, places[i]) (`sample.generate`;
-    default: i), so the chunking does not change them. `stop`: sample.generate's (raises
-    sample.Stopped)."""
+    default: i), so the chunking does not change them. `stop`: sample.generate's; [] when it
+    stopped the sampling."""
     chunk = cfg.generate_batch_size or len(prompts)          # prompts per call: the memory
     if places is None:
         places = list(range(len(prompts)))
@@ -240,6 +219,8 @@ def sample_rollouts(model, tokenizer, prompts: list[list[int]], cfg: GRPOConfig,
             for r in chunk_rollouts:
                 r.prompt_index += start
             rollouts += chunk_rollouts
+    except Stopped:                          # signalled: the caller abandons the step
+        return []
     finally:
         model.train(was_training)
     return rollouts
@@ -570,21 +551,7 @@ def resolve_defaults(cfg: GRPOConfig, world_size: int = 1, find_model: bool = Fa
         # the given problems' own test part (carry:hard:rl -> carry:hard:test), not the preset's
         cfg = dataclasses.replace(cfg, eval_data=embedded_test_parts(cfg.data))
     cfg = config.apply_preset(dataclasses.replace(cfg, preset=preset), config.GRPO_PRESETS)
-    if cfg.temperature == 0:
-        raise ValueError("--temperature=0: GRPO compares the responses of a group, and greedy ones "
-                         "are all the same, so every advantage is 0 and nothing is learned; use a "
-                         "temperature above 0 (the paper: 1.0)")
-    if cfg.group_size == 1:
-        raise ValueError("--group_size=1: a GRPO advantage compares responses to the same prompt, "
-                         "so with one every advantage is 0 and nothing is learned; use 2 or more")
-    if cfg.batch_size % world_size:
-        raise ValueError(f"--batch_size={cfg.batch_size} prompts do not split evenly over "
-                         f"{world_size} ranks")
-    rollouts_per_rank = cfg.batch_size * cfg.group_size // world_size
-    if cfg.ppo_mini_batches > rollouts_per_rank:
-        raise ValueError(f"--ppo_mini_batches={cfg.ppo_mini_batches} is more than the "
-                         f"{rollouts_per_rank} rollouts a rank has per step: some optimizer steps "
-                         "would have no data")
+    config.check_grpo(cfg, world_size)
     return cfg
 
 
@@ -595,9 +562,8 @@ def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
     cfg, settings = plumbing.resolve_config(cfg, d, resolve, config.GRPO_PRESETS)
     own_tokenizer(cfg.model)                     # a --model that cannot load fails here
     run = plumbing.load_run(cfg, d, cfg.model, settings, cls=GRPORun)
-    if cfg.recipe == "seen" and cfg.easy_steps >= cfg.max_steps:
-        run.log(f"note: --easy_steps={cfg.easy_steps} >= --max_steps={cfg.max_steps}: the run "
-                "never leaves the easy-RL stage (recipe seen)")
+    for note in config.grpo_notes(cfg, d.world_size):
+        run.log(f"note: {note}")
     style = "sequential" if cfg.mode == "sequential" else "parallel"
     run.prompt_style = prompt_style_of(cfg.preset, style)
     data_name = "the given records" if records is not None else cfg.data
@@ -616,22 +582,11 @@ def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
             context, f"{name} data", run.log, required=name != "eval")
     run.eval_records = run.sources.pop("eval")
     run.prompts.pop("eval")
-    dtype = plumbing.compute_dtype(d.device, cfg.fsdp)   # the policy's forward: bf16 under FSDP
-    if cfg.kl_coef > 0:
-        initial = run.model
-        if run.resume:           # the initial weights, not the checkpoint's (on the CPU first)
-            initial = load_model(cfg.model, dtype=torch.float32, device="cpu")[0]
-        run.ref_model = frozen_copy(initial, dtype, d.device)
-    run.rollout_model = run.model
-    if cfg.fsdp:                                   # FSDP shards run.model: the sampler's plain copy
-        run.rollout_model = frozen_copy(run.model, dtype)
+    # the KL term's frozen initial weights (kl_coef > 0), the sampler's model (FSDP: a plain copy)
+    run.ref_model, run.rollout_model = plumbing.frozen_models(run, reference=cfg.kl_coef > 0)
     run.pad_id = run.tokenizer.pad_token_id
     if run.pad_id is None:
         run.pad_id = run.tags.eos
-    if d.world_size > 1 and cfg.batch_size % (cfg.ppo_mini_batches * d.world_size):
-        run.log(f"note: --batch_size={cfg.batch_size} is not a multiple of --ppo_mini_batches x "
-                f"ranks ({cfg.ppo_mini_batches} x {d.world_size}): the mini-batches, and so the "
-                "run, differ from a 1-rank run's (rank_places)")
     total_optimizer_steps = cfg.max_steps * cfg.ppo_mini_batches
     plumbing.prepare(run, lambda s: plumbing.lr_factor(s, cfg.warmup_steps, total_optimizer_steps,
                                                         cfg.lr_schedule),

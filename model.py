@@ -329,7 +329,8 @@ def frozen_copy(model: torch.nn.Module, dtype: torch.dtype, device=None) -> torc
     per GPU for Qwen3-4B), and tied parameters stay tied. Buffers are copied as they are: the
     rotary inverse frequencies stay fp32, as in the model and in FSDP2's bf16 forward (which casts
     parameters only); Module.to(bf16) rounds them too, and at position 3,000 that turns Qwen3's
-    rotations by up to ~0.5 rad. GRPO's sampler copy and its KL reference (grpo.setup)."""
+    rotations by up to ~0.5 rad. GRPO's sampler copy and its KL reference
+    (plumbing.frozen_models)."""
     copies = {}
     for parameter in model.parameters():
         target = device if device is not None else parameter.device

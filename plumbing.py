@@ -8,8 +8,9 @@
   an exact resume), the loop's bookkeeping (`Run.steps` and `Run.end_step`: log, evaluate, save
   every --save_every steps or --save_every_minutes; stop at --max_time, or on SIGINT/SIGTERM with
   the last completed step saved, `Run.abandon_step` when the trainer stopped the step in flight),
-  `Run.save` (checkpoint-<step> with the trainer state); GRPO's start checkpoint, its rollout
-  seeds and the FSDP rollout copy's refresh;
+  `Run.save` (checkpoint-<step> with the trainer state); GRPO's start checkpoint, each rank's
+  places in the batch (`rank_places`), the rollout seeds, the frozen sampler copy and KL
+  reference (`frozen_models`) and the FSDP rollout copy's refresh;
 * run folders: checkpoint naming, `--resume`, a lock per out_dir, moving an earlier run aside
   (nothing a user made is deleted or overwritten), settings.json and resumes.jsonl
   (`record_settings`);
@@ -52,6 +53,7 @@ import attention
 import config
 from attention import TagIds
 from model import (
+    frozen_copy,
     load_model,
     load_torch_file,
     mode_from_config,
@@ -163,6 +165,24 @@ def all_reduce(values: list[float], device, op: str = "sum") -> list[float]:
     return t.tolist()
 
 
+def rank_places(batch_size: int, world_size: int, rank: int, ppo_mini_batches: int) -> list[int]:
+    """GRPO: the places in the step's global batch (0 .. batch_size - 1) of the prompts that
+    `rank` samples and trains. grpo.ppo_update splits a rank's rollouts into ppo_mini_batches
+    contiguous parts, so a rank takes its share of each of the global batch's ppo_mini_batches
+    parts: the ranks' k-th mini-batches together are 1 rank's k-th (rank_places(8, 2, 1, 2) ->
+    [2, 3, 6, 7]). When ppo_mini_batches x world_size does not divide batch_size: contiguous
+    shares (the mini-batches then differ from 1 rank's; config.grpo_notes says so)."""
+    per_rank = batch_size // world_size
+    if batch_size % (ppo_mini_batches * world_size):
+        return list(range(rank * per_rank, (rank + 1) * per_rank))
+    share = per_rank // ppo_mini_batches           # prompts of one mini-batch on one rank
+    places = []
+    for k in range(ppo_mini_batches):
+        first = k * (batch_size // ppo_mini_batches) + rank * share
+        places += range(first, first + share)
+    return places
+
+
 def grad_sync(model, enabled: bool):
     """Gradient all-reduce on or off for the next backward (off: the micro-batches of a step add
     up locally, and the last one syncs): DDP's no_sync(). FSDP2 syncs after every backward
@@ -191,7 +211,7 @@ def compute_dtype(device: torch.device, fsdp: bool) -> torch.dtype:
     """The dtype of the parameters the training forward computes with: bf16 under FSDP2 on CUDA
     (wrap_model's MixedPrecisionPolicy gathers the fp32 shards in bf16), else the fp32 master
     weights themselves (on CUDA under bf16 autocast). GRPO's sampler copy and KL reference are
-    made in it (grpo.setup), so that they compute as the policy does."""
+    made in it (`frozen_models`), so that they compute as the policy does."""
     if device.type == "cuda" and fsdp:
         return torch.bfloat16
     return torch.float32
@@ -894,6 +914,26 @@ def load_run(cfg, d: Dist, name: str, settings: dict, cls=Run, **load_kw) -> Run
     model, tok = load_in_turns(functools.partial(load_model, path or name, dtype=torch.float32,
                                                  device=d.device, seed=cfg.seed, **load_kw))
     return cls(cfg, d, model, tok, TagIds.from_tokenizer(tok), resume=path, settings=settings)
+
+
+def frozen_models(run: Run, reference: bool) -> tuple:
+    """GRPO's frozen models, before `prepare` wraps run.model: (the KL term's reference when
+    `reference` (kl_coef > 0), else None; the sampler's model). The reference holds the initial
+    weights, cfg.model's also on a resume; the sampler runs on run.model, or on a plain copy
+    under FSDP, which shards run.model (`sync_rollout_model` refreshes it). Both compute in the
+    policy forward's dtype (`compute_dtype`)."""
+    cfg = run.cfg
+    dtype = compute_dtype(run.dist.device, cfg.fsdp)   # the policy's forward: bf16 under FSDP
+    ref_model = None
+    if reference:
+        initial = run.model
+        if run.resume:           # the initial weights, not the checkpoint's (on the CPU first)
+            initial = load_model(cfg.model, dtype=torch.float32, device="cpu")[0]
+        ref_model = frozen_copy(initial, dtype, run.dist.device)
+    rollout_model = run.model
+    if cfg.fsdp:
+        rollout_model = frozen_copy(run.model, dtype)
+    return ref_model, rollout_model
 
 
 def checkpoint_contexts(device: torch.device):

@@ -105,7 +105,8 @@ def test_the_ranks_of_a_node_load_in_turns(tmp_path):
 
 def text_reward(responses, golds, **kw):
     """A reward with variance in every group even for a random model: a function of the text."""
-    return [{"reward": float(sum(map(ord, t)) % 7), "correct": False, "kind": "accuracy"}
+    return [{"reward": float(sum(map(ord, t)) % 7), "correct": False, "answer_found": False,
+             "kind": "accuracy"}
             for t in responses]
 
 
@@ -147,7 +148,7 @@ def test_grpo_on_two_ranks_equals_one_rank(tmp_path):
     mini-batches, rewards that differ within every group): the same rollouts at every step,
     token for token, with log-probs and, after 3 steps, weights equal to 1e-6. Each prompt's
     responses are seeded by its place in the global batch, and each rank takes its share of both
-    mini-batches (grpo.rank_places); seeded by rank (the old plumbing.rollout_seed), step 1's
+    mini-batches (plumbing.rank_places); seeded by rank (the old plumbing.rollout_seed), step 1's
     rollouts already differ."""
     model, tok = load_model("tiny", seed=1)
     init = plumbing.save_checkpoint(str(tmp_path / "init"), model, tok)
