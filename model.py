@@ -209,7 +209,7 @@ def unreachable(name: str, flag: str) -> OSError:
         instead = "no --tokenizer for tiny's own characters"
     return OSError(f"{flag}={name}: not a local folder, not in the Hugging Face cache, and the "
                    "hub cannot be reached (no network, or HF_HUB_OFFLINE=1). Download it where "
-                   f"there is a network (`huggingface-cli download {name} --local-dir <folder>`) "
+                   f"there is a network (`hf download {name} --local-dir <folder>`) "
                    f"and pass {flag}=<folder>; or {instead}")
 
 

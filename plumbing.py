@@ -287,9 +287,13 @@ def find_latest_checkpoint(out_dir: str) -> str:
     FileNotFoundError when there is none."""
     found = [p for _, p in checkpoints(out_dir) if os.path.isfile(f"{p}/trainer_state.pt")]
     if not found:
+        aside = sorted(glob.glob(os.path.join(out_dir, "earlier-*", "checkpoint-*")))
+        hint = ""
+        if aside:                                  # a run started without --resume moved them
+            hint = f" (an earlier run's, moved aside: {', '.join(aside)})"
         raise FileNotFoundError(f"--resume=True found no checkpoint-<step> folder with a "
                                 f"trainer_state.pt in {out_dir!r}; pass --resume=<checkpoint "
-                                "folder> or --out_dir")
+                                f"folder>{hint} or --out_dir")
     return found[-1]
 
 

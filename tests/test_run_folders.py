@@ -420,3 +420,13 @@ def test_the_settings_print_by_source_listing_all_but_the_defaults():
         "  recipe:  mode=unseen reward=None (None: the recipe's at each step, grpo.stage_at)\n"
         "  derived: max_length=512\n"
         "  default: 1 other settings")
+
+
+def test_resume_names_the_checkpoints_an_earlier_run_moved_aside(tmp_path):
+    """A run started without --resume moves the checkpoints aside; --resume=True then finds none
+    in out_dir and names the moved ones (a fresh user's finding)."""
+    moved = tmp_path / "earlier-1" / "checkpoint-2"
+    moved.mkdir(parents=True)
+    (moved / "trainer_state.pt").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"moved aside: .*earlier-1/checkpoint-2"):
+        plumbing.find_latest_checkpoint(str(tmp_path))

@@ -9,7 +9,7 @@
     python scripts/gpu/memory_plan.py --model=qwen3-0.6b --trainer=sft --world_size=1 --gpu_gb=24
 
 --model: qwen3-4b or qwen3-0.6b (built-in shapes, offline), a folder with a config.json (a
-checkpoint, or `huggingface-cli download <name> config.json --local-dir <folder>`), a config.json
+checkpoint, or `hf download <name> config.json --local-dir <folder>`), a config.json
 file, or a hub name already in the local Hugging Face cache. Every other --key=value is a field of
 the trainer's config (grpo.GRPOConfig, sft.SFTConfig: see `python grpo.py --help`) over its preset
 (--preset=paper or tiny: config.GRPO_PRESETS, config.SFT_PRESETS), resolved by the trainer's own
@@ -154,7 +154,7 @@ def load_config(name: str):
     except Exception:
         raise OSError(f"--model={name!r}: no config.json found (not a built-in name "
                       f"({', '.join(BUILTIN)}), a folder or file, or a hub name in the local "
-                      "cache). Fetch only the config: huggingface-cli download <name> config.json "
+                      "cache). Fetch only the config: hf download <name> config.json "
                       "--local-dir <folder>, then pass the folder") from None
 
 
