@@ -622,6 +622,11 @@ class Run:
             self.wandb.log(row, step=row["step"])
 
     def close(self):
+        """End the run: drop the rank wrapper first, then (rank 0) the log, the lock, wandb. DDP's
+        reducer must not hold the process group's last reference when `distributed()` destroys
+        it: its destructor, run holding the GIL, waits for gloo's threads, and one of those may
+        wait for the GIL (a hang at exit, seen under load: pytorch #56297)."""
+        self.train_model = None
         if not self.dist.is_main:
             return
         self.log_file.close()
