@@ -630,7 +630,7 @@ BLOCK_RULES = {"\n": ("a",), "a": ("<Parallel>",), "<Path>": ("x", "y"), "x": ("
                "y": ("z",), "z": ("<eos>",), "<Summary>": ("s",), "s": ("<eos>",),
                "</Summary>": ("b",), "b": ("<eos>",)}
 BLOCK_PROMPT = "Hi\n"
-BLOCK_SEED = 0          # path 1 draws x, path 2 draws y
+BLOCK_SEED = 3          # path 1 draws x, path 2 draws y
 
 
 def trace_draws(model, tok, prompt: str, **settings):

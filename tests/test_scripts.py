@@ -456,7 +456,7 @@ def test_dynamics_signal_means_skip_steps_without_a_gap_and_the_plot_shows_them(
     A run whose log holds the signal (mixed_groups, block_accuracy_gap) gets a third panel."""
     import math
 
-    from scripts import dynamics
+    from scripts.studies import dynamics
     assert dynamics.moving_mean_present([1.0, None, 3.0]) == [1.0, 1.0, 2.0]
     assert math.isnan(dynamics.moving_mean_present([None])[0])
     pytest.importorskip("matplotlib")
