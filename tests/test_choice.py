@@ -27,7 +27,8 @@ def _write_eval(folder, rows):
 def _seed(root, seed, block_rows, free_rows):
     cell = root / f"pair-seed{seed}" / "tokens"
     _write_eval(cell / "sft-eval-val", [[(0, 1, 9, 9), (0, 0, 9, 9)]] * 2)   # share 50%
-    _write_eval(cell / "chain" / "eval-val", [[(1, 0, 9, 9), (0, 0, 9, 9)], [(0, 0, 9, 9)] * 2])
+    chain_rows = [[(1, 0, 9, 9), (0, 0, 9, 9)], [(0, 0, 9, 9)] * 2]
+    _write_eval(root / f"pair-seed{seed}" / "chain" / "eval-val", chain_rows)   # both units'
     _write_eval(cell / "block" / "eval-val", block_rows)
     _write_eval(cell / "free" / "eval-val", free_rows)
 

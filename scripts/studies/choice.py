@@ -6,8 +6,9 @@ them where it loses? From the runs of scripts/studies/choice.sh (issue 45).
     python scripts/studies/choice.py --sweep CHAIN_EVAL BLOCK_EVAL --caps=32,48,64 [--seed=0]
 
 The folder holds, per task t, seed s and unit u (tokens, steps): t-seed<s>/<u>/sft-eval-<split>
-(the SFT, free to open a block) and t-seed<s>/<u>/<arm>/eval-<split> for the arms chain (forced
-chain), block (forced block) and free (Unseen S1), each an eval.py folder (samples.jsonl).
+(the SFT, free to open a block), t-seed<s>/<u>/<arm>/eval-<split> for the arms block (forced
+block) and free (Unseen S1), and t-seed<s>/chain/eval-<split> (the forced chain, one run for both
+units: a chain's decode steps are its tokens), each an eval.py folder (samples.jsonl).
 
 Per cell (task x unit) and seed: the forced gap, Mean@k of the forced block minus the forced
 chain, and S1's block-share change, the free arm's share of responses with a block minus the
@@ -127,6 +128,7 @@ def seed_row(root: str, task: str, unit: str, seed: int, split: str) -> dict | N
     folders = {"sft": os.path.join(cell, f"sft-eval-{split}")}
     for arm in ARMS:
         folders[arm] = os.path.join(cell, arm, f"eval-{split}")
+    folders["chain"] = os.path.join(root, f"{task}-seed{seed}", "chain", f"eval-{split}")
     if not all(os.path.exists(os.path.join(f, "samples.jsonl")) for f in folders.values()):
         return None
     samples = {name: read_samples(folder) for name, folder in folders.items()}

@@ -2,7 +2,8 @@
 # `bash scripts/studies/choice.sh`: the choice, controlled (issue 45). Per task and seed, one SFT; from it,
 # under one budget number B counted in tokens, then in decode steps (sampler's --budget=tokens |
 # steps; nothing else changes between the two units), three GRPO arms:
-#   chain   grpo.py --recipe=baseline           forced chain: <Parallel> is masked
+#   chain   grpo.py --recipe=baseline           forced chain: <Parallel> is masked (trained once
+#           a seed: a chain's decode steps are its tokens, so both units give the same run)
 #   block   grpo.py --recipe=unseen-s1 --open_block=True   forced block: the runtime opens one
 #   free    grpo.py --recipe=unseen-s1          free choice (Unseen S1, accuracy reward)
 # each evaluated on the hard problems of every part of SPLITS ("val": to choose settings; "test":
@@ -10,13 +11,14 @@
 # each unit), for S1's block-share change. In $OUT (runs/choice):
 #   <task>-seed<s>/sft (pair: sft.py --seed, the demo's SFT; carry: scripts/studies/carry_sft.sh, shared
 #   with budget.sh in $CARRY_SFT_DIR), <task>-seed<s>/<unit>/sft-eval-<split>,
-#   <task>-seed<s>/<unit>/<arm>/{grpo,eval-<split>}
+#   <task>-seed<s>/<unit>/{block,free}/{grpo,eval-<split>}, <task>-seed<s>/chain/{grpo,eval-<split>}
 # then scripts/studies/choice.py: results/choice.md (the 2 x 2 table: forced gap, S1's change, seeds that
 # agree) and results/choice.png, from the last split of SPLITS.
 #
-# One setting per task (what is not listed is the tiny preset's): pair: the demo's SFT, KL
-# $PAIR_KL, 32 prompts x 4, $GRPO_STEPS steps, B = $PAIR_B; carry: the mixed SFT, 4 paths and one
-# block at most, KL $CARRY_KL, 16 prompts x 4, B = $CARRY_B. Every choice and its split:
+# One setting per task (what is not listed is the tiny preset's): pair: the demo's SFT, GRPO on
+# the hard :rl problems (the ones evaluated), KL $PAIR_KL, 32 prompts x 4, $GRPO_STEPS steps,
+# B = $PAIR_B; carry: the mixed SFT, hard :rl, 4 paths and one block at most, KL $CARRY_KL,
+# 16 prompts x 4, B = $CARRY_B. Every choice and its split:
 # results/LOG.md (2026-12-07). Jobs (one arm of one unit of one seed) share $LANES one-thread
 # lanes, each seed's SFT first; a job whose SFT another job trains waits for it. A rerun skips
 # every step whose output exists, continues a training stopped midway, refuses a step whose folder
@@ -165,9 +167,14 @@ arm_job() {
   fi
   local grpo_flags="$task_flags --batch_size=$CARRY_BATCH --data=carry:hard:rl"
   if [ "$task" = pair ]; then
-    grpo_flags=""
+    grpo_flags="--data=synthetic:hard:rl"
   fi
   local budget="--budget=$unit --max_new_tokens=$b"
+  local arm_dir=$dir/$arm
+  if [ "$arm" = chain ]; then          # one run for both units: a chain's steps are its tokens
+    arm_dir=$OUT/$task-seed$seed/chain
+    budget="--budget=tokens --max_new_tokens=$b"
+  fi
   local recipe
   local arm_flags
   case $arm in
@@ -183,18 +190,18 @@ arm_job() {
         --out_dir="$dir/sft-eval-$split" || return 1
     done
   fi
-  local checkpoint=$dir/$arm/grpo/checkpoint-$GRPO_STEPS
+  local checkpoint=$arm_dir/grpo/checkpoint-$GRPO_STEPS
   step "$checkpoint" $PY grpo.py --recipe="$recipe" $arm_flags --seed="$seed" --model="$model" \
     $grpo_flags $budget --kl_coef="$kl" --max_steps="$GRPO_STEPS" --eval_data= \
-    --out_dir="$dir/$arm/grpo" || return 1
+    --out_dir="$arm_dir/grpo" || return 1
   local eval_mode=""
   if [ "$arm" = chain ]; then
     eval_mode="--mode=sequential"
   fi
   for split in $SPLITS; do
-    step "$dir/$arm/eval-$split/summary.json" $PY eval.py --model="$checkpoint" $task_flags \
+    step "$arm_dir/eval-$split/summary.json" $PY eval.py --model="$checkpoint" $task_flags \
       $arm_flags $eval_mode $budget --data="$data:$split" --limit="$EVAL_LIMIT" --k="$EVAL_K" \
-      --name="$arm" --out_dir="$dir/$arm/eval-$split" || return 1
+      --name="$arm" --out_dir="$arm_dir/eval-$split" || return 1
   done
 }
 export -f sft_of arm_job
@@ -210,6 +217,9 @@ for task in $TASKS; do
   for seed in $SEEDS; do
     for unit in $UNITS; do
       for arm in $ARMS; do
+        if [ "$arm" = chain ] && [ "$unit" != "$first_unit" ]; then
+          continue                     # the chain is trained once a seed (above)
+        fi
         if [ "$unit" = "$first_unit" ] && [ "$arm" = "$first_arm" ]; then
           jobs+="$task $seed $unit $arm train"$'\n'
         else
