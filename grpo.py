@@ -118,7 +118,7 @@ def grpo_step(run: GRPORun, step: int) -> dict | None:
     with this step's reward, turn the rewards into group-relative advantages, update the policy.
     Returns the step's statistics (all ranks'), or None when a signal (a preemption) abandoned
     the step before it changed a weight: each rank stops sampling at its next decode step, and
-    the ranks agree after sampling and before each micro-batch up to the first optimizer step
+    the ranks agree after sampling and before each forward up to the first optimizer step
     (after it, the step finishes). A rank samples its places of the global batch
     (`plumbing.rank_places`), each prompt's responses seeded by the step and that place, so N
     ranks sample and train as 1 rank does at the same batch_size."""
@@ -255,8 +255,8 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
     forward's. model: plain, DDP- or FSDP-wrapped. Global statistics: loss and pg_loss (means
     over mini-batches), kl, clip_frac, dual_clip_frac, entropy, ratio_mean (token means),
     counts, and the log-prob gap when measured. `stop`: a question every rank asks at the same
-    points (before the extra forwards, then before each micro-batch until the first optimizer
-    step); True abandons the update with the weights as they were: None is returned."""
+    points (first, then before each forward until the first optimizer step); True abandons the
+    update with the weights as they were: None is returned."""
     device = next(model.parameters()).device
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     advantages = torch.as_tensor(advantages, dtype=torch.float32).flatten()
@@ -265,10 +265,14 @@ def ppo_update(model, optimizer, rollouts: list[Rollout], advantages, cfg: GRPOC
         return None
     if ref_model is not None:             # the KL term's reference log-probs (kl_coef > 0)
         for mb in (mb for mini in minis for mb in mini.micro_batches):
+            if stop is not None and stop():
+                return None
             mb.ref_logprobs = response_logprobs(ref_model, mb, cfg, tags)
     gap = {}
     if check_logprobs or cfg.recompute_logprobs or cfg.train_injected:
-        gap = recompute_old_logprobs(minis, model, cfg, tags, clip_ratio_high, device)
+        gap = recompute_old_logprobs(minis, model, cfg, tags, clip_ratio_high, device, stop)
+        if gap is None:
+            return None
     model.train()
     sums = dict.fromkeys(STAT_SUMS, 0.0)
     grad_norms = []
@@ -413,16 +417,18 @@ def empty_micro_batch(pad_id: int) -> RolloutBatch:
 
 @torch.no_grad()
 def recompute_old_logprobs(minis: list[MiniBatch], model, cfg: GRPOConfig, tags: TagIds,
-                           clip_ratio_high: float, device) -> dict:
+                           clip_ratio_high: float, device, stop=None) -> dict | None:
     """The policy's log-probs of every response token from the training forward, before the
     first optimizer step. They become logp_old of the injected tokens, which the sampler did not
     draw (--train_injected), and of every token with --recompute_logprobs (verl's way: one more
     forward a step). Returns the gap to the sampler's over the sampled tokens, all ranks': mean
     and max |difference|, and the share of tokens whose ratio starts outside the clip range
-    (NOTES.md §8: in fp32 the gap is rounding; bf16 kernels widen it)."""
+    (NOTES.md §8: in fp32 the gap is rounding; bf16 kernels widen it); None: `stop` said so."""
     differences = [torch.zeros(0)]
     for mini in minis:
         for mb in mini.micro_batches:
+            if stop is not None and stop():
+                return None
             logprobs = response_logprobs(model, mb, cfg, tags)
             differences.append((logprobs - mb.old_logprobs)[mb.sampled_mask.bool()].cpu())
             replaced = (mb.response_mask - mb.sampled_mask).bool()       # the injected tokens
@@ -591,10 +597,7 @@ def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
     plumbing.prepare(run, lambda s: plumbing.lr_factor(s, cfg.warmup_steps, total_optimizer_steps,
                                                         cfg.lr_schedule),
                      reads_model_again=run.ref_model is not None)
-    positions = run.state.get("data_position", {})
-    for i, (name, source) in enumerate(run.sources.items()):
-        run.streams[name] = plumbing.ShuffledStream(len(source), cfg.seed + i,
-                                                    **positions.get(name, {}))
+    run.streams = plumbing.shuffled_streams(run.sources, cfg.seed, run.state)
     run.log(f"GRPO recipe {cfg.recipe} from {cfg.model}: {len(run.sources['train'])} problems of "
             f"{data_name} on {d.world_size} rank(s) ({d.device.type})")
     return run

@@ -577,6 +577,15 @@ class ShuffledStream:
         return {"epoch": self.epoch, "index": self.index}
 
 
+def shuffled_streams(sources: dict, seed: int, state: dict) -> dict:
+    """A ShuffledStream over each named source (name -> its examples), the i-th seeded seed + i,
+    at the position a resumed trainer state saved (state["data_position"]: name -> `position()`;
+    none: the start)."""
+    positions = state.get("data_position", {})
+    return {name: ShuffledStream(len(source), seed + i, **positions.get(name, {}))
+            for i, (name, source) in enumerate(sources.items())}
+
+
 # ---------------------------------------------------------------------------------------------
 # The run both trainers hold
 

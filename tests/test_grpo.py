@@ -486,6 +486,57 @@ def test_kl_term_against_a_reference_model(setting):
     assert (w_self - w_none).abs().max() < 1e-6
 
 
+# the passes between sampling and the update: (GRPOConfig's flags, ppo_update's check_logprobs,
+# the pass whose first forward makes `stop` say True, the forwards (the reference's, the
+# policy's) run when stopped, and when never stopped)
+STOP_PASSES = {
+    "reference": (dict(kl_coef=0.1), False, "reference", (1, 0), (4, 0)),
+    "old_logprobs": (dict(kl_coef=0.1, recompute_logprobs=True), False, "policy", (4, 1), (4, 4)),
+    "logprob_check": (dict(kl_coef=0.0), True, "policy", (0, 1), (0, 4)),
+}
+
+
+@pytest.mark.parametrize("where", STOP_PASSES)
+def test_a_stop_in_the_logprob_passes_ends_them_at_the_next_forward(setting, monkeypatch, where):
+    """6 rollouts in 2 mini-batches of 2 micro-batches (2 rollouts at most): the KL reference's
+    log-prob pass and the policy's (old log-probs recomputed, or the sampler's gap measured) run
+    a forward a micro-batch, 4 each. `stop` turns True once the named pass ran one: that pass
+    runs no other forward, no later pass starts, and the update returns None with the weights
+    and their gradients untouched (a preemption must not wait for whole passes: a large
+    model's pass can outlast the launcher's grace time)."""
+    model, tok, rollouts, adv = setting
+    flags, check, stopping, stopped, unstopped = STOP_PASSES[where]
+    cfg = resolved(GRPOConfig(max_new_tokens=24, micro_batch_size=2, **flags))
+    ref = None
+    if cfg.kl_coef > 0:
+        ref = copy.deepcopy(model)
+    real = grpo.response_logprobs
+    forwards = {"reference": 0, "policy": 0}
+
+    def counting(m, *args):
+        forwards["reference" if m is ref else "policy"] += 1
+        return real(m, *args)
+
+    def update(stop):
+        forwards.update(reference=0, policy=0)
+        policy = copy.deepcopy(model)
+        out = ppo_update(policy, torch.optim.SGD(policy.parameters(), lr=0.5), rollouts, adv, cfg,
+                         tags=TagIds.from_tokenizer(tok), pad_id=tok.pad_token_id,
+                         clip_ratio_high=0.2, ref_model=ref, check_logprobs=check, stop=stop)
+        return out, policy
+
+    monkeypatch.setattr(grpo, "response_logprobs", counting)
+    out, policy = update(lambda: forwards[stopping] >= 1)
+    assert out is None
+    assert (forwards["reference"], forwards["policy"]) == stopped
+    assert torch.equal(flat_params(policy), flat_params(model))
+    assert all(p.grad is None for p in policy.parameters())
+    out, policy = update(lambda: False)
+    assert out["micro_batches"] == 4 and out["optimizer_steps"] == 2
+    assert (forwards["reference"], forwards["policy"]) == unstopped
+    assert not torch.equal(flat_params(policy), flat_params(model))
+
+
 def test_filter_groups_trains_only_on_groups_with_variance(tmp_path, monkeypatch):
     def scores(responses, golds, **kw):          # prompt "0": all equal; prompt "1": by the text
         return [{"reward": 0.0 if g == "0" else float(sum(map(ord, t)) % 7), "correct": False,
@@ -620,23 +671,26 @@ def test_save_every_minutes_saves_on_a_clock(tmp_path, monkeypatch):
         assert [step for step, _ in plumbing.checkpoints(str(out))] == saved
 
 
-# where SIGTERM arrives in step 2: (what it patches, which call of it sends the signal), and the
+# where SIGTERM arrives in step 2: (what it patches, which call of it sends the signal), the
 # step the run is saved at: before the first optimizer step the step is abandoned (checkpoint-1),
-# after it the step finishes (checkpoint-2)
-SIGNAL_POINTS = {"sampling": ((sample.Engine, "_step"), 3, 1),
-                 "update": ((grpo, "ppo_update"), 1, 1),
-                 "after_optimizer_step": ((plumbing, "optimizer_step"), 1, 2)}
+# after it the step finishes (checkpoint-2), and the calls of it step 2 makes in all
+SIGNAL_POINTS = {"sampling": ((sample.Engine, "_step"), 3, 1, 3),
+                 "update": ((grpo, "ppo_update"), 1, 1, 1),
+                 "reference_pass": ((grpo, "response_logprobs"), 1, 1, 1),
+                 "after_optimizer_step": ((plumbing, "optimizer_step"), 1, 2, 2)}
 
 
 @pytest.mark.parametrize("where", SIGNAL_POINTS)
 def test_a_signal_mid_step_saves_the_last_completed_step_and_the_resume_is_exact(tmp_path,
                                                                                monkeypatch, where):
     """SIGTERM (a cluster's preemption) arrives while step 2 runs (--save_every=0: nothing saved
-    by the schedule). In its sampling (at the 3rd decode step) or its update before the first
-    optimizer step, the step is abandoned and step 1 is saved, with the data position and RNGs
-    as step 2 began; after the first optimizer step, step 2 finishes and is saved. The run stops;
-    --resume=True then gives the weights of an uninterrupted run, bit for bit. The reward draws
-    from the global RNG, so the RNGs saved must be those of step 2's start, not its abandon."""
+    by the schedule). In its sampling (at the 3rd decode step), its KL reference's log-prob pass
+    (no forward after the signal's) or its update before the first optimizer step, the step is
+    abandoned and step 1 is saved, with the data position and RNGs as step 2 began; after the
+    first optimizer step, step 2 finishes and is saved. The run stops; --resume=True then gives
+    the weights of an uninterrupted run, bit for bit. The reward draws from the global RNG, so
+    the RNGs saved must be those of step 2's start, not its abandon. KL on: the reference's
+    pass runs every step."""
     def scores_with_global_noise(responses, golds, **kw):
         rows = fake_scores(responses, golds, **kw)
         for row in rows:
@@ -648,9 +702,10 @@ def test_a_signal_mid_step_saves_the_last_completed_step_and_the_resume_is_exact
     init = save_checkpoint(str(tmp_path / "init"), model, tok)
     records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(5)]
     base = dict(model=init, batch_size=2, group_size=2, max_new_tokens=12, micro_batch_size=2,
-                lr=1e-3, max_time=0.0, eval_data="", save_every=0, log_every=0, max_steps=4)
+                lr=1e-3, max_time=0.0, eval_data="", save_every=0, log_every=0, max_steps=4,
+                kl_coef=0.1)
     full = grpo.train(tiny_run(**base, out_dir=str(tmp_path / "a")), records=records)
-    (owner, name), nth_call, saved_step = SIGNAL_POINTS[where]
+    (owner, name), nth_call, saved_step, step_calls = SIGNAL_POINTS[where]
     real = getattr(owner, name)
     real_step = grpo.grpo_step
     calls = []
@@ -671,6 +726,7 @@ def test_a_signal_mid_step_saves_the_last_completed_step_and_the_resume_is_exact
     monkeypatch.setattr(owner, name, signalling)
     stopped = grpo.train(tiny_run(**base, out_dir=str(tmp_path / "b")), records=records)
     assert stopped["stopped_by"] == "SIGTERM" and stopped["steps"] == saved_step
+    assert len(calls) == step_calls
     assert stopped["checkpoint"] == str(tmp_path / "b" / f"checkpoint-{saved_step}")
     assert [p.name for p in (tmp_path / "b").glob("checkpoint-*")] == [f"checkpoint-{saved_step}"]
     assert len((tmp_path / "b" / "log.jsonl").read_text().splitlines()) == saved_step
