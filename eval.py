@@ -134,14 +134,20 @@ def sample_record(record: dict, prompt: str, index: int, rollout, score: dict) -
 def evaluate(model, tokenizer, records: list[dict], mode: str, k: int = 1,
              sampling: SamplingConfig | None = None, batch_size: int = 8,
              prompt_style: str | None = None, prompt_file: str | None = None,
-             verifier: str = "default", progress=None, **settings):
+             verifier: str = "default", progress=None, places: list[int] | None = None,
+             **settings):
     """(summarize(samples, k), samples): k scored `sample.generate` responses per record, one dict
     each, problem-major. `sampling` (or its fields as keywords, e.g. max_new_tokens=128): batch b
-    of `batch_size` problems is sampled with seed + b (seed None: 0); the mode sets whether
-    <Parallel> may be written. `prompt_style` (data.PromptStyle; the tiny preset's is "bare"):
-    None = the mode's instruction; `progress`: a tqdm bar."""
+    of `batch_size` problems is sampled with seed + b (seed None: 0); with `places` (each
+    record's place in a whole list, e.g. a rank's share's) every batch with the seed, each
+    problem's responses seeded by its place (`sample.generate`), so neither batch_size nor the
+    share changes them. The mode sets whether <Parallel> may be written. `prompt_style`
+    (data.PromptStyle; the tiny preset's is "bare"): None = the mode's instruction; `progress`:
+    a tqdm bar. ValueError for k or batch_size < 1, or a place count other than the records'."""
     if k < 1 or batch_size < 1:
         raise ValueError(f"k and batch_size must be >= 1, got k={k}, batch_size={batch_size}")
+    if places is not None and len(places) != len(records):
+        raise ValueError(f"places: {len(places)} for {len(records)} records; give one a record")
     sampling = dataclasses.replace(sampling or SamplingConfig(), **settings)
     base_seed = sampling.seed if sampling.seed is not None else 0
     if prompt_style is None:
@@ -155,10 +161,15 @@ def evaluate(model, tokenizer, records: list[dict], mode: str, k: int = 1,
             prompts = [build_prompt(tokenizer, r["problem"], prompt_style, prompt_file)
                        for r in batch]
             ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-            batch_sampling = dataclasses.replace(sampling, seed=base_seed + b,
+            batch_seed = base_seed + b
+            batch_places = None
+            if places is not None:                   # seeded by place, not by batch
+                batch_seed = base_seed
+                batch_places = places[start:start + batch_size]
+            batch_sampling = dataclasses.replace(sampling, seed=batch_seed,
                                                  allow_parallel=mode != "sequential")
             rollouts = generate(model, tokenizer, ids, group_size=k, mode=mode,
-                                sampling=batch_sampling)
+                                sampling=batch_sampling, places=batch_places)
             golds = [batch[r.prompt_index]["answer"] for r in rollouts]
             scores = score_batch([r.text for r in rollouts], golds,
                                  structures=[r.structure for r in rollouts], reward="accuracy",
@@ -218,11 +229,14 @@ EVAL_KEYS = ("mean_at_k", "pass_at_k", "structure_ok", "answer_found", "blocks_w
 def evaluate_run(run, tag: str) -> dict:
     """GRPO's evaluation of a run (grpo.GRPORun) on its held-out problems: every rank samples
     its shard (eval_k at eval_temperature, a fixed seed; FSDP: on the rollout copy, refreshed
-    first); every rank gets each benchmark's (data source's) metrics and their Avg, logged."""
+    first); every rank gets each benchmark's (data source's) metrics and their Avg, logged. A
+    problem's responses are seeded by its place in the held-out list and the samples are
+    gathered in its order, so N ranks get the metrics 1 rank gets (up to float rounding)."""
     cfg = run.cfg
     d = run.dist
     t0 = time.monotonic()
-    mine = run.eval_records[d.rank::d.world_size]
+    places = list(range(d.rank, len(run.eval_records), d.world_size))
+    mine = [run.eval_records[p] for p in places]
     rows = prompts_per_call(cfg, d.world_size) * cfg.group_size   # as many rows as the rollouts'
     batch_size = max(1, rows // cfg.eval_k)
     if cfg.fsdp:
@@ -235,11 +249,13 @@ def evaluate_run(run, tag: str) -> dict:
             samples = evaluate(run.rollout_model, run.tokenizer, mine, cfg.mode, k=cfg.eval_k,
                                sampling=sampling, batch_size=batch_size,
                                prompt_style=run.prompt_style,
-                               prompt_file=cfg.prompt_file or None)[1]
-    if dist.is_initialized():
+                               prompt_file=cfg.prompt_file or None, places=places)[1]
+    if dist.is_initialized():             # each rank's samples, problem-major, with their places
         shards = [None] * d.world_size
-        dist.all_gather_object(shards, samples)
-        samples = [s for shard in shards for s in shard]
+        placed = [(places[j // cfg.eval_k], s) for j, s in enumerate(samples)]
+        dist.all_gather_object(shards, placed)
+        in_order = sorted((p for shard in shards for p in shard), key=lambda pair: pair[0])
+        samples = [s for _, s in in_order]            # a stable sort: each problem's k in order
     by_bench: dict[str, list] = {}
     for s in samples:
         by_bench.setdefault(s["benchmark"] or "held_out", []).append(s)

@@ -313,7 +313,8 @@ def resume_path(cfg) -> str:
 # The settings a resume may change: how long, where and on what hardware a run goes on, how it
 # logs, saves and evaluates; the rest is what the run learns, and a change is refused unless
 # --allow_changes names it (check_resume). --max_steps (--epochs) may grow: the lr schedule's end
-# moves with it (`restore` says so). Memory settings change the sums' order, not the expectation.
+# moves with it (`restore` says so). Memory settings change the sums' order, not the expectation;
+# generate_batch_size not even a sample (per-prompt seeding: measured, only logp_old's rounding).
 FREE_ON_RESUME = frozenset({
     "max_steps", "epochs", "max_time", "out_dir", "resume", "allow_changes", "keep_last",
     "save_every", "log_every", "wandb_project", "dist_timeout_minutes",

@@ -3,7 +3,7 @@ allocator's settings, and the host memory of the ranks loading the model; and wh
 results depend on the rank count (issue 46). Each test failed with its fix undone.
 
 Run as a script (`torchrun --nproc_per_node=2 tests/test_ranks.py grpo|preempt ...`) it is the
-worker of test_grpo_on_two_ranks_equals_one_rank and test_sigterm_under_torchrun_...."""
+worker of the one_and_two_ranks fixture and of test_sigterm_under_torchrun_...."""
 import datetime
 import functools
 import json
@@ -20,6 +20,7 @@ import torch.distributed as dist
 from conftest import ROOT, TWO_RANK_TIMEOUT, torchrun_two_ranks
 
 import config
+import eval as ev
 import grpo
 import plumbing
 import sample
@@ -28,9 +29,10 @@ from model import load_model
 
 GRPO_SETTINGS = dict(preset="tiny", batch_size=4, group_size=2, ppo_mini_batches=2,
                      micro_batch_size=2, max_new_tokens=12, lr=1e-3, max_steps=3, max_time=0.0,
-                     eval_data="", save_every=0, log_every=0)
+                     eval_data="", eval_every=0, eval_k=3, save_every=0, log_every=0)
 RECORDS = [{"id": str(i), "problem": f"Ava has {i} pens and {i + 2} cups.", "answer": str(i)}
            for i in range(7)]
+HELD_OUT = [{"id": f"h{i}", "problem": f"Bo has {i} hats.", "answer": str(i)} for i in range(5)]
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
@@ -111,13 +113,17 @@ def text_reward(responses, golds, **kw):
 
 
 def grpo_recording_rollouts(cfg, folder: str, rank: int) -> None:
-    """grpo.train on RECORDS with text_reward; each rollout by (step, prompt, its index in the
-    group), with its token ids and log-probs, into folder/rollouts-<rank>.pkl."""
+    """grpo.train on RECORDS with text_reward, evaluated on HELD_OUT before and after; into
+    folder/rollouts-<rank>.pkl: each rollout by (step, prompt, its index in the group), with its
+    token ids and log-probs, and each held-out sample list the metrics were taken of (every
+    `eval.summarize` call's: (id, sample_index, response) in order)."""
     real_scores = grpo.score_batch
     real_step = grpo.grpo_step
     real_sample = grpo.sample_rollouts
+    real_summarize = ev.summarize
     current = {"step": 0}
     seen = []
+    evaluated = []
 
     def counting_step(run, step):
         current["step"] = step
@@ -130,37 +136,53 @@ def grpo_recording_rollouts(cfg, folder: str, rank: int) -> None:
             seen.append((key, r.response_ids, r.logprobs))
         return rollouts
 
+    def recording_summary(samples, k):
+        evaluated.append(tuple((s["id"], s["sample_index"], s["response"]) for s in samples))
+        return real_summarize(samples, k)
+
     grpo.score_batch = text_reward
     grpo.grpo_step = counting_step
     grpo.sample_rollouts = recording
+    ev.summarize = recording_summary
     try:
-        grpo.train(cfg, records=RECORDS)
+        grpo.train(cfg, records=RECORDS, eval_records=HELD_OUT)
     finally:
         grpo.score_batch = real_scores
         grpo.grpo_step = real_step
         grpo.sample_rollouts = real_sample
+        ev.summarize = real_summarize
     with open(os.path.join(folder, f"rollouts-{rank}.pkl"), "wb") as f:
-        pickle.dump(seen, f)
+        pickle.dump({"rollouts": seen, "evaluated": evaluated}, f)
 
 
-def test_grpo_on_two_ranks_equals_one_rank(tmp_path):
+@pytest.fixture(scope="module")
+def one_and_two_ranks(tmp_path_factory):
+    """GRPO of GRPO_SETTINGS on 2 gloo ranks (folder/two) and on 1 process (folder/one), from the
+    same start (folder/init): (folder, what each recorded: "rollouts-1" for 1 process,
+    "rollouts-0" and "rollouts-1" for the ranks)."""
+    folder = tmp_path_factory.mktemp("ranks")
+    model, tok = load_model("tiny", seed=1)
+    init = plumbing.save_checkpoint(str(folder / "init"), model, tok)
+    torchrun_two_ranks(__file__, "grpo", str(folder), init)
+    one = grpo.GRPOConfig(**GRPO_SETTINGS, model=init, out_dir=str(folder / "one"))
+    grpo_recording_rollouts(one, str(folder), rank=-1)
+    loaded = {}
+    for name in ("rollouts--1", "rollouts-0", "rollouts-1"):
+        with open(folder / f"{name}.pkl", "rb") as f:
+            loaded[name] = pickle.load(f)
+    return folder, loaded
+
+
+def test_grpo_on_two_ranks_equals_one_rank(one_and_two_ranks):
     """GRPO on 2 gloo ranks and on 1 process at the same global batch (4 prompts x 2, 2 PPO
     mini-batches, rewards that differ within every group): the same rollouts at every step,
     token for token, with log-probs and, after 3 steps, weights equal to 1e-6. Each prompt's
     responses are seeded by its place in the global batch, and each rank takes its share of both
     mini-batches (plumbing.rank_places); seeded by rank (the old plumbing.rollout_seed), step 1's
     rollouts already differ."""
-    model, tok = load_model("tiny", seed=1)
-    init = plumbing.save_checkpoint(str(tmp_path / "init"), model, tok)
-    torchrun_two_ranks(__file__, "grpo", str(tmp_path), init)
-    one = grpo.GRPOConfig(**GRPO_SETTINGS, model=init, out_dir=str(tmp_path / "one"))
-    grpo_recording_rollouts(one, str(tmp_path), rank=-1)
-    loaded = {}
-    for name in ("rollouts--1", "rollouts-0", "rollouts-1"):
-        with open(tmp_path / f"{name}.pkl", "rb") as f:
-            loaded[name] = pickle.load(f)
-    alone = sorted(loaded["rollouts--1"])
-    together = sorted(loaded["rollouts-0"] + loaded["rollouts-1"])
+    tmp_path, loaded = one_and_two_ranks
+    alone = sorted(loaded["rollouts--1"]["rollouts"])
+    together = sorted(loaded["rollouts-0"]["rollouts"] + loaded["rollouts-1"]["rollouts"])
     assert len(alone) == len(together) == 3 * 4 * 2
     assert [p for p, _, _ in alone] == [p for p, _, _ in together]
     for (key, ids_a, logprobs_a), (_, ids_b, logprobs_b) in zip(alone, together):
@@ -169,10 +191,39 @@ def test_grpo_on_two_ranks_equals_one_rank(tmp_path):
     from safetensors.torch import load_file
     a = load_file(str(tmp_path / "one" / "checkpoint-3" / "model.safetensors"))
     b = load_file(str(tmp_path / "two" / "checkpoint-3" / "model.safetensors"))
-    w0 = load_file(os.path.join(init, "model.safetensors"))
+    w0 = load_file(str(tmp_path / "init" / "model.safetensors"))
     gap = max((a[k] - b[k]).abs().max().item() for k in a)
     assert gap <= 1e-6, f"1 rank and 2 ranks: weights {gap:.2e} apart after 3 steps"
     assert max((a[k] - w0[k]).abs().max().item() for k in a) > 1e-4      # it trained
+
+
+def test_the_held_out_evaluation_on_two_ranks_equals_one_rank(one_and_two_ranks):
+    """The same run's evaluations on HELD_OUT (5 problems x 3 responses, before and after):
+    each rank samples every other problem (eval.evaluate_run), yet the samples the metrics are
+    taken of are 1 rank's, response for response and in its order, and the logged metrics are
+    equal. Each problem is seeded by its place in the held-out list; seeded by batch within a
+    rank's share (eval.evaluate's default), 2 of the 5 problems got other responses on 2 ranks,
+    and gathered rank after rank, the problems came in another order."""
+    folder, loaded = one_and_two_ranks
+    k = GRPO_SETTINGS["eval_k"]
+    whole = len(HELD_OUT) * k
+
+    def metric_inputs(name):            # the summarize calls over every held-out problem
+        return {calls for calls in loaded[name]["evaluated"] if len(calls) == whole}
+
+    alone = metric_inputs("rollouts--1")
+    assert len(alone) in (1, 2)                             # before, after (maybe the same)
+    assert [i for i, _, _ in next(iter(alone))] == [r["id"] for r in HELD_OUT for _ in range(k)]
+    assert metric_inputs("rollouts-0") == alone
+    assert metric_inputs("rollouts-1") == alone
+
+    def eval_rows(run):                 # the step and the metrics (not the clock)
+        rows = [json.loads(line) for line in (folder / run / "log.jsonl").read_text().splitlines()]
+        return [{key: value for key, value in row.items() if key == "step" or "eval/" in key}
+                for row in rows if "eval/avg_mean_at_k" in row]
+
+    assert [row["step"] for row in eval_rows("one")] == [0, 3]
+    assert eval_rows("two") == eval_rows("one")
 
 
 # The preemption test: the launcher's grace time between SIGTERM and SIGKILL (torchrun's and
