@@ -232,10 +232,27 @@ def test_evaluate_is_the_sampler_scored_and_deterministic(tiny, records, mode, b
     assert again == (metrics, samples)
 
 
+def test_evaluate_seeds_each_problem_by_its_place(tiny, records):
+    """With `places` (GRPO's held-out evaluation: each problem's place in the whole list), every
+    problem's responses are those of one generate call seeded by the places, in batches of 1 as
+    in 1 batch (batch b no longer adds b to the seed)."""
+    model, tok = tiny
+    ids = [tok(build_prompt(tok, r["problem"], "bare"), add_special_tokens=False)["input_ids"]
+           for r in records]
+    ref = generate(model, tok, ids, group_size=2, mode="unseen", max_new_tokens=16, seed=3,
+                   places=[5, 2])
+    for batch_size in (1, 2):
+        samples = ev.evaluate(model, tok, records, "unseen", k=2, max_new_tokens=16, seed=3,
+                              batch_size=batch_size, prompt_style="bare", places=[5, 2])[1]
+        assert [s["response"] for s in samples] == [r.text for r in ref]
+
+
 def test_evaluate_rejects_bad_arguments(tiny, records):
     model, tok = tiny
     with pytest.raises(ValueError, match="k and batch_size"):
         ev.evaluate(model, tok, records, "unseen", k=0)
+    with pytest.raises(ValueError, match="places: 1 for 2 records; give one a record"):
+        ev.evaluate(model, tok, records, "unseen", places=[0])
 
 
 # --------------------------------------------------------------------------------------------------
