@@ -11,8 +11,14 @@ import sys
 from dataclasses import dataclass
 
 from attention import TagIds, parse_structure
-from verifier import (STATED_RULES, check_verifier_settings, correct_many, extract_answer,
-                      extract_answer_by_rule, verify)
+from verifier import (
+    STATED_RULES,
+    check_verifier_settings,
+    correct_many,
+    extract_answer,
+    extract_answer_by_rule,
+    verify,
+)
 
 __all__ = ["FORMAT_FAILURES", "REWARDS", "SCHEDULES", "RewardSchedule", "answer_found",
            "check_format", "extract_answer", "format_failure", "has_parallel", "num_blocks",
