@@ -147,6 +147,7 @@ def response_nll(model, batch: Batch, tags: TagIds, mode: str,
 
 
 DEFAULT_MAX_LENGTH = 4096       # when the model states no context
+LOSS_WINDOW = 10                # the end-of-run mean loss: over this many last steps
 
 
 def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
@@ -216,7 +217,8 @@ def report(run: plumbing.Run, summary: dict) -> None:
     cfg = run.cfg
     loss = "no step left to train"
     if summary["final_loss"] is not None:
-        loss = f"final loss {summary['final_loss']:.4f}"
+        loss = (f"final loss {summary['final_loss']:.4f} (the last step's; the mean of the last "
+                f"{summary['loss_window']} steps {summary['mean_loss_last_steps']:.4f})")
     stopped = f" (stopped by {summary['stopped_by']})" if summary["stopped_by"] else ""
     lines = [f"SFT done: {run.step} steps{stopped} in {summary['seconds']:.0f}s, {loss}",
              f"checkpoint: {summary['checkpoint']}",
@@ -234,7 +236,9 @@ def report(run: plumbing.Run, summary: dict) -> None:
 def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
     """Run SFT (one process, or one rank under torchrun); `records` replace cfg.data (tests,
     notebooks). Returns {"checkpoint", "steps", "total_steps", "stopped_by" ("" or why the loop
-    ended early), "final_loss", "seconds", "tokens_per_s", "eval"}."""
+    ended early), "final_loss" (the last step's), "mean_loss_last_steps" (over the last
+    "loss_window" steps of this process, at most LOSS_WINDOW), "seconds", "tokens_per_s",
+    "eval"}; the losses are None (the window 0) when no step was left to train."""
     with plumbing.distributed(cfg.dist_timeout_minutes) as d:
         run, examples, eval_set = setup(cfg, d, records)
         cfg = run.cfg
@@ -260,9 +264,12 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
             postfix = {"loss": f"{row['loss']:.4f}", "tok_s": f"{row['tokens_per_s']:,.0f}"}
             run.end_step(row, line, postfix, data_position=stream.position())
         seconds = time.monotonic() - run.t_start
+        window = losses[-LOSS_WINDOW:]
         summary = {"checkpoint": run.checkpoint, "steps": run.step, "total_steps": total_steps,
                    "stopped_by": run.stopped_by,
-                   "final_loss": float(np.mean(losses[-10:])) if losses else None,
+                   "final_loss": losses[-1] if losses else None,
+                   "mean_loss_last_steps": float(np.mean(window)) if window else None,
+                   "loss_window": len(window),
                    "seconds": seconds,
                    "tokens_per_s": tokens_seen / seconds if seconds > 0 else 0.0}
         summary["eval"] = end_of_run_samples(run, examples, eval_set)

@@ -726,3 +726,21 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(model_dir, tmp_pa
 
 if __name__ == "__main__":                   # torchrun worker of test_two_ranks_equal_one_process
     _worker(*sys.argv[1:3])
+
+
+def test_the_final_loss_is_the_last_steps(model_dir, tmp_path, monkeypatch, capsys):
+    """The end-of-run "final loss" was the mean of the last 10 steps; now it is the last step's
+    loss, and the mean over the last LOSS_WINDOW steps is printed beside it under its own name."""
+    monkeypatch.setattr(sft, "LOSS_WINDOW", 2)
+    summary = sft.train(config(model_dir, tmp_path / "run", max_steps=3, save_every=0),
+                        records=make_records(10))
+    logged = [json.loads(line)["loss"]
+              for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert len(logged) == 3 and len(set(logged)) == 3
+    last_two = (logged[1] + logged[2]) / 2
+    assert summary["final_loss"] == logged[2]
+    assert (summary["mean_loss_last_steps"], summary["loss_window"]) == (last_two, 2)
+    out = capsys.readouterr().out
+    assert "SFT done: 3 steps in " in out
+    assert f"s, final loss {logged[2]:.4f} (the last step's; the mean of the last 2 steps " \
+        f"{last_two:.4f})\n" in out
