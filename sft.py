@@ -220,7 +220,9 @@ def report(run: plumbing.Run, summary: dict) -> None:
         loss = (f"final loss {summary['final_loss']:.4f} (the last step's; the mean of the last "
                 f"{summary['loss_window']} steps {summary['mean_loss_last_steps']:.4f})")
     stopped = f" (stopped by {summary['stopped_by']})" if summary["stopped_by"] else ""
-    lines = [f"SFT done: {run.step} steps{stopped} in {summary['seconds']:.0f}s, {loss}",
+    done = (f"SFT done at step {run.step} of {summary['total_steps']}{stopped}: "
+            f"{summary['trained_steps']} steps in {summary['seconds']:.0f}s, {loss}")
+    lines = [done,
              f"checkpoint: {summary['checkpoint']}",
              f"log: {os.path.join(cfg.out_dir, 'log.jsonl')}"]
     e = summary["eval"] or {}
@@ -235,7 +237,8 @@ def report(run: plumbing.Run, summary: dict) -> None:
 
 def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
     """Run SFT (one process, or one rank under torchrun); `records` replace cfg.data (tests,
-    notebooks). Returns {"checkpoint", "steps", "total_steps", "stopped_by" ("" or why the loop
+    notebooks). Returns {"checkpoint", "steps" (the step reached), "total_steps",
+    "trained_steps" (by this start: fewer after a resume), "stopped_by" ("" or why the loop
     ended early), "final_loss" (the last step's), "mean_loss_last_steps" (over the last
     "loss_window" steps of this process, at most LOSS_WINDOW), "seconds", "tokens_per_s",
     "eval"}; the losses are None (the window 0) when no step was left to train."""
@@ -266,6 +269,7 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
         seconds = time.monotonic() - run.t_start
         window = losses[-LOSS_WINDOW:]
         summary = {"checkpoint": run.checkpoint, "steps": run.step, "total_steps": total_steps,
+                   "trained_steps": len(losses),
                    "stopped_by": run.stopped_by,
                    "final_loss": losses[-1] if losses else None,
                    "mean_loss_last_steps": float(np.mean(window)) if window else None,

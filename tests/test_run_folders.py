@@ -249,6 +249,7 @@ def test_a_resume_says_which_flags_this_start_gave(small_model, tmp_path, monkey
     assert resumed["kl_coef"] == {"value": 0.1, "source": "earlier flag"}
     assert resumed["lr"] == {"value": 0.00015, "source": "preset"}
     assert f"preset tiny (the run's, kept by --resume={checkpoint})\n" in printed
+    assert "GRPO done at step 1: 0 steps in " in printed       # was "1 steps in": none ran
     assert table_group(printed, "flag") == f"resume={checkpoint}"
     assert "kl_coef=0.1" in table_group(printed, "earlier flag").split()
     copy = tmp_path / "copy"                          # resumed from a copy: out_dir follows it

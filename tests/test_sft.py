@@ -741,6 +741,14 @@ def test_the_final_loss_is_the_last_steps(model_dir, tmp_path, monkeypatch, caps
     assert summary["final_loss"] == logged[2]
     assert (summary["mean_loss_last_steps"], summary["loss_window"]) == (last_two, 2)
     out = capsys.readouterr().out
-    assert "SFT done: 3 steps in " in out
+    assert "SFT done at step 3 of 3: 3 steps in " in out
     assert f"s, final loss {logged[2]:.4f} (the last step's; the mean of the last 2 steps " \
         f"{last_two:.4f})\n" in out
+    # a resume: the line said "5 steps in <the seconds of the 2 this start trained>"
+    resumed = sft.train(config(model_dir, tmp_path / "run", max_steps=5, save_every=0,
+                               resume=str(tmp_path / "run" / "checkpoint-3")),
+                        records=make_records(10))
+    logged = [json.loads(line)["loss"]
+              for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert (resumed["steps"], resumed["trained_steps"], resumed["final_loss"]) == (5, 2, logged[4])
+    assert "SFT done at step 5 of 5: 2 steps in " in capsys.readouterr().out
