@@ -148,6 +148,7 @@ def response_nll(model, batch: Batch, tags: TagIds, mode: str,
 
 DEFAULT_MAX_LENGTH = 4096       # when the model states no context
 LOSS_WINDOW = 10                # the end-of-run mean loss: over this many last steps
+GIVEN_RECORDS = "the given records"     # the data's name when train's `records` replace cfg.data
 
 
 def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
@@ -189,6 +190,7 @@ def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
     context = getattr(run.model.config, "max_position_embeddings", None) or DEFAULT_MAX_LENGTH
     max_length = cfg.max_length or min(DEFAULT_MAX_LENGTH, context)
     run.cfg = cfg = dataclasses.replace(cfg, max_length=max_length)
+    data_name = cfg.data if records is None else GIVEN_RECORDS
     test_parts = None
     if records is None:
         test_parts = embedded_test_parts(cfg.data)
@@ -202,7 +204,7 @@ def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
     examples = tokenize_records(records, run.tokenizer, prompt, cfg.max_length,
                                 cfg.prompt_file or None, run.log)
     # the end-of-run samples: of cfg.eval_data, else an embedded task's test part, else the training
-    eval_name = f"{cfg.data} (training problems)"
+    eval_name = f"{data_name} (training problems)"
     eval_records = records
     if cfg.eval_samples and (cfg.eval_data or test_parts):
         eval_name = cfg.eval_data or test_parts
@@ -253,8 +255,9 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
         position = run.state.get("data_position", {})
         stream = plumbing.ShuffledStream(len(examples), cfg.seed, **position)
         params = sum(p.numel() for p in run.model.parameters()) / 1e6
+        data_name = cfg.data if records is None else GIVEN_RECORDS
         run.log(f"SFT {cfg.model} ({params:.2f}M params) on {len(examples)} examples of "
-                f"{cfg.data}, mode={cfg.mode}, style={cfg.style}, {d.world_size} rank(s) on "
+                f"{data_name}, mode={cfg.mode}, style={cfg.style}, {d.world_size} rank(s) on "
                 f"{d.device.type}, batch {cfg.batch_size}, lr {cfg.lr}, {total_steps} steps")
         losses = []
         tokens_seen = 0

@@ -742,6 +742,7 @@ def test_the_final_loss_is_the_last_steps(model_dir, tmp_path, monkeypatch, caps
     assert (summary["mean_loss_last_steps"], summary["loss_window"]) == (last_two, 2)
     out = capsys.readouterr().out
     assert "SFT done at step 3 of 3: 3 steps in " in out
+    assert " examples of the given records, mode=" in out     # said --data's default
     assert f"s, final loss {logged[2]:.4f} (the last step's; the mean of the last 2 steps " \
         f"{last_two:.4f})\n" in out
     # a resume: the line said "5 steps in <the seconds of the 2 this start trained>"
