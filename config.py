@@ -195,11 +195,13 @@ def plain(value):
 
 
 # Where a setting's value comes from (settings.json in every run folder; printed at the start):
-# given on the command line (or by the caller of train), the preset's, the recipe's (GRPO: the
-# mode, and None = decided per step by grpo.stage_at), the field's default, derived from other
-# settings (--preset=auto from the model, GRPO's start model and eval_data, SFT's max_length
-# from the model's context), or a checkpoint's whose source is not recorded.
-SOURCES = ("flag", "preset", "recipe", "default", "derived", "checkpoint")
+# given on the command line (or by the caller of train) at this start, given so at an earlier
+# start of the run (a resume keeps the checkpoint's value: plumbing.resolve_config), the
+# preset's, the recipe's (GRPO: the mode, and None = decided per step by grpo.stage_at), the
+# field's default, derived from other settings (--preset=auto from the model, GRPO's start model
+# and eval_data, SFT's max_length from the model's context, a resume's out_dir from --resume),
+# or a checkpoint's whose source is not recorded.
+SOURCES = ("flag", "earlier flag", "preset", "recipe", "default", "derived", "checkpoint")
 
 
 def sources(given, resolved, preset: dict) -> dict[str, str]:
@@ -246,14 +248,15 @@ def settings_table(values: dict, sources_: dict[str, str]) -> str:
         groups[sources_[name]].append(f"{name}={shown}")
     if any(f"{name}=None" in groups["recipe"] for name in RECIPE_FIELDS):
         groups["recipe"].append("(None: the recipe's at each step, grpo.stage_at)")
+    listed = [source for source in SOURCES if source != "default" and groups[source]]
+    label_width = max(len(source) + 2 for source in [*listed, "default"])   # "default: " at least
     lines = []
-    for source in SOURCES:
-        if source == "default" or not groups[source]:
-            continue
+    for source in listed:
         lines.append(textwrap.fill(" ".join(groups[source]), width=100,
-                                   initial_indent=f"  {source + ':':9}", subsequent_indent=" " * 11,
+                                   initial_indent=f"  {source + ':':{label_width}}",
+                                   subsequent_indent=" " * (label_width + 2),
                                    break_long_words=False, break_on_hyphens=False))
-    lines.append(f"  default: {len(groups['default'])} other settings")
+    lines.append(f"  {'default:':{label_width}}{len(groups['default'])} other settings")
     return "\n".join(lines)
 
 

@@ -636,13 +636,13 @@ def train(cfg: GRPOConfig, records: list[dict] | None = None,
                    "log": os.path.join(cfg.out_dir, "log.jsonl"),
                    "seconds": time.monotonic() - run.t_start}
         run.close()
-        stopped = f" (stopped by {run.stopped_by} of {cfg.max_steps})" if run.stopped_by else ""
+        stopped = f" of {cfg.max_steps} (stopped by {run.stopped_by})" if run.stopped_by else ""
         compare = ""
         if run.eval_records:
             compare = f" (before/after: python scripts/look/summary.py {cfg.out_dir})"
-        run.log(f"GRPO done: {run.step} steps{stopped} in {summary['seconds']:.0f}s. checkpoint: "
-                f"{run.checkpoint} (python eval.py --model={run.checkpoint}); log: "
-                f"{summary['log']}{compare}")
+        run.log(f"GRPO done at step {run.step}{stopped}: {run.step - first_step} steps in "
+                f"{summary['seconds']:.0f}s. checkpoint: {run.checkpoint} (python eval.py "
+                f"--model={run.checkpoint}); log: {summary['log']}{compare}")
         return summary
 
 

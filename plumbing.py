@@ -801,8 +801,9 @@ def resolve_config(cfg, d: Dist, resolve_defaults, presets: dict) -> tuple[objec
     """(the config a run trains with, its record for Run.settings): `resolve_defaults(cfg,
     world_size)` fills the unset settings (the preset of `presets` that --preset names, auto: the
     model's, `model.resolve_preset`, which rank 0 prints with why); the record holds each
-    setting's source (config.SOURCES) and, on a resume, what it changes (`check_resume`). On a
-    resume a setting left unset (None, --preset=auto) is the checkpoint's."""
+    setting's source (config.SOURCES; on a resume `resumed_source`) and, on a resume, what it
+    changes (`check_resume`). On a resume a setting left unset (None, --preset=auto) is the
+    checkpoint's."""
     given = cfg
     path = resume_path(cfg)
     saved = {}
@@ -817,6 +818,8 @@ def resolve_config(cfg, d: Dist, resolve_defaults, presets: dict) -> tuple[objec
     asked = cfg.preset
     cfg = resolve_defaults(cfg, d.world_size)
     _, why = resolve_preset(asked, cfg.model)
+    if path and cfg.preset == saved.get("preset"):
+        why = f"the run's, kept by --resume={path}"
     if d.is_main:
         print(f"preset {cfg.preset} ({why})")
     start_mode = mode_from_config(read_checkpoint_config(cfg.model)[0])
@@ -831,8 +834,24 @@ def resolve_config(cfg, d: Dist, resolve_defaults, presets: dict) -> tuple[objec
     earlier = recorded_sources(path, saved)
     for name in saved:
         if name in found and name not in NOT_COMPARED:
-            found[name] = "flag" if name in record["changed"] else earlier.get(name, "checkpoint")
+            found[name] = resumed_source(name, record["changed"], earlier, cfg.out_dir, path)
     return cfg, {"sources": found, "resume": record}
+
+
+def resumed_source(name: str, changed: dict, earlier: dict, out_dir: str, checkpoint: str) -> str:
+    """The source (config.SOURCES) of setting `name` on a resume from `checkpoint`: a value other
+    than the checkpoint's (`changed`, check_resume's) is this start's flag, but an out_dir that is
+    the checkpoint's folder is derived (parse_args puts a resume there); the checkpoint's value
+    keeps the source settings.json recorded for it (`earlier`, recorded_sources), a flag of an
+    earlier start as "earlier flag" (only this start's flags say "flag"), else "checkpoint"."""
+    if name in changed:
+        if name == "out_dir" and same_place(out_dir, os.path.dirname(os.path.abspath(checkpoint))):
+            return "derived"
+        return "flag"
+    recorded = earlier.get(name, "checkpoint")
+    if recorded == "flag":
+        return "earlier flag"
+    return recorded
 
 
 def check_resume(cfg, saved: dict, path: str) -> dict:

@@ -11,7 +11,14 @@ import sys
 from dataclasses import dataclass
 
 from attention import TagIds, parse_structure
-from verifier import ANY_MARKER, check_verifier_settings, correct_many, extract_answer, verify
+from verifier import (
+    STATED_RULES,
+    check_verifier_settings,
+    correct_many,
+    extract_answer,
+    extract_answer_by_rule,
+    verify,
+)
 
 __all__ = ["FORMAT_FAILURES", "REWARDS", "SCHEDULES", "RewardSchedule", "answer_found",
            "check_format", "extract_answer", "format_failure", "has_parallel", "num_blocks",
@@ -56,11 +63,12 @@ def num_blocks(structure) -> int:
     return len(structure.blocks)
 
 
-def answer_found(text: str, pred: str | None) -> bool:
-    r"""Whether the response states a final answer: `pred` (extract_answer's) came from a marker
-    (`Final Answer:`, `\boxed{}`, `####`), not from the last-number fallback. The structural
-    check passes a response without tags (`mfmfmf`); this one does not."""
-    return pred is not None and ANY_MARKER.search(text) is not None
+def answer_found(text: str) -> bool:
+    r"""Whether the response states a final answer: extract_answer found one by a marker rule
+    (`Final Answer:`, `\boxed{}`, `####`: verifier.STATED_RULES), not by the last-number
+    fallback. The structural check passes a response without tags (`mfmfmf`); this one does not.
+    score_batch's "answer_found" is this, from the same extraction as its "pred"."""
+    return extract_answer_by_rule(text)[1] in STATED_RULES
 
 
 # Why a response fails the format, one name each (format_failure): the first problem
@@ -205,7 +213,8 @@ def score_batch(responses: list[str], golds: list[str], *, structures=None, resp
     if structures is None and kind != "accuracy":
         raise ValueError(f"the {kind!r} reward needs the structure: structures=, response_ids= "
                          "with tags=, or tokenizer=")
-    preds = [extract_answer(r) for r in responses]
+    extracted = [extract_answer_by_rule(r) for r in responses]      # (pred, rule) each
+    preds = [pred for pred, _ in extracted]
     correct = correct_many(preds, golds, verifier, timeout, workers)
     scores = []
     for i in range(n):
@@ -215,7 +224,7 @@ def score_batch(responses: list[str], golds: list[str], *, structures=None, resp
         blocks = num_blocks(structure) if structure is not None else None
         scores.append({"reward": REWARDS[kind](correct[i], parallel, format_ok),
                        "correct": correct[i], "pred": preds[i], "kind": kind,
-                       "answer_found": answer_found(responses[i], preds[i]),
+                       "answer_found": extracted[i][1] in STATED_RULES,
                        "has_parallel": parallel, "format_ok": format_ok, "num_blocks": blocks})
     return scores
 

@@ -147,6 +147,8 @@ def response_nll(model, batch: Batch, tags: TagIds, mode: str,
 
 
 DEFAULT_MAX_LENGTH = 4096       # when the model states no context
+LOSS_WINDOW = 10                # the end-of-run mean loss: over this many last steps
+GIVEN_RECORDS = "the given records"     # the data's name when train's `records` replace cfg.data
 
 
 def resolve_defaults(cfg: SFTConfig, world_size: int = 1) -> SFTConfig:
@@ -188,6 +190,7 @@ def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
     context = getattr(run.model.config, "max_position_embeddings", None) or DEFAULT_MAX_LENGTH
     max_length = cfg.max_length or min(DEFAULT_MAX_LENGTH, context)
     run.cfg = cfg = dataclasses.replace(cfg, max_length=max_length)
+    data_name = cfg.data if records is None else GIVEN_RECORDS
     test_parts = None
     if records is None:
         test_parts = embedded_test_parts(cfg.data)
@@ -201,7 +204,7 @@ def setup(cfg: SFTConfig, d: plumbing.Dist, records: list[dict] | None):
     examples = tokenize_records(records, run.tokenizer, prompt, cfg.max_length,
                                 cfg.prompt_file or None, run.log)
     # the end-of-run samples: of cfg.eval_data, else an embedded task's test part, else the training
-    eval_name = f"{cfg.data} (training problems)"
+    eval_name = f"{data_name} (training problems)"
     eval_records = records
     if cfg.eval_samples and (cfg.eval_data or test_parts):
         eval_name = cfg.eval_data or test_parts
@@ -216,9 +219,12 @@ def report(run: plumbing.Run, summary: dict) -> None:
     cfg = run.cfg
     loss = "no step left to train"
     if summary["final_loss"] is not None:
-        loss = f"final loss {summary['final_loss']:.4f}"
+        loss = (f"final loss {summary['final_loss']:.4f} (the last step's; the mean of the last "
+                f"{summary['loss_window']} steps {summary['mean_loss_last_steps']:.4f})")
     stopped = f" (stopped by {summary['stopped_by']})" if summary["stopped_by"] else ""
-    lines = [f"SFT done: {run.step} steps{stopped} in {summary['seconds']:.0f}s, {loss}",
+    done = (f"SFT done at step {run.step} of {summary['total_steps']}{stopped}: "
+            f"{summary['trained_steps']} steps in {summary['seconds']:.0f}s, {loss}")
+    lines = [done,
              f"checkpoint: {summary['checkpoint']}",
              f"log: {os.path.join(cfg.out_dir, 'log.jsonl')}"]
     e = summary["eval"] or {}
@@ -233,8 +239,11 @@ def report(run: plumbing.Run, summary: dict) -> None:
 
 def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
     """Run SFT (one process, or one rank under torchrun); `records` replace cfg.data (tests,
-    notebooks). Returns {"checkpoint", "steps", "total_steps", "stopped_by" ("" or why the loop
-    ended early), "final_loss", "seconds", "tokens_per_s", "eval"}."""
+    notebooks). Returns {"checkpoint", "steps" (the step reached), "total_steps",
+    "trained_steps" (by this start: fewer after a resume), "stopped_by" ("" or why the loop
+    ended early), "final_loss" (the last step's), "mean_loss_last_steps" (over the last
+    "loss_window" steps of this process, at most LOSS_WINDOW), "seconds", "tokens_per_s",
+    "eval"}; the losses are None (the window 0) when no step was left to train."""
     with plumbing.distributed(cfg.dist_timeout_minutes) as d:
         run, examples, eval_set = setup(cfg, d, records)
         cfg = run.cfg
@@ -246,8 +255,9 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
         position = run.state.get("data_position", {})
         stream = plumbing.ShuffledStream(len(examples), cfg.seed, **position)
         params = sum(p.numel() for p in run.model.parameters()) / 1e6
+        data_name = cfg.data if records is None else GIVEN_RECORDS
         run.log(f"SFT {cfg.model} ({params:.2f}M params) on {len(examples)} examples of "
-                f"{cfg.data}, mode={cfg.mode}, style={cfg.style}, {d.world_size} rank(s) on "
+                f"{data_name}, mode={cfg.mode}, style={cfg.style}, {d.world_size} rank(s) on "
                 f"{d.device.type}, batch {cfg.batch_size}, lr {cfg.lr}, {total_steps} steps")
         losses = []
         tokens_seen = 0
@@ -260,9 +270,13 @@ def train(cfg: SFTConfig, records: list[dict] | None = None) -> dict:
             postfix = {"loss": f"{row['loss']:.4f}", "tok_s": f"{row['tokens_per_s']:,.0f}"}
             run.end_step(row, line, postfix, data_position=stream.position())
         seconds = time.monotonic() - run.t_start
+        window = losses[-LOSS_WINDOW:]
         summary = {"checkpoint": run.checkpoint, "steps": run.step, "total_steps": total_steps,
+                   "trained_steps": len(losses),
                    "stopped_by": run.stopped_by,
-                   "final_loss": float(np.mean(losses[-10:])) if losses else None,
+                   "final_loss": losses[-1] if losses else None,
+                   "mean_loss_last_steps": float(np.mean(window)) if window else None,
+                   "loss_window": len(window),
                    "seconds": seconds,
                    "tokens_per_s": tokens_seen / seconds if seconds > 0 else 0.0}
         summary["eval"] = end_of_run_samples(run, examples, eval_set)

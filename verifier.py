@@ -114,8 +114,9 @@ def last_line_after(pattern: re.Pattern | str, text: str) -> str | None:
 def extract_answer(text: str) -> str | None:
     r"""The final answer of a response (tags and <eos>/<pad>/<|...|> markers removed), or None: the
     last non-empty `Final Answer:` line (any case, bold allowed; a `\boxed{}` in it: its content),
-    else `last_boxed`, else the last `#### N` line; with no marker at all (an empty one is no
-    answer) the last number, GSM8K's "flexible" rule.
+    else `last_boxed`, else the rest of the line after the last `####` that some text follows; with
+    no marker at all (an empty one is no answer) the last number, GSM8K's "flexible" rule. Which
+    rule found it: `extract_answer_by_rule`.
         >>> extract_answer(r"\boxed{1} then \boxed{\frac{1}{2}}"), extract_answer("#### 1,234")
         ('\\frac{1}{2}', '1,234')
         >>> extract_answer(r"so \boxed{3}, \boxed{5}"), extract_answer("It is $70,000.")
@@ -123,24 +124,41 @@ def extract_answer(text: str) -> str | None:
         >>> extract_answer(r"\boxed{} 4"), extract_answer("no")
         (None, None)
     """
+    return extract_answer_by_rule(text)[0]
+
+
+# The rules of extract_answer, in the order it tries them: an answer the response states behind
+# a marker (STATED_RULES), else the last-number fallback.
+STATED_RULES = ("final_answer", "boxed", "####")
+LAST_NUMBER_RULE = "last_number"
+
+
+def extract_answer_by_rule(text: str) -> tuple[str | None, str | None]:
+    """(extract_answer's answer, the rule that found it: one of STATED_RULES or
+    LAST_NUMBER_RULE; None with no answer).
+        >>> extract_answer_by_rule("Final Answer: 7"), extract_answer_by_rule("it is 7")
+        (('7', 'final_answer'), ('7', 'last_number'))
+    """
     if not isinstance(text, str):
         raise TypeError(f"extract_answer takes the response text (str), got {type(text).__name__}")
     text = markers().sub("", text)
     line = last_line_after(FINAL_ANSWER.pattern, text)
     if line is not None:
-        return last_boxed(line) or line
+        return last_boxed(line) or line, "final_answer"
     boxed = last_boxed(text)
     if boxed:
-        return boxed
+        return boxed, "boxed"
     line = last_line_after("####", text)
     if line is not None:
-        return line
+        return line, "####"
     if ANY_MARKER.search(text):                    # a marker with nothing in it: no answer
-        return None
+        return None, None
     last_digit = max(text.rfind(digit) for digit in "0123456789")   # C-speed scans
     window_start = max(0, last_digit - LAST_NUMBER_WINDOW)
     numbers = LAST_NUMBER.findall(text, window_start, last_digit + 8)
-    return numbers[-1] if numbers else None
+    if not numbers:
+        return None, None
+    return numbers[-1], LAST_NUMBER_RULE
 
 
 # ---------------------------------------------------------------------------------------------

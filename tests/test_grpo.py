@@ -569,7 +569,7 @@ def test_max_time_stops_after_a_step_and_says_so(tmp_path, monkeypatch, capsys):
                      records=records)
     printed = capsys.readouterr().out
     assert out["steps"] == 1 and out["checkpoint"] == str(tmp_path / "run" / "checkpoint-1")
-    assert "GRPO done: 1 steps (stopped by --max_time=1e-09 of 3) in" in printed
+    assert "GRPO done at step 1 of 3 (stopped by --max_time=1e-09): 1 steps in " in printed
     assert "summary.py" not in printed
 
 

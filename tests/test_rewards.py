@@ -663,7 +663,7 @@ def test_format_failure_names_the_reason(tok, tags, text, truncated):
     from attention import parse_structure
 
     structure = parse_structure(tok.encode(text, add_special_tokens=False), tags)
-    found = answer_found(text, extract_answer(text))
+    found = answer_found(text)
     assert format_failure(structure, found, truncated) == FAILURES[(text, truncated)]
     assert set(FAILURES.values()) - {""} == set(rewards.FORMAT_FAILURES)
 
@@ -672,5 +672,30 @@ def test_answer_found_needs_a_stated_answer():
     """Only an answer behind a marker counts: the last-number fallback and an empty marker do
     not."""
     texts = ["Final Answer: 7", "so \\boxed{7}", "#### 7", "it is 7", "mfmfmf", "Final Answer:"]
-    found = [answer_found(t, extract_answer(t)) for t in texts]
+    found = [answer_found(t) for t in texts]
     assert found == [True, True, True, False, False, False]
+
+
+def test_answer_found_is_the_extractors_finding():
+    """answer_found (score_batch's, the share eval.py and GRPO log) counted a response whose raw
+    text held a marker anywhere, also where the extractor did not use it: a `####` inside a
+    removed <|...|> marker, with the answer then taken by the last-number fallback, read as a
+    stated answer, and a `####` that only the removal of a tag joins did not. Now it is whether
+    extract_answer found the answer by a marker rule; `####` in the middle of a line counts,
+    since the extractor takes the rest of that line."""
+    texts = ["<|####|> mfmf 42",            # the marker is removed: the last number, 42
+             "mf <|Final Answer:|> 3",      # the same
+             "##<Parallel>## 5",            # the tag removed: "#### 5"
+             "mfmf #### mfmf",              # the extractor's answer: "mfmf"
+             "mfmf ####\n7",                # an empty marker: no answer at all
+             "Final Answer: 7",
+             "it is 7"]
+    rules = [verifier.extract_answer_by_rule(t) for t in texts]
+    assert rules == [("42", "last_number"), ("3", "last_number"), ("5", "####"),
+                     ("mfmf", "####"), (None, None), ("7", "final_answer"), ("7", "last_number")]
+    expected = [False, False, True, True, False, True, False]
+    assert [answer_found(t) for t in texts] == expected
+    scores = score_batch(texts, ["42"] * len(texts))
+    assert [s["answer_found"] for s in scores] == expected
+    assert [s["pred"] for s in scores] == ["42", "3", "5", "mfmf", None, "7", "7"]
+    assert sum(s["answer_found"] for s in scores) / len(scores) == 3 / 7

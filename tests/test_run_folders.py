@@ -7,6 +7,7 @@ import functools
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -204,6 +205,68 @@ def test_an_accepted_change_is_recorded_and_only_for_that_resume(finished_run, t
     message = refusal(sft, [f"--resume={copy}/checkpoint-2", "--lr=0.003"])
     assert "    --lr: 0.002 -> 0.003\n" in message
     assert plumbing.load_trainer_state(f"{copy}/checkpoint-2")["config"]["lr"] == 0.002
+
+
+def scores_of_the_text(responses, golds, **kw):
+    """A reward with variance for any model, without the answer checker's workers."""
+    return [{"reward": float(sum(map(ord, t)) % 7), "correct": False, "kind": "accuracy",
+             "answer_found": False} for t in responses]
+
+
+def table_group(printed: str, source: str) -> str:
+    """The settings that the printed table (config.settings_table) lists under `source`, joined
+    by spaces across its wrapped lines."""
+    table = printed.split("by source:\n")[-1].split("\n  default:")[0]
+    groups = re.split(r"^  ([a-z ]+):", table, flags=re.MULTILINE)[1:]
+    found = dict(zip(groups[::2], groups[1::2]))
+    return " ".join(found[source].split())
+
+
+def test_a_resume_says_which_flags_this_start_gave(small_model, tmp_path, monkeypatch, capsys):
+    """A resume showed every value the checkpoint kept as "flag" where the run's first start
+    typed it (and out_dir, when the run was resumed from a copy), and its preset line said
+    "(--preset=tiny)" for a preset the checkpoint kept. Now only this start's flags say "flag";
+    a flag of an earlier start keeps its value as "earlier flag"; the preset line says where the
+    preset came from."""
+    monkeypatch.setattr(grpo, "score_batch", scores_of_the_text)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
+    out = tmp_path / "run"
+    argv = [f"--model={small_model}", "--preset=tiny", f"--out_dir={out}", "--batch_size=2",
+            "--group_size=2", "--max_new_tokens=8", "--micro_batch_size=2", "--eval_data=",
+            "--max_steps=1", "--kl_coef=0.1"]
+    grpo.train(plumbing.parse_args(grpo.GRPOConfig, argv), records=records)
+    first = json.loads((out / "settings.json").read_text())["settings"]
+    assert (first["kl_coef"], first["lr"]) == ({"value": 0.1, "source": "flag"},
+                                               {"value": 0.00015, "source": "preset"})
+    capsys.readouterr()
+    checkpoint = f"{out}/checkpoint-1"
+    grpo.train(plumbing.parse_args(grpo.GRPOConfig, [f"--resume={checkpoint}"]), records=records)
+    printed = capsys.readouterr().out
+    resumed = json.loads((out / "settings.json").read_text())["settings"]
+    assert {name for name, entry in resumed.items() if entry["source"] == "flag"} == {"resume"}
+    assert {name for name, entry in resumed.items() if entry["source"] == "earlier flag"} == \
+        {name for name, entry in first.items() if entry["source"] == "flag"}
+    assert resumed["kl_coef"] == {"value": 0.1, "source": "earlier flag"}
+    assert resumed["lr"] == {"value": 0.00015, "source": "preset"}
+    assert f"preset tiny (the run's, kept by --resume={checkpoint})\n" in printed
+    assert "GRPO done at step 1: 0 steps in " in printed       # was "1 steps in": none ran
+    assert table_group(printed, "flag") == f"resume={checkpoint}"
+    assert "kl_coef=0.1" in table_group(printed, "earlier flag").split()
+    copy = tmp_path / "copy"                          # resumed from a copy: out_dir follows it
+    subprocess.run(["cp", "-r", str(out), str(copy)], check=True)
+    grpo.train(plumbing.parse_args(grpo.GRPOConfig, [f"--resume={copy}/checkpoint-1",
+                                                     "--kl_coef=0.2", "--allow_changes=kl_coef",
+                                                     "--preset=tiny"]),
+               records=records)
+    printed = capsys.readouterr().out
+    changed = json.loads((copy / "settings.json").read_text())["settings"]
+    assert changed["kl_coef"] == {"value": 0.2, "source": "flag"}
+    assert changed["out_dir"] == {"value": str(copy), "source": "derived"}
+    assert {name for name, entry in changed.items() if entry["source"] == "flag"} == \
+        {"resume", "kl_coef", "allow_changes"}
+    assert f"preset tiny (the run's, kept by --resume={copy}/checkpoint-1)\n" in printed
+    assert table_group(printed, "flag") == \
+        f"resume={copy}/checkpoint-1 allow_changes=kl_coef kl_coef=0.2"
 
 
 def test_a_resume_keeps_the_runs_preset_for_auto(finished_run, small_model, tmp_path):

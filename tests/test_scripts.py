@@ -75,8 +75,10 @@ def test_summary_shows_before_and_after(tmp_path):
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = run_script("look/summary.py", str(tmp_path))
     assert "1 steps logged" in out and "hard/mean_at_k" in out and "25.0" in out and "100.0" in out
-    (tmp_path / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
-    assert "final loss (mean of the last 1 steps): 2.0000" in summary.summary(str(tmp_path))
+    (tmp_path / "log.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n"
+                                        + json.dumps({"step": 2, "loss": 1.0}) + "\n")
+    assert "final loss 1.0000 (the last step's; the mean of the last 2 steps 1.5000)" in \
+        summary.summary(str(tmp_path))
     # the demo's GRPO: --eval_data=, no evals
     (tmp_path / "log.jsonl").write_text(json.dumps(rows[1]) + "\n")
     # was silent

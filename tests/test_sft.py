@@ -726,3 +726,30 @@ def test_a_bad_batch_flag_stops_before_an_earlier_run_is_moved(model_dir, tmp_pa
 
 if __name__ == "__main__":                   # torchrun worker of test_two_ranks_equal_one_process
     _worker(*sys.argv[1:3])
+
+
+def test_the_final_loss_is_the_last_steps(model_dir, tmp_path, monkeypatch, capsys):
+    """The end-of-run "final loss" was the mean of the last 10 steps; now it is the last step's
+    loss, and the mean over the last LOSS_WINDOW steps is printed beside it under its own name."""
+    monkeypatch.setattr(sft, "LOSS_WINDOW", 2)
+    summary = sft.train(config(model_dir, tmp_path / "run", max_steps=3, save_every=0),
+                        records=make_records(10))
+    logged = [json.loads(line)["loss"]
+              for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert len(logged) == 3 and len(set(logged)) == 3
+    last_two = (logged[1] + logged[2]) / 2
+    assert summary["final_loss"] == logged[2]
+    assert (summary["mean_loss_last_steps"], summary["loss_window"]) == (last_two, 2)
+    out = capsys.readouterr().out
+    assert "SFT done at step 3 of 3: 3 steps in " in out
+    assert " examples of the given records, mode=" in out     # said --data's default
+    assert f"s, final loss {logged[2]:.4f} (the last step's; the mean of the last 2 steps " \
+        f"{last_two:.4f})\n" in out
+    # a resume: the line said "5 steps in <the seconds of the 2 this start trained>"
+    resumed = sft.train(config(model_dir, tmp_path / "run", max_steps=5, save_every=0,
+                               resume=str(tmp_path / "run" / "checkpoint-3")),
+                        records=make_records(10))
+    logged = [json.loads(line)["loss"]
+              for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert (resumed["steps"], resumed["trained_steps"], resumed["final_loss"]) == (5, 2, logged[4])
+    assert "SFT done at step 5 of 5: 2 steps in " in capsys.readouterr().out

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-LAST_STEPS = 10          # SFT's final loss: the mean over this many last steps
+LAST_STEPS = 10          # SFT's mean loss beside the final one: over this many last steps
 EVAL_PREFIX = "eval/"
 NAME_WIDTH = 38          # the table's columns: the metric's name, then before and after
 NUMBER_WIDTH = 10
@@ -36,8 +36,8 @@ def summary(run_dir: str) -> str:
     losses = [r["loss"] for r in steps if "reward_mean" not in r and "loss" in r]
     if losses:
         tail = losses[-LAST_STEPS:]
-        lines.append(f"final loss (mean of the last {len(tail)} steps): "
-                     f"{sum(tail) / len(tail):.4f}")
+        lines.append(f"final loss {losses[-1]:.4f} (the last step's; the mean of the last "
+                     f"{len(tail)} steps {sum(tail) / len(tail):.4f})")
     evals = [r for r in rows if "eval/avg_mean_at_k" in r]
     if len(evals) >= 2:
         before = evals[0]
