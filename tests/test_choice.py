@@ -100,3 +100,18 @@ def test_training_curves_in_percent_and_their_means_skip_missing_gaps(tmp_path):
     assert curves == {"share": [50.0, 25.0], "mixed": [75.0, 0.0], "gap": [-10.0, None]}
     assert choice.moving_mean([1.0, None, 3.0]) == [1.0, 1.0, 2.0]
     assert choice.training_curves(str(tmp_path / "absent")) == {"share": [], "mixed": [], "gap": []}
+
+
+def test_absorbing_by_hand():
+    """Shares 50, 4, 10, 0 (%): the first step at or below 5% is step 2; from it on, 3 steps,
+    mean share 14/3, one step back above 5%. Predicted mixed groups of 4 at p = 0.04:
+    1 - 0.96^4 - 0.04^4 = 0.15065088; at 0.10: 1 - 0.9^4 - 0.1^4 = 0.3438; at 0: 0."""
+    curves = {"share": [50.0, 4.0, 10.0, 0.0], "mixed": [80.0, 12.5, 25.0, 0.0], "gap": []}
+    held = choice.absorbing(curves, 4)
+    assert held["first_step"] == 2
+    assert held["steps"] == 3
+    assert held["back_above"] == 1
+    assert held["share"] == pytest.approx(14 / 3)
+    assert held["mixed"] == pytest.approx(37.5 / 3)
+    assert held["predicted"] == pytest.approx(100 * (0.15065088 + 0.3438) / 3)
+    assert choice.absorbing({"share": [50.0, 6.0], "mixed": [1.0, 1.0], "gap": []}, 4) is None

@@ -43,6 +43,7 @@ T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
          9: 2.262, 10: 2.228}
 UNIT_COLUMN = {"tokens": "T", "steps": "D"}   # samples.jsonl's count of each unit
 WINDOW = 10                  # steps in the figure's moving means (as scripts/studies/dynamics.py)
+LOW_SHARE = 5.0              # a block share (%) at or below which S1 has dropped blocks
 
 
 def read_samples(folder: str) -> list[dict]:
@@ -143,7 +144,42 @@ def seed_row(root: str, task: str, unit: str, seed: int, split: str) -> dict | N
             "sft_share": statistics.mean(share["sft"].values()),
             "free_share": statistics.mean(share["free"].values()),
             "agrees": sign(gap[0]) != 0 and sign(gap[0]) == sign(change[0]),
-            "curves": training_curves(os.path.join(cell, "free", "grpo"))}
+            "curves": training_curves(os.path.join(cell, "free", "grpo")),
+            "group_size": group_size(os.path.join(cell, "free", "grpo"))}
+
+
+def group_size(grpo_folder: str) -> int | None:
+    """The run's group_size from its settings.json (None when the file is absent)."""
+    path = os.path.join(grpo_folder, "settings.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)["settings"]["group_size"]["value"]
+
+
+def absorbing(curves: dict, size: int) -> dict | None:
+    """Why a dropped share stays dropped: from the first step at or below LOW_SHARE on, the mean
+    block share p, the measured share of groups holding both kinds, the share predicted if each
+    of a group's `size` responses opened a block independently with probability p (averaged
+    over the steps: 1 - (1 - p)^size - p^size, about size x p for a small p), and the steps
+    where the share climbed back above LOW_SHARE. Only those mixed groups give the advantages
+    anything to say about blocks, so a share near 0 gets almost no signal either way (the
+    same holds for S2's block bonus, which also acts only inside a group). None when the
+    share never fell that low."""
+    shares = curves["share"]
+    low = [i for i, share in enumerate(shares) if share <= LOW_SHARE]
+    if not low:
+        return None
+    after = range(low[0], len(shares))
+    predicted = []
+    for i in after:
+        p = shares[i] / 100
+        predicted.append(100 * (1 - (1 - p) ** size - p ** size))
+    return {"first_step": low[0] + 1, "steps": len(after),
+            "share": statistics.mean(shares[i] for i in after),
+            "mixed": statistics.mean(curves["mixed"][i] for i in after),
+            "predicted": statistics.mean(predicted),
+            "back_above": sum(1 for i in after if shares[i] > LOW_SHARE)}
 
 
 def collect(root: str, seeds: list[int], tasks: tuple, split: str) -> dict:
@@ -190,6 +226,25 @@ def report(cells: dict, seeds: list[int], split: str) -> str:
                          f"{r['block']:.1f} | {r['free']:.1f} | {interval_text(*r['gap'])} | "
                          f"{r['sft_share']:.1f}% | {r['free_share']:.1f}% | "
                          f"{interval_text(*r['change'])} | {'yes' if r['agrees'] else 'no'} |")
+    header = (f"| task | unit | seed | first step at <= {LOW_SHARE:g}% | steps after | blocks | "
+              f"groups with both kinds, measured | predicted | steps back above {LOW_SHARE:g}% |")
+    absorbed = []
+    for (task, unit), rows in cells.items():
+        for r in rows:
+            held = None
+            if r["group_size"] is not None:
+                held = absorbing(r["curves"], r["group_size"])
+            if held is None:
+                continue
+            absorbed.append(f"| {task} | {unit} | {r['seed']} | {held['first_step']} | "
+                            f"{held['steps']} | {held['share']:.2f}% | {held['mixed']:.2f}% | "
+                            f"{held['predicted']:.2f}% | {held['back_above']} |")
+    if absorbed:
+        title = ("Why a dropped share stays dropped (S1's training rollouts, from the first "
+                 f"step at or below {LOW_SHARE:g}% on; predicted: each response opens a block "
+                 "independently at the step's share):")
+        lines += ["", title, "", header, "|---|---|---|---|---|---|---|---|---|"]
+        lines += absorbed
     missing = []
     for (task, unit), rows in cells.items():
         done = {r["seed"] for r in rows}
