@@ -40,11 +40,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
+    get_state_dict,
     set_optimizer_state_dict,
+    set_state_dict,
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from tqdm import tqdm
@@ -53,12 +56,14 @@ import attention
 import config
 from attention import TagIds
 from model import (
+    SHARDED_FOLDER,
     frozen_copy,
     load_model,
     load_torch_file,
     mode_from_config,
     read_checkpoint_config,
     resolve_preset,
+    sharded_checkpoint,
 )
 
 TRUE_WORDS = config.TRUE_WORDS
@@ -89,6 +94,7 @@ class RunFlags:
     allow_changes: str = ""              # a resume may change these settings: "kl_coef,lr"
     keep_last: config.NonNegativeInt = 2       # checkpoints kept in out_dir (0 = all)
     save_every_minutes: config.NonNegativeFloat = 0.0   # also save once this long since the last
+    checkpoint: config.CheckpointKind = "full"   # full (rank 0), sharded, async (Run.save)
     wandb_project: str = ""              # also log log.jsonl's rows to Weights & Biases (wandb)
     dist_timeout_minutes: config.PositiveFloat = DIST_TIMEOUT_MINUTES   # a collective's wait
 
@@ -238,17 +244,43 @@ def checkpoints(folder: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = None,
-                    state_dict: dict | None = None) -> str:
-    """Write `model`, `tokenizer` (Hugging Face format) and `trainer_state` (trainer_state.pt) to
-    folder `path` atomically: a temporary sibling is renamed, and an old `path` is put back on
-    failure. `state_dict`: the gathered weights of an FSDP2 model. Returns `path`."""
-    path = os.path.abspath(path)
-    parent, name = os.path.split(path)
+def new_folder_beside(path: str) -> str:
+    """A new empty folder beside `path` (.tmp-<name>-<random>) to write a checkpoint into before
+    `publish` gives it its name."""
+    parent, name = os.path.split(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=parent)
     os.chmod(tmp, 0o755)                           # mkdtemp makes it private; a checkpoint is not
+    return tmp
+
+
+def publish(tmp: str, path: str) -> None:
+    """Give the written folder `tmp` its name `path` (a sibling) by a rename: a reader sees the
+    whole checkpoint or none. An old `path` is moved aside first, put back if the second rename
+    fails, and deleted after it."""
+    parent, name = os.path.split(os.path.abspath(path))
     old = None
+    try:
+        if os.path.exists(path):
+            old = tempfile.mkdtemp(prefix=f".old-{name}-", dir=parent)
+            os.rmdir(old)
+            os.replace(path, old)
+        os.replace(tmp, path)
+    except BaseException:
+        if old and os.path.exists(old) and not os.path.exists(path):
+            os.replace(old, path)                  # failed between the two renames: put it back
+        raise
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = None,
+                    state_dict: dict | None = None) -> str:
+    """Write `model`, `tokenizer` (Hugging Face format) and `trainer_state` (trainer_state.pt) to
+    folder `path` atomically: a temporary sibling is renamed (`publish`). `state_dict`: the
+    gathered weights of an FSDP2 model. Returns `path`."""
+    path = os.path.abspath(path)
+    tmp = new_folder_beside(path)
     try:
         unwrapped = getattr(model, "module", model)
         tied = getattr(unwrapped.config, "tie_word_embeddings", False)
@@ -258,16 +290,8 @@ def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = No
         tokenizer.save_pretrained(tmp)
         if trainer_state is not None:
             torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
-        if os.path.exists(path):
-            old = tempfile.mkdtemp(prefix=f".old-{name}-", dir=parent)
-            os.rmdir(old)
-            os.replace(path, old)
-        os.replace(tmp, path)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
+        publish(tmp, path)
     except BaseException:
-        if old and os.path.exists(old) and not os.path.exists(path):
-            os.replace(old, path)                  # failed between the two renames: put it back
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
@@ -316,7 +340,7 @@ def resume_path(cfg) -> str:
 # moves with it (`restore` says so). Memory settings change the sums' order, not the expectation.
 FREE_ON_RESUME = frozenset({
     "max_steps", "epochs", "max_time", "out_dir", "resume", "allow_changes", "keep_last",
-    "save_every", "log_every", "wandb_project", "dist_timeout_minutes",
+    "save_every", "log_every", "wandb_project", "dist_timeout_minutes", "checkpoint",
     "fsdp", "grad_checkpointing", "logit_chunk_tokens", "micro_batch_size", "micro_batch_tokens",
     "generate_batch_size",
     "eval_data", "eval_every", "eval_samples", "eval_k", "eval_temperature", "logprob_check_steps"})
@@ -607,6 +631,10 @@ class Run:
     t_start: float = 0.0
     t_saved: float = 0.0                   # when the last checkpoint was written (or the start)
     bar: object = None
+    pending_save: object = None            # --checkpoint=async: the save being written (a Future)
+    publisher: threading.Thread | None = None   # ... and, on rank 0, what names it when written
+    save_error: BaseException | None = None     # what the publisher raised
+    save_group: object = None              # the gloo group async saves talk over (`save_sharded`)
 
     def log(self, *args):
         if self.dist.is_main:
@@ -622,10 +650,12 @@ class Run:
             self.wandb.log(row, step=row["step"])
 
     def close(self):
-        """End the run: drop the rank wrapper first, then (rank 0) the log, the lock, wandb. DDP's
+        """End the run: wait for an async save in flight (`wait_for_save`), drop the rank wrapper,
+        then (rank 0) close the log, the lock, wandb. DDP's
         reducer must not hold the process group's last reference when `distributed()` destroys
         it: its destructor, run holding the GIL, waits for gloo's threads, and one of those may
         wait for the GIL (a hang at exit, seen under load: pytorch #56297)."""
+        self.wait_for_save()
         self.train_model = None
         if not self.dist.is_main:
             return
@@ -728,10 +758,28 @@ class Run:
 
     def save(self, rng: dict | None = None, **trainer_state) -> str | None:
         """out_dir/checkpoint-<step> with the optimizer, schedule, RNGs (`rng`, else as they are
-        now) and the caller's state; every rank calls it (FSDP gathers the full state dicts to
-        rank 0 first). Then the keep_last newest stay. Returns the path (on rank 0)."""
+        now) and the caller's state, as --checkpoint says: full (`save_full`: rank 0 writes one
+        Hugging Face folder), sharded or async (`save_sharded`: each rank its shards). An async
+        save still in flight is waited for first. Every rank calls it. Then the keep_last newest
+        stay. Returns the path (on rank 0; an async save's appears there once written)."""
+        self.wait_for_save()
         cfg = self.cfg
         path = os.path.join(cfg.out_dir, f"checkpoint-{self.step}")
+        state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state,
+                     rng=rng or rng_state(), scheduler=self.scheduler.state_dict())
+        if cfg.checkpoint == "full":
+            self.save_full(path, state)
+        else:
+            self.save_sharded(path, state)
+        self.t_saved = time.monotonic()
+        self.saved_step = self.step
+        return path if self.dist.is_main else None
+
+    def save_full(self, path: str, state: dict) -> None:
+        """One Hugging Face folder written by rank 0, the optimizer in trainer_state.pt: FSDP
+        gathers the full state dicts to rank 0's host memory first (Qwen3-4B: 48 GB through one
+        process); the other ranks wait at a barrier."""
+        cfg = self.cfg
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         if cfg.fsdp:
             model_state = {"state_dict": get_model_state_dict(self.train_model, options=options)}
@@ -741,18 +789,84 @@ class Run:
             model_state = {}
             optimizer_state = self.optimizer.state_dict()
         if self.dist.is_main:
-            state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state,
-                         rng=rng or rng_state(), scheduler=self.scheduler.state_dict(),
-                         optimizer=optimizer_state)
+            state["optimizer"] = optimizer_state
             save_checkpoint(path, self.train_model, self.tokenizer, state, **model_state)
-            if cfg.keep_last > 0:
-                for _, old in checkpoints(cfg.out_dir)[:-cfg.keep_last]:
-                    shutil.rmtree(old, ignore_errors=True)
+            self.prune()
         if dist.is_initialized():
             dist.barrier()
-        self.t_saved = time.monotonic()
-        self.saved_step = self.step
-        return path if self.dist.is_main else None
+
+    def save_sharded(self, path: str, state: dict) -> None:
+        """--checkpoint=sharded|async: every rank writes its own shards of the weights and the
+        AdamW state (torch.distributed.checkpoint, `get_state_dict`) into path/dcp, one file a
+        rank, no gather; rank 0 the architecture, the tokenizer and trainer_state.pt (no optimizer
+        in it). The folder takes its name once every shard is written (`publish`): a reader sees
+        the whole checkpoint or the previous one. model.load_model reads it as it reads a full
+        one (eval.py --model=<it>); `restore` resumes from it exactly. async: dcp.async_save
+        copies the shards to host memory here and writes them in a background thread while
+        training goes on, talking over a gloo group of its own (NCCL cannot carry it, and the
+        training's group must not be used from two threads); `wait_for_save` ends it."""
+        tmp = [new_folder_beside(path) if self.dist.is_main else None]
+        if dist.is_initialized():
+            dist.broadcast_object_list(tmp, src=0)         # every rank writes into rank 0's
+        tmp = tmp[0]
+        model_state, optimizer_state = get_state_dict(self.train_model, self.optimizer)
+        shards = {"model": model_state, "optimizer": optimizer_state}
+        if self.dist.is_main:
+            self.model.config.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            torch.save(state, os.path.join(tmp, "trainer_state.pt"))
+        target = os.path.join(tmp, SHARDED_FOLDER)
+        if self.cfg.checkpoint == "sharded":
+            dcp.save(shards, checkpoint_id=target)
+            if self.dist.is_main:
+                publish(tmp, path)
+                self.prune()
+            if dist.is_initialized():
+                dist.barrier()
+            return
+        if self.save_group is None and dist.is_initialized():
+            self.save_group = dist.new_group(backend="gloo")
+        self.pending_save = dcp.async_save(shards, checkpoint_id=target,
+                                           process_group=self.save_group)
+        if self.dist.is_main:
+            self.publisher = threading.Thread(target=self.publish_when_written,
+                                              args=(self.pending_save, tmp, path))
+            self.publisher.start()
+
+    def publish_when_written(self, written, tmp: str, path: str) -> None:
+        """Rank 0's thread beside an async save: once `written` (dcp.async_save's Future: done on
+        rank 0 after every rank's shards and the metadata are on disk) is done, name the folder
+        and prune; what fails is kept for `wait_for_save` to raise."""
+        try:
+            written.result()
+            publish(tmp, path)
+            self.prune()
+        except BaseException as e:
+            self.save_error = e
+
+    def wait_for_save(self) -> None:
+        """Wait for the async save in flight, if any, to be written and (rank 0) named: before the
+        next save, at the end of the run (Run.close), and so before a signal's save. Raises what
+        the writing raised."""
+        if self.pending_save is None:
+            return
+        written = self.pending_save
+        self.pending_save = None
+        written.result()
+        if self.publisher is not None:
+            self.publisher.join()
+            self.publisher = None
+        if self.save_error is not None:
+            error = self.save_error
+            self.save_error = None
+            raise error
+
+    def prune(self) -> None:
+        """Rank 0: delete all but the keep_last newest checkpoints (0: keep all)."""
+        keep_last = self.cfg.keep_last
+        if keep_last > 0:
+            for _, old in checkpoints(self.cfg.out_dir)[:-keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def rng_state() -> dict:
@@ -982,7 +1096,9 @@ def restore(run: Run, lr_lambda) -> None:
     the lr of the next step is this run's --lr and schedule."""
     cfg = run.cfg
     run.state = load_trainer_state(run.resume)
-    if cfg.fsdp:
+    if sharded_checkpoint(run.resume):
+        load_shards(run)
+    elif cfg.fsdp:
         set_optimizer_state_dict(run.train_model, run.optimizer, run.state["optimizer"],
                                  options=StateDictOptions(full_state_dict=True))
     else:
@@ -999,6 +1115,17 @@ def restore(run: Run, lr_lambda) -> None:
                 f"{new_lr:.3g}, not the checkpoint's {stored_lr:.3g}")
     run.step = run.state["step"]
     set_rng_state(run.state["rng"])
+
+
+def load_shards(run: Run) -> None:
+    """The weights and the AdamW state of a sharded checkpoint (Run.save_sharded) into
+    run.train_model and run.optimizer: each rank reads the parts its own shards hold (DCP
+    reshards when the rank count changed). The values are those saved, bit for bit."""
+    model_state, optimizer_state = get_state_dict(run.train_model, run.optimizer)
+    shards = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(shards, checkpoint_id=os.path.join(run.resume, SHARDED_FOLDER))
+    set_state_dict(run.train_model, run.optimizer, model_state_dict=shards["model"],
+                   optim_state_dict=shards["optimizer"])
 
 
 def open_out_dir(run: Run, reads_model_again: bool) -> None:
