@@ -72,14 +72,16 @@ def test_an_async_save_is_whole_before_the_next_save_and_at_the_end(tmp_path):
     next step ends: when training returns, checkpoint-2 and checkpoint-3 are there, whole, and
     hold the weights of the same run's synchronous sharded checkpoints bit for bit (so the shards
     were copied before training changed them); checkpoint-1 was pruned, no temporary folder is
-    left."""
+    left; and as each save began, the one before it was there under its name."""
     model, tok = small_model()
     init = save_checkpoint(str(tmp_path / "init"), model, tok)
     torchrun_two_ranks(__file__, "async", str(tmp_path), init)
     with open(tmp_path / "at_return.json") as f:
         at_return = json.load(f)
-    assert at_return == [".lock-free", "checkpoint-2", "checkpoint-3", "log.jsonl",
-                         "settings.json"], at_return
+    with open(tmp_path / "at_save.json") as f:
+        at_save = json.load(f)
+    assert at_save == [[1, []], [2, ["checkpoint-1"]], [3, ["checkpoint-1", "checkpoint-2"]]]
+    assert at_return == ["checkpoint-2", "checkpoint-3", "log.jsonl", "settings.json"], at_return
     for step in (2, 3):
         got = tmp_path / "async" / f"checkpoint-{step}"
         assert sharded_checkpoint(str(got))
@@ -113,12 +115,21 @@ def worker(mode: str, folder: str, init: str) -> None:
               records=records)
     slow_writes()
     out_dir = os.path.join(folder, "async")
+    at_save = []
+    real_save = plumbing.Run.save_sharded
+
+    def recording_save(run, path, state):      # the checkpoints there as each save begins
+        names = [os.path.basename(p) for _, p in plumbing.checkpoints(out_dir)]
+        at_save.append([run.step, names])
+        return real_save(run, path, state)
+
+    plumbing.Run.save_sharded = recording_save
     sft.train(config(init, out_dir, checkpoint="async", **settings), records=records)
     if int(os.environ["RANK"]) == 0:      # what is there the moment training returns
-        names = sorted(os.listdir(out_dir))
-        names = [".lock-free", *names] if ".lock" not in names else names
         with open(os.path.join(folder, "at_return.json"), "w") as f:
-            json.dump(names, f)
+            json.dump(sorted(os.listdir(out_dir)), f)
+        with open(os.path.join(folder, "at_save.json"), "w") as f:
+            json.dump(at_save, f)
 
 
 if __name__ == "__main__":                   # the torchrun worker of the tests above
