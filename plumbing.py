@@ -8,7 +8,9 @@
   an exact resume), the loop's bookkeeping (`Run.steps` and `Run.end_step`: log, evaluate, save
   every --save_every steps or --save_every_minutes; stop at --max_time, or on SIGINT/SIGTERM with
   the last completed step saved, `Run.abandon_step` when the trainer stopped the step in flight),
-  `Run.save` (checkpoint-<step> with the trainer state); GRPO's start checkpoint, each rank's
+  `Run.save` (checkpoint-<step> with the trainer state: --checkpoint=full, one folder from rank
+  0; sharded, each rank's shards; async, the shards written while training goes on, waited for
+  by the next save and at the end: `Run.wait_for_save`); GRPO's start checkpoint, each rank's
   places in the batch (`rank_places`), the rollout seeds, the frozen sampler copy and KL
   reference (`frozen_models`) and the FSDP rollout copy's refresh;
 * run folders: checkpoint naming, `--resume`, a lock per out_dir, moving an earlier run aside
