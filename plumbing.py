@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
@@ -78,6 +79,12 @@ FALSE_WORDS = ("", *config.FALSE_WORDS)
 # while the node's ranks load the model in turn (load_run). A real hang then costs this long.
 DIST_TIMEOUT_MINUTES = 30.0
 SECONDS_PER_MINUTE = 60.0
+
+# torch.distributed.checkpoint warns at every save and load of a process without a process group
+# that it is "assuming the intent is to save in a single process": a one-process run with
+# --checkpoint=sharded|async means that. (A filter for good: an async save warns in its thread.)
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or "
+                        "uninitialized, assuming the intent")
 
 
 @dataclass

@@ -88,6 +88,21 @@ def test_an_async_save_is_whole_before_the_next_save_and_at_the_end(tmp_path):
         assert same(weights(got), weights(tmp_path / "sync" / f"checkpoint-{step}")), step
 
 
+def test_one_process_saves_async_and_resumes_from_its_shards(tmp_path):
+    """Without torchrun (no process group: DCP writes and reads alone), 4 steps with an async
+    checkpoint at steps 2 and 4, and a resume from checkpoint-2: equal bit for bit."""
+    model, tok = small_model()
+    init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    records = make_records(16)
+    settings = dict(max_steps=STEPS, keep_last=0, save_every=2, checkpoint="async")
+    sft.train(config(init, tmp_path / "a", **settings), records=records)
+    sft.train(config(init, tmp_path / "b", resume=str(tmp_path / "a" / "checkpoint-2"),
+                     **settings), records=records)
+    assert sharded_checkpoint(str(tmp_path / "a" / "checkpoint-2"))
+    assert same(weights(tmp_path / "a" / "checkpoint-4"), weights(tmp_path / "b" / "checkpoint-4"))
+    assert losses(tmp_path / "b") == losses(tmp_path / "a")[2:]
+
+
 def slow_writes() -> None:
     """Every shard write (in the async save's thread) first sleeps SLOW_WRITE_SECONDS."""
     real = filesystem._FileSystemWriter.write_data
