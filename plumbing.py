@@ -660,10 +660,10 @@ class Run:
 
     def close(self):
         """End the run: wait for an async save in flight (`wait_for_save`), drop the rank wrapper,
-        then (rank 0) close the log, the lock, wandb. DDP's
-        reducer must not hold the process group's last reference when `distributed()` destroys
-        it: its destructor, run holding the GIL, waits for gloo's threads, and one of those may
-        wait for the GIL (a hang at exit, seen under load: pytorch #56297)."""
+        then (rank 0) close the log, the lock, wandb. DDP's reducer must not hold the process
+        group's last reference when `distributed()` destroys it: its destructor, run holding the
+        GIL, waits for gloo's threads, and one of those may wait for the GIL (a hang at exit, seen
+        under load: pytorch #56297)."""
         self.wait_for_save()
         self.train_model = None
         if not self.dist.is_main:
