@@ -20,6 +20,7 @@
 
 As nanochat keeps `common.py` and `checkpoint_manager.py` beside `chat_sft.py` and `chat_rl.py`.
 """
+import concurrent.futures
 import dataclasses
 import datetime
 import functools
@@ -121,6 +122,7 @@ class Dist:
     rank: int
     world_size: int
     device: torch.device
+    saves_in_flight: list = field(default_factory=list)   # async saves' Futures (Run.save_sharded)
 
     @property
     def is_main(self) -> bool:
@@ -145,7 +147,7 @@ def distributed(timeout_minutes: float = DIST_TIMEOUT_MINUTES):
     exists, and tear it down at the end if this call made it. Without RANK: one process, the
     collectives are no-ops. A collective that waits longer than `timeout_minutes` (--
     dist_timeout_minutes) fails the run. On CUDA, first `use_expandable_segments`. Yields a
-    Dist."""
+    Dist. At the end, also when the run raised, async saves still in flight are waited for."""
     owns_group = not dist.is_initialized()
     cuda = torch.cuda.is_available()
     use_expandable_segments(cuda)
@@ -164,6 +166,9 @@ def distributed(timeout_minutes: float = DIST_TIMEOUT_MINUTES):
     try:
         yield d
     finally:
+        # an async save still being written when training raised: let it finish (and be named)
+        # before the exception leaves, and before the process groups it talks over are destroyed
+        concurrent.futures.wait(d.saves_in_flight)
         if owns_group and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
@@ -640,10 +645,8 @@ class Run:
     t_start: float = 0.0
     t_saved: float = 0.0                   # when the last checkpoint was written (or the start)
     bar: object = None
-    pending_save: object = None            # --checkpoint=async: the save being written (a Future)
-    publisher: threading.Thread | None = None   # ... and, on rank 0, what names it when written
-    save_error: BaseException | None = None     # what the publisher raised
-    save_group: object = None              # the gloo group async saves talk over (`save_sharded`)
+    pending_save: concurrent.futures.Future | None = None   # --checkpoint=async: the save in
+    save_group: object = None              # flight; the gloo group it talks over (`save_sharded`)
 
     def log(self, *args):
         if self.dist.is_main:
@@ -835,23 +838,13 @@ class Run:
             return
         if self.save_group is None and dist.is_initialized():
             self.save_group = dist.new_group(backend="gloo")
-        self.pending_save = dcp.async_save(shards, checkpoint_id=target,
-                                           process_group=self.save_group)
-        if self.dist.is_main:
-            self.publisher = threading.Thread(target=self.publish_when_written,
-                                              args=(self.pending_save, tmp, path))
-            self.publisher.start()
-
-    def publish_when_written(self, written, tmp: str, path: str) -> None:
-        """Rank 0's thread beside an async save: once `written` (dcp.async_save's Future: done on
-        rank 0 after every rank's shards and the metadata are on disk) is done, name the folder
-        and prune; what fails is kept for `wait_for_save` to raise."""
-        try:
-            written.result()
-            publish(tmp, path)
-            self.prune()
-        except BaseException as e:
-            self.save_error = e
+        written = dcp.async_save(shards, checkpoint_id=target, process_group=self.save_group)
+        self.pending_save = written
+        if self.dist.is_main:                      # rank 0's is done once the folder is named
+            self.pending_save = concurrent.futures.Future()
+            threading.Thread(target=publish_when_written,
+                             args=(written, self.pending_save, tmp, path, self.prune)).start()
+        self.dist.saves_in_flight.append(self.pending_save)
 
     def wait_for_save(self) -> None:
         """Wait for the async save in flight, if any, to be written and (rank 0) named: before the
@@ -859,16 +852,10 @@ class Run:
         the writing raised."""
         if self.pending_save is None:
             return
-        written = self.pending_save
+        saving = self.pending_save
         self.pending_save = None
-        written.result()
-        if self.publisher is not None:
-            self.publisher.join()
-            self.publisher = None
-        if self.save_error is not None:
-            error = self.save_error
-            self.save_error = None
-            raise error
+        self.dist.saves_in_flight.remove(saving)
+        saving.result()
 
     def prune(self) -> None:
         """Rank 0: delete all but the keep_last newest checkpoints (0: keep all)."""
@@ -876,6 +863,21 @@ class Run:
         if keep_last > 0:
             for _, old in checkpoints(self.cfg.out_dir)[:-keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def publish_when_written(written, named: concurrent.futures.Future, tmp: str, path: str,
+                         prune) -> None:
+    """Rank 0's thread beside an async save: once `written` (dcp.async_save's Future: done after
+    every rank's shards and the metadata are on disk) is done, name the folder (`publish`),
+    `prune()`, and end the Future `named` with the path, or with what failed."""
+    try:
+        written.result()
+        publish(tmp, path)
+        prune()
+    except BaseException as e:
+        named.set_exception(e)
+        return
+    named.set_result(path)
 
 
 def rng_state() -> dict:

@@ -72,16 +72,19 @@ def test_an_async_save_is_whole_before_the_next_save_and_at_the_end(tmp_path):
     next step ends: when training returns, checkpoint-2 and checkpoint-3 are there, whole, and
     hold the weights of the same run's synchronous sharded checkpoints bit for bit (so the shards
     were copied before training changed them); checkpoint-1 was pruned, no temporary folder is
-    left; and as each save began, the one before it was there under its name."""
+    left; and as each save began, the one before it was there under its name. A run whose step
+    2 raises while step 1's save is being written leaves checkpoint-1 named when the error
+    leaves sft.train (plumbing.distributed waits for it)."""
     model, tok = small_model()
     init = save_checkpoint(str(tmp_path / "init"), model, tok)
     torchrun_two_ranks(__file__, "async", str(tmp_path), init)
     with open(tmp_path / "at_return.json") as f:
-        at_return = json.load(f)
+        assert json.load(f) == ["checkpoint-2", "checkpoint-3", "log.jsonl", "settings.json"]
     with open(tmp_path / "at_save.json") as f:
         at_save = json.load(f)
     assert at_save == [[1, []], [2, ["checkpoint-1"]], [3, ["checkpoint-1", "checkpoint-2"]]]
-    assert at_return == ["checkpoint-2", "checkpoint-3", "log.jsonl", "settings.json"], at_return
+    with open(tmp_path / "at_failure.json") as f:
+        assert json.load(f) == ["checkpoint-1"]
     for step in (2, 3):
         got = tmp_path / "async" / f"checkpoint-{step}"
         assert sharded_checkpoint(str(got))
@@ -145,6 +148,25 @@ def worker(mode: str, folder: str, init: str) -> None:
             json.dump(sorted(os.listdir(out_dir)), f)
         with open(os.path.join(folder, "at_save.json"), "w") as f:
             json.dump(at_save, f)
+    plumbing.Run.save_sharded = real_save
+    real_step = sft.sft_step
+
+    def failing_step(run, examples, stream):
+        if run.step == 2:
+            raise ValueError("step 2 fails")
+        return real_step(run, examples, stream)
+
+    sft.sft_step = failing_step
+    failing = os.path.join(folder, "failing")
+    try:
+        sft.train(config(init, failing, checkpoint="async", **settings), records=records)
+    except ValueError:
+        names = [os.path.basename(p) for _, p in plumbing.checkpoints(failing)]
+    else:
+        raise AssertionError("step 2 did not fail")
+    if int(os.environ["RANK"]) == 0:      # what is there the moment the error leaves train
+        with open(os.path.join(folder, "at_failure.json"), "w") as f:
+            json.dump(names, f)
 
 
 if __name__ == "__main__":                   # the torchrun worker of the tests above
