@@ -72,6 +72,10 @@ PositiveFloat = Annotated[float, Range(low=0, low_open=True)]
 UnitInterval = Annotated[float, Range(low=0, high=1)]        # a share or a probability
 Seed = Annotated[int, Range(low=0, high=2**32 - 1)]          # what numpy and torch seeding accept
 AdamBetas = Annotated[tuple[float, float], Range(low=0, high=1, high_open=True)]
+# How a trainer writes a checkpoint (plumbing.Run.save): full = rank 0 gathers one Hugging Face
+# folder; sharded = every rank writes its own shards (torch.distributed.checkpoint); async = the
+# shards are copied to host memory and written while training goes on.
+CheckpointKind = Literal["full", "sharded", "async"]
 
 
 def true_or_false(text: str) -> bool:

@@ -2,7 +2,7 @@
 
     model, tokenizer = load_model("tiny")                     # ~1M-parameter Qwen3, characters
     model, tokenizer = load_model("Qwen/Qwen3-4B-Base")       # a hub name (the hub or its cache)
-    model, tokenizer = load_model("runs/sft/checkpoint-400")  # a local folder
+    model, tokenizer = load_model("runs/sft/checkpoint-400")  # a local folder (or its shards)
 
 The tags become special tokens, one id each. Each new embedding row starts at the mean of the rows
 of its text's pieces plus small noise: rows left identical make the tags unlearnable (NOTES.md §1).
@@ -18,9 +18,11 @@ import socket
 import string
 import urllib.parse
 import urllib.request
+import warnings
 from typing import Literal, get_args
 
 import torch
+import torch.distributed.checkpoint as dcp
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
@@ -60,6 +62,7 @@ OFFLINE_VALUES = ("1", "on", "yes", "true")      # what huggingface_hub reads as
 DEFAULT_PORTS = {"http": 80, "https": 443}
 STANDARD_CONFIG_FILES = ("tokenizer.json", "tokenizer_config.json")
 WEIGHT_FILES = ("*.safetensors", "*.bin")        # what from_pretrained reads weights from
+SHARDED_FOLDER = "dcp"          # a sharded checkpoint's model and optimizer (plumbing.Run.save)
 TOKENIZER_FOR = "--model=tiny or a folder holding only a config.json"   # where --tokenizer counts
 
 
@@ -124,10 +127,19 @@ def looks_like_a_path(name: str) -> bool:
     return os.sep != "/" and os.sep in name
 
 
+def sharded_checkpoint(name: str) -> bool:
+    """Whether `name` is a checkpoint folder whose weights are torch.distributed.checkpoint
+    shards (--checkpoint=sharded|async: name/dcp, one file a rank, and its .metadata)."""
+    return os.path.isfile(os.path.join(name, SHARDED_FOLDER, ".metadata"))
+
+
 def config_only(name: str) -> bool:
     """Whether `name` is a folder holding a config.json and no weights: an architecture, which
-    load_model builds with random weights (on --tokenizer's tokenizer if the folder has none)."""
+    load_model builds with random weights (on --tokenizer's tokenizer if the folder has none).
+    A sharded checkpoint has weights (`sharded_checkpoint`)."""
     if not os.path.isfile(os.path.join(name, "config.json")):
+        return False
+    if sharded_checkpoint(name):
         return False
     return not any(glob.glob(os.path.join(name, pattern)) for pattern in WEIGHT_FILES)
 
@@ -261,6 +273,30 @@ def build_random_model(folder: str, tokenizer: str | None, seed: int, attn_imple
     return model, tok
 
 
+def load_sharded(folder: str, attn_implementation: str):
+    """(model, tokenizer) of a sharded checkpoint (`sharded_checkpoint`), in fp32: the folder's
+    architecture, then its shards read whole by this process alone (no collective: under torchrun
+    the ranks load in turns, plumbing.load_in_turns), as DCP reshards them into full tensors.
+    OSError naming the folder when the shards cannot be read."""
+    from transformers import AutoConfig
+
+    check_model_name(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    architecture = AutoConfig.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_config(architecture, attn_implementation=attn_implementation,
+                                             dtype=torch.float32)
+    state = {"model": model.state_dict()}                # its tensors are filled in place
+    try:
+        with warnings.catch_warnings():        # "assuming the intent is to load in a single
+            warnings.simplefilter("ignore")    # process": it is
+            dcp.load(state, checkpoint_id=os.path.join(folder, SHARDED_FOLDER), no_dist=True)
+    except Exception as e:        # a shard missing or truncated: DCP's error names no folder
+        raise OSError(f"cannot load the sharded weights in {folder!r} ({type(e).__name__}: {e}); "
+                      "the checkpoint may be damaged (or still being written): pass another "
+                      "checkpoint") from None
+    return model, tokenizer
+
+
 def load_pretrained(name: str, dtype: torch.dtype, attn_implementation: str):
     """(model, tokenizer) of a folder or a hub name, with errors that say what to do."""
     check_model_name(name)
@@ -312,6 +348,8 @@ def load_model(name_or_path: str, dtype: torch.dtype | None = None, device=None,
     elif tokenizer:
         raise ValueError(f"--tokenizer={tokenizer}: --model={name_or_path} brings its own "
                          f"tokenizer; --tokenizer is for {TOKENIZER_FOR}")
+    elif sharded_checkpoint(name_or_path):
+        model, tok = load_sharded(name_or_path, attn_implementation)
     else:
         model, tok = load_pretrained(name_or_path, dtype, attn_implementation)
     if tok.pad_token is None:

@@ -8,7 +8,9 @@
   an exact resume), the loop's bookkeeping (`Run.steps` and `Run.end_step`: log, evaluate, save
   every --save_every steps or --save_every_minutes; stop at --max_time, or on SIGINT/SIGTERM with
   the last completed step saved, `Run.abandon_step` when the trainer stopped the step in flight),
-  `Run.save` (checkpoint-<step> with the trainer state); GRPO's start checkpoint, each rank's
+  `Run.save` (checkpoint-<step> with the trainer state: --checkpoint=full, one folder from rank
+  0; sharded, each rank's shards; async, the shards written while training goes on, waited for
+  by the next save and at the end: `Run.wait_for_save`); GRPO's start checkpoint, each rank's
   places in the batch (`rank_places`), the rollout seeds, the frozen sampler copy and KL
   reference (`frozen_models`) and the FSDP rollout copy's refresh;
 * run folders: checkpoint naming, `--resume`, a lock per out_dir, moving an earlier run aside
@@ -18,6 +20,7 @@
 
 As nanochat keeps `common.py` and `checkpoint_manager.py` beside `chat_sft.py` and `chat_rl.py`.
 """
+import concurrent.futures
 import dataclasses
 import datetime
 import functools
@@ -34,17 +37,21 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
+    get_state_dict,
     set_optimizer_state_dict,
+    set_state_dict,
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from tqdm import tqdm
@@ -53,12 +60,14 @@ import attention
 import config
 from attention import TagIds
 from model import (
+    SHARDED_FOLDER,
     frozen_copy,
     load_model,
     load_torch_file,
     mode_from_config,
     read_checkpoint_config,
     resolve_preset,
+    sharded_checkpoint,
 )
 
 TRUE_WORDS = config.TRUE_WORDS
@@ -71,6 +80,12 @@ FALSE_WORDS = ("", *config.FALSE_WORDS)
 # while the node's ranks load the model in turn (load_run). A real hang then costs this long.
 DIST_TIMEOUT_MINUTES = 30.0
 SECONDS_PER_MINUTE = 60.0
+
+# torch.distributed.checkpoint warns at every save and load of a process without a process group
+# that it is "assuming the intent is to save in a single process": a one-process run with
+# --checkpoint=sharded|async means that. (A filter for good: an async save warns in its thread.)
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or "
+                        "uninitialized, assuming the intent")
 
 
 @dataclass
@@ -89,6 +104,7 @@ class RunFlags:
     allow_changes: str = ""              # a resume may change these settings: "kl_coef,lr"
     keep_last: config.NonNegativeInt = 2       # checkpoints kept in out_dir (0 = all)
     save_every_minutes: config.NonNegativeFloat = 0.0   # also save once this long since the last
+    checkpoint: config.CheckpointKind = "full"   # full (rank 0), sharded, async (Run.save)
     wandb_project: str = ""              # also log log.jsonl's rows to Weights & Biases (wandb)
     dist_timeout_minutes: config.PositiveFloat = DIST_TIMEOUT_MINUTES   # a collective's wait
 
@@ -106,6 +122,7 @@ class Dist:
     rank: int
     world_size: int
     device: torch.device
+    saves_in_flight: list = field(default_factory=list)   # async saves' Futures (Run.save_sharded)
 
     @property
     def is_main(self) -> bool:
@@ -130,7 +147,7 @@ def distributed(timeout_minutes: float = DIST_TIMEOUT_MINUTES):
     exists, and tear it down at the end if this call made it. Without RANK: one process, the
     collectives are no-ops. A collective that waits longer than `timeout_minutes` (--
     dist_timeout_minutes) fails the run. On CUDA, first `use_expandable_segments`. Yields a
-    Dist."""
+    Dist. At the end, also when the run raised, async saves still in flight are waited for."""
     owns_group = not dist.is_initialized()
     cuda = torch.cuda.is_available()
     use_expandable_segments(cuda)
@@ -149,6 +166,9 @@ def distributed(timeout_minutes: float = DIST_TIMEOUT_MINUTES):
     try:
         yield d
     finally:
+        # an async save still being written when training raised: let it finish (and be named)
+        # before the exception leaves, and before the process groups it talks over are destroyed
+        concurrent.futures.wait(d.saves_in_flight)
         if owns_group and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
@@ -238,17 +258,43 @@ def checkpoints(folder: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = None,
-                    state_dict: dict | None = None) -> str:
-    """Write `model`, `tokenizer` (Hugging Face format) and `trainer_state` (trainer_state.pt) to
-    folder `path` atomically: a temporary sibling is renamed, and an old `path` is put back on
-    failure. `state_dict`: the gathered weights of an FSDP2 model. Returns `path`."""
-    path = os.path.abspath(path)
-    parent, name = os.path.split(path)
+def new_folder_beside(path: str) -> str:
+    """A new empty folder beside `path` (.tmp-<name>-<random>) to write a checkpoint into before
+    `publish` gives it its name."""
+    parent, name = os.path.split(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=parent)
     os.chmod(tmp, 0o755)                           # mkdtemp makes it private; a checkpoint is not
+    return tmp
+
+
+def publish(tmp: str, path: str) -> None:
+    """Give the written folder `tmp` its name `path` (a sibling) by a rename: a reader sees the
+    whole checkpoint or none. An old `path` is moved aside first, put back if the second rename
+    fails, and deleted after it."""
+    parent, name = os.path.split(os.path.abspath(path))
     old = None
+    try:
+        if os.path.exists(path):
+            old = tempfile.mkdtemp(prefix=f".old-{name}-", dir=parent)
+            os.rmdir(old)
+            os.replace(path, old)
+        os.replace(tmp, path)
+    except BaseException:
+        if old and os.path.exists(old) and not os.path.exists(path):
+            os.replace(old, path)                  # failed between the two renames: put it back
+        raise
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = None,
+                    state_dict: dict | None = None) -> str:
+    """Write `model`, `tokenizer` (Hugging Face format) and `trainer_state` (trainer_state.pt) to
+    folder `path` atomically: a temporary sibling is renamed (`publish`). `state_dict`: the
+    gathered weights of an FSDP2 model. Returns `path`."""
+    path = os.path.abspath(path)
+    tmp = new_folder_beside(path)
     try:
         unwrapped = getattr(model, "module", model)
         tied = getattr(unwrapped.config, "tie_word_embeddings", False)
@@ -258,16 +304,8 @@ def save_checkpoint(path: str, model, tokenizer, trainer_state: dict | None = No
         tokenizer.save_pretrained(tmp)
         if trainer_state is not None:
             torch.save(trainer_state, os.path.join(tmp, "trainer_state.pt"))
-        if os.path.exists(path):
-            old = tempfile.mkdtemp(prefix=f".old-{name}-", dir=parent)
-            os.rmdir(old)
-            os.replace(path, old)
-        os.replace(tmp, path)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
+        publish(tmp, path)
     except BaseException:
-        if old and os.path.exists(old) and not os.path.exists(path):
-            os.replace(old, path)                  # failed between the two renames: put it back
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
@@ -317,7 +355,7 @@ def resume_path(cfg) -> str:
 # generate_batch_size not even a sample (per-prompt seeding: measured, only logp_old's rounding).
 FREE_ON_RESUME = frozenset({
     "max_steps", "epochs", "max_time", "out_dir", "resume", "allow_changes", "keep_last",
-    "save_every", "log_every", "wandb_project", "dist_timeout_minutes",
+    "save_every", "log_every", "wandb_project", "dist_timeout_minutes", "checkpoint",
     "fsdp", "grad_checkpointing", "logit_chunk_tokens", "micro_batch_size", "micro_batch_tokens",
     "generate_batch_size",
     "eval_data", "eval_every", "eval_samples", "eval_k", "eval_temperature", "logprob_check_steps"})
@@ -617,6 +655,8 @@ class Run:
     t_start: float = 0.0
     t_saved: float = 0.0                   # when the last checkpoint was written (or the start)
     bar: object = None
+    pending_save: concurrent.futures.Future | None = None   # --checkpoint=async: the save in
+    save_group: object = None              # flight; the gloo group it talks over (`save_sharded`)
 
     def log(self, *args):
         if self.dist.is_main:
@@ -632,10 +672,12 @@ class Run:
             self.wandb.log(row, step=row["step"])
 
     def close(self):
-        """End the run: drop the rank wrapper first, then (rank 0) the log, the lock, wandb. DDP's
-        reducer must not hold the process group's last reference when `distributed()` destroys
-        it: its destructor, run holding the GIL, waits for gloo's threads, and one of those may
-        wait for the GIL (a hang at exit, seen under load: pytorch #56297)."""
+        """End the run: wait for an async save in flight (`wait_for_save`), drop the rank wrapper,
+        then (rank 0) close the log, the lock, wandb. DDP's reducer must not hold the process
+        group's last reference when `distributed()` destroys it: its destructor, run holding the
+        GIL, waits for gloo's threads, and one of those may wait for the GIL (a hang at exit, seen
+        under load: pytorch #56297)."""
+        self.wait_for_save()
         self.train_model = None
         if not self.dist.is_main:
             return
@@ -738,10 +780,28 @@ class Run:
 
     def save(self, rng: dict | None = None, **trainer_state) -> str | None:
         """out_dir/checkpoint-<step> with the optimizer, schedule, RNGs (`rng`, else as they are
-        now) and the caller's state; every rank calls it (FSDP gathers the full state dicts to
-        rank 0 first). Then the keep_last newest stay. Returns the path (on rank 0)."""
+        now) and the caller's state, as --checkpoint says: full (`save_full`: rank 0 writes one
+        Hugging Face folder), sharded or async (`save_sharded`: each rank its shards). An async
+        save still in flight is waited for first. Every rank calls it. Then the keep_last newest
+        stay. Returns the path (on rank 0; an async save's appears there once written)."""
+        self.wait_for_save()
         cfg = self.cfg
         path = os.path.join(cfg.out_dir, f"checkpoint-{self.step}")
+        state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state,
+                     rng=rng or rng_state(), scheduler=self.scheduler.state_dict())
+        if cfg.checkpoint == "full":
+            self.save_full(path, state)
+        else:
+            self.save_sharded(path, state)
+        self.t_saved = time.monotonic()
+        self.saved_step = self.step
+        return path if self.dist.is_main else None
+
+    def save_full(self, path: str, state: dict) -> None:
+        """One Hugging Face folder written by rank 0, the optimizer in trainer_state.pt: FSDP
+        gathers the full state dicts to rank 0's host memory first (Qwen3-4B: 48 GB through one
+        process); the other ranks wait at a barrier."""
+        cfg = self.cfg
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         if cfg.fsdp:
             model_state = {"state_dict": get_model_state_dict(self.train_model, options=options)}
@@ -751,18 +811,83 @@ class Run:
             model_state = {}
             optimizer_state = self.optimizer.state_dict()
         if self.dist.is_main:
-            state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state,
-                         rng=rng or rng_state(), scheduler=self.scheduler.state_dict(),
-                         optimizer=optimizer_state)
+            state["optimizer"] = optimizer_state
             save_checkpoint(path, self.train_model, self.tokenizer, state, **model_state)
-            if cfg.keep_last > 0:
-                for _, old in checkpoints(cfg.out_dir)[:-cfg.keep_last]:
-                    shutil.rmtree(old, ignore_errors=True)
+            self.prune()
         if dist.is_initialized():
             dist.barrier()
-        self.t_saved = time.monotonic()
-        self.saved_step = self.step
-        return path if self.dist.is_main else None
+
+    def save_sharded(self, path: str, state: dict) -> None:
+        """--checkpoint=sharded|async: every rank writes its own shards of the weights and the
+        AdamW state (torch.distributed.checkpoint, `get_state_dict`) into path/dcp, one file a
+        rank, no gather; rank 0 the architecture, the tokenizer and trainer_state.pt (no optimizer
+        in it). The folder takes its name once every shard is written (`publish`): a reader sees
+        the whole checkpoint or the previous one. model.load_model reads it as it reads a full
+        one (eval.py --model=<it>); `restore` resumes from it exactly. async: dcp.async_save
+        copies the shards to host memory here and writes them in a background thread while
+        training goes on, talking over a gloo group of its own (NCCL cannot carry it, and the
+        training's group must not be used from two threads); `wait_for_save` ends it."""
+        tmp = [new_folder_beside(path) if self.dist.is_main else None]
+        if dist.is_initialized():
+            dist.broadcast_object_list(tmp, src=0)         # every rank writes into rank 0's
+        tmp = tmp[0]
+        model_state, optimizer_state = get_state_dict(self.train_model, self.optimizer)
+        shards = {"model": model_state, "optimizer": optimizer_state}
+        if self.dist.is_main:
+            self.model.config.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            torch.save(state, os.path.join(tmp, "trainer_state.pt"))
+        target = os.path.join(tmp, SHARDED_FOLDER)
+        if self.cfg.checkpoint == "sharded":
+            dcp.save(shards, checkpoint_id=target)
+            if self.dist.is_main:
+                publish(tmp, path)
+                self.prune()
+            if dist.is_initialized():
+                dist.barrier()
+            return
+        if self.save_group is None and dist.is_initialized():
+            self.save_group = dist.new_group(backend="gloo")
+        written = dcp.async_save(shards, checkpoint_id=target, process_group=self.save_group)
+        self.pending_save = written
+        if self.dist.is_main:                      # rank 0's is done once the folder is named
+            self.pending_save = concurrent.futures.Future()
+            threading.Thread(target=publish_when_written,
+                             args=(written, self.pending_save, tmp, path, self.prune)).start()
+        self.dist.saves_in_flight.append(self.pending_save)
+
+    def wait_for_save(self) -> None:
+        """Wait for the async save in flight, if any, to be written and (rank 0) named: before the
+        next save, at the end of the run (Run.close), and so before a signal's save. Raises what
+        the writing raised."""
+        if self.pending_save is None:
+            return
+        saving = self.pending_save
+        self.pending_save = None
+        self.dist.saves_in_flight.remove(saving)
+        saving.result()
+
+    def prune(self) -> None:
+        """Rank 0: delete all but the keep_last newest checkpoints (0: keep all)."""
+        keep_last = self.cfg.keep_last
+        if keep_last > 0:
+            for _, old in checkpoints(self.cfg.out_dir)[:-keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def publish_when_written(written, named: concurrent.futures.Future, tmp: str, path: str,
+                         prune) -> None:
+    """Rank 0's thread beside an async save: once `written` (dcp.async_save's Future: done after
+    every rank's shards and the metadata are on disk) is done, name the folder (`publish`),
+    `prune()`, and end the Future `named` with the path, or with what failed."""
+    try:
+        written.result()
+        publish(tmp, path)
+        prune()
+    except BaseException as e:
+        named.set_exception(e)
+        return
+    named.set_result(path)
 
 
 def rng_state() -> dict:
@@ -1011,7 +1136,9 @@ def restore(run: Run, lr_lambda) -> None:
     the lr of the next step is this run's --lr and schedule."""
     cfg = run.cfg
     run.state = load_trainer_state(run.resume)
-    if cfg.fsdp:
+    if sharded_checkpoint(run.resume):
+        load_shards(run)
+    elif cfg.fsdp:
         set_optimizer_state_dict(run.train_model, run.optimizer, run.state["optimizer"],
                                  options=StateDictOptions(full_state_dict=True))
     else:
@@ -1028,6 +1155,17 @@ def restore(run: Run, lr_lambda) -> None:
                 f"{new_lr:.3g}, not the checkpoint's {stored_lr:.3g}")
     run.step = run.state["step"]
     set_rng_state(run.state["rng"])
+
+
+def load_shards(run: Run) -> None:
+    """The weights and the AdamW state of a sharded checkpoint (Run.save_sharded) into
+    run.train_model and run.optimizer: each rank reads the parts its own shards hold (DCP
+    reshards when the rank count changed). The values are those saved, bit for bit."""
+    model_state, optimizer_state = get_state_dict(run.train_model, run.optimizer)
+    shards = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(shards, checkpoint_id=os.path.join(run.resume, SHARDED_FOLDER))
+    set_state_dict(run.train_model, run.optimizer, model_state_dict=shards["model"],
+                   optim_state_dict=shards["optimizer"])
 
 
 def open_out_dir(run: Run, reads_model_again: bool) -> None:

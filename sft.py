@@ -11,8 +11,8 @@ is no target) under the mode's mask and positions (attention.py), divided by the
 of the *whole global batch* (the official trainer backpropagated each micro-batch's own mean, 16x
 too large before clipping, NOTES.md §8). The file is the method first (`sft_step`, then what it
 calls), then the run. out_dir/checkpoint-<step>: a Hugging Face folder + trainer_state.pt
-(optimizer, schedule, RNGs, data position); plumbing.py does the ranks, the checkpoints and the
-exact resume.
+(optimizer, schedule, RNGs, data position; --checkpoint=sharded|async: the weights and the optimizer
+as each rank's shards in dcp/); plumbing.py does the ranks, the checkpoints and the exact resume.
 """
 from __future__ import annotations
 
