@@ -115,3 +115,19 @@ def test_absorbing_by_hand():
     assert held["mixed"] == pytest.approx(37.5 / 3)
     assert held["predicted"] == pytest.approx(100 * (0.15065088 + 0.3438) / 3)
     assert choice.absorbing({"share": [50.0, 6.0], "mixed": [1.0, 1.0], "gap": []}, 4) is None
+
+
+def test_the_unit_effect_is_steps_minus_tokens_per_seed():
+    """Seed 0: gaps -10 (tokens) and +5 (steps), changes -80 and +20: +15 and +100. Seed 1:
+    gaps -20 and +10, changes -60 and -10: +30 and +50. Across seeds: 22.5 with half-width
+    12.706 x sd(15, 30) / sqrt 2 = 12.706 x 7.5 = 95.295; 75 +- 12.706 x 25 = 317.65 (-242.65 and 392.65 print as -242.6 and +392.6)."""
+    def row(seed, gap, change):
+        return {"seed": seed, "gap": (gap, gap, gap), "change": (change, change, change),
+                "chain": 0.0, "block": 0.0, "free": 0.0, "sft_share": 0.0, "free_share": 0.0,
+                "agrees": True, "curves": {"share": [], "mixed": [], "gap": []},
+                "group_size": None}
+    cells = {("pair", "tokens"): [row(0, -10.0, -80.0), row(1, -20.0, -60.0)],
+             ("pair", "steps"): [row(0, 5.0, 20.0), row(1, 10.0, -10.0)]}
+    text = choice.report(cells, [0, 1], "test")
+    assert ("| pair | 0, 1 | +15.0 / +30.0; +22.5 [-72.8, +117.8] | "
+            "+100.0 / +50.0; +75.0 [-242.6, +392.6] |") in text

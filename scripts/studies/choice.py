@@ -217,6 +217,24 @@ def report(cells: dict, seeds: list[int], split: str) -> str:
         lines.append(f"| {task} | {unit} | {ran} | {interval_text(*gap)} | "
                      f"{interval_text(*change)} | {len(agree)} of {len(rows)} "
                      f"({', '.join(agree) or 'none'}) |")
+    title = ("Only the unit changes: steps minus tokens, per seed (both cells finished) and "
+             "across seeds (t 95%), in points:")
+    lines += ["", title, "",
+              "| task | seeds | forced gap, steps - tokens | S1's change, steps - tokens |",
+              "|---|---|---|---|"]
+    for task in dict.fromkeys(task for task, _ in cells):
+        by_seed = {unit: {r["seed"]: r for r in cells.get((task, unit), [])} for unit in UNITS}
+        both = sorted(set(by_seed["tokens"]) & set(by_seed["steps"]))
+        if not both:
+            continue
+        gaps = [by_seed["steps"][s]["gap"][0] - by_seed["tokens"][s]["gap"][0] for s in both]
+        changes = [by_seed["steps"][s]["change"][0] - by_seed["tokens"][s]["change"][0]
+                   for s in both]
+        per_seed_gaps = " / ".join(f"{g:+.1f}" for g in gaps)
+        per_seed_changes = " / ".join(f"{c:+.1f}" for c in changes)
+        lines.append(f"| {task} | {', '.join(map(str, both))} | {per_seed_gaps}; "
+                     f"{interval_text(*t_interval(gaps))} | {per_seed_changes}; "
+                     f"{interval_text(*t_interval(changes))} |")
     header = ("| task | unit | seed | chain | block | free | forced gap | SFT share | S1 share | "
               "S1's change | agrees |")
     lines += ["", "Per seed:", "", header, "|---|---|---|---|---|---|---|---|---|---|---|"]
