@@ -120,7 +120,8 @@ def test_absorbing_by_hand():
 def test_the_unit_effect_is_steps_minus_tokens_per_seed():
     """Seed 0: gaps -10 (tokens) and +5 (steps), changes -80 and +20: +15 and +100. Seed 1:
     gaps -20 and +10, changes -60 and -10: +30 and +50. Across seeds: 22.5 with half-width
-    12.706 x sd(15, 30) / sqrt 2 = 12.706 x 7.5 = 95.295; 75 +- 12.706 x 25 = 317.65 (-242.65 and 392.65 print as -242.6 and +392.6)."""
+    12.706 x sd(15, 30) / sqrt 2 = 12.706 x 7.5 = 95.295; 75 +- 12.706 x 25 = 317.65 (-242.65
+    and 392.65 print as -242.6 and +392.6)."""
     def row(seed, gap, change):
         return {"seed": seed, "gap": (gap, gap, gap), "change": (change, change, change),
                 "chain": 0.0, "block": 0.0, "free": 0.0, "sft_share": 0.0, "free_share": 0.0,
