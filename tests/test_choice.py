@@ -56,8 +56,8 @@ def test_choice_table_by_hand(tmp_path):
     assert high == pytest.approx(37.5 + 158.825, abs=1e-3)
     assert choice.t_interval([3.0]) == (3.0, None, None)
     text = choice.report(cells, [0, 1, 2], "val")
-    assert "| pair | tokens | 0, 1 | +37.5 [-121.3, +196.3] | +0.0 [-635.3, +635.3] | " \
-           "1 of 2 (1) |" in text
+    assert "| pair | tokens | 0, 1 | +37.5 [-121.3, +196.3] (seeds 0, 1) | +0.0 [-635.3, +635.3] " \
+           "| 1 of 2 (1) |" in text
     assert "| pair | steps | none finished | | | |" in text
     assert "| pair | tokens | 0 | 25.0 | 75.0 | 50.0 | +50.0 [+50.0, +50.0] | 50.0% | 0.0% | " \
            "-50.0 [-50.0, -50.0] | no |" in text
@@ -102,19 +102,15 @@ def test_training_curves_in_percent_and_their_means_skip_missing_gaps(tmp_path):
     assert choice.training_curves(str(tmp_path / "absent")) == {"share": [], "mixed": [], "gap": []}
 
 
-def test_absorbing_by_hand():
-    """Shares 50, 4, 10, 0 (%): the first step at or below 5% is step 2; from it on, 3 steps,
-    mean share 14/3, one step back above 5%. Predicted mixed groups of 4 at p = 0.04:
-    1 - 0.96^4 - 0.04^4 = 0.15065088; at 0.10: 1 - 0.9^4 - 0.1^4 = 0.3438; at 0: 0."""
-    curves = {"share": [50.0, 4.0, 10.0, 0.0], "mixed": [80.0, 12.5, 25.0, 0.0], "gap": []}
-    held = choice.absorbing(curves, 4)
-    assert held["first_step"] == 2
-    assert held["steps"] == 3
-    assert held["back_above"] == 1
-    assert held["share"] == pytest.approx(14 / 3)
-    assert held["mixed"] == pytest.approx(37.5 / 3)
-    assert held["predicted"] == pytest.approx(100 * (0.15065088 + 0.3438) / 3)
-    assert choice.absorbing({"share": [50.0, 6.0], "mixed": [1.0, 1.0], "gap": []}, 4) is None
+def test_after_the_drop_by_hand():
+    """Shares 50, 4, 10, 0 (%), gaps -80, -60, None, +20: the first step at or below 5% is
+    step 2; from it on 3 steps, mean share 14/3, the gap measured on 2 (-60, +20: mean -20),
+    favouring blocks on 1, one step back above 5%."""
+    curves = {"share": [50.0, 4.0, 10.0, 0.0], "mixed": [], "gap": [-80.0, -60.0, None, 20.0]}
+    held = choice.after_the_drop(curves)
+    assert held == {"first_step": 2, "steps": 3, "share": pytest.approx(14 / 3), "measured": 2,
+                    "gap": -20.0, "favoured": 1, "back_above": 1}
+    assert choice.after_the_drop({"share": [50.0, 6.0], "mixed": [], "gap": [0.0, 0.0]}) is None
 
 
 def test_the_unit_effect_is_steps_minus_tokens_per_seed():
@@ -125,10 +121,28 @@ def test_the_unit_effect_is_steps_minus_tokens_per_seed():
     def row(seed, gap, change):
         return {"seed": seed, "gap": (gap, gap, gap), "change": (change, change, change),
                 "chain": 0.0, "block": 0.0, "free": 0.0, "sft_share": 0.0, "free_share": 0.0,
-                "agrees": True, "curves": {"share": [], "mixed": [], "gap": []},
-                "group_size": None}
+                "agrees": True, "curves": {"share": [], "mixed": [], "gap": []}}
     cells = {("pair", "tokens"): [row(0, -10.0, -80.0), row(1, -20.0, -60.0)],
              ("pair", "steps"): [row(0, 5.0, 20.0), row(1, 10.0, -10.0)]}
     text = choice.report(cells, [0, 1], "test")
-    assert ("| pair | 0, 1 | +15.0 / +30.0; +22.5 [-72.8, +117.8] | "
+    assert ("| pair | 0, 1 | +15.0 / +30.0; +22.5 [-72.8, +117.8] (seeds 0, 1) | "
             "+100.0 / +50.0; +75.0 [-242.6, +392.6] |") in text
+
+
+def test_a_seed_without_its_forced_arms_counts_for_s1_only(tmp_path):
+    """Seed 0 complete (the by-hand seed 0 above: gap +50, change -50); seed 1 has only its SFT
+    and free arm (change +50 on each problem): S1's change is read over both seeds (mean 0),
+    the forced gap over seed 0 alone, and seed 1's row says its forced arms did not run."""
+    _seed(tmp_path, 0, [[(1, 1, 9, 9)] * 2, [(1, 1, 9, 9), (0, 1, 9, 9)]],
+          [[(1, 0, 9, 9)] * 2, [(0, 0, 9, 9)] * 2])
+    cell = tmp_path / "pair-seed1" / "tokens"
+    _write_eval(cell / "sft-eval-val", [[(0, 1, 9, 9), (0, 0, 9, 9)]] * 2)
+    _write_eval(cell / "free" / "eval-val", [[(1, 1, 9, 9)] * 2] * 2)
+    cells = choice.collect(str(tmp_path), [0, 1], ("pair",), "val")
+    seed1 = cells[("pair", "tokens")][1]
+    assert (seed1["gap"], seed1["chain"], seed1["block"], seed1["agrees"]) == (None,) * 4
+    text = choice.report(cells, [0, 1], "val")
+    assert "| pair | tokens | 0, 1 | +50.0 (seeds 0) | +0.0 [-635.3, +635.3] | 0 of 1 (none) |" \
+        in text
+    assert "| pair | tokens | 1 | not run | not run | 100.0 | not run | 50.0% | 100.0% | " \
+           "+50.0 [+50.0, +50.0] | - |" in text

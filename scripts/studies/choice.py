@@ -76,7 +76,7 @@ def paired_bootstrap(base: dict, other: dict, seed: int = BOOTSTRAP_SEED) -> tup
     n = len(differences)
     means = sorted(sum(rng.choices(differences, k=n)) / n for _ in range(BOOTSTRAP))
     low = means[int(LOW * BOOTSTRAP)]
-    high = means[min(int(HIGH * BOOTSTRAP), BOOTSTRAP - 1)]
+    high = means[math.ceil(HIGH * BOOTSTRAP) - 1]       # as far from the top as low is from 0
     return statistics.mean(differences), low, high
 
 
@@ -124,61 +124,65 @@ def moving_mean(values: list) -> list[float]:
 
 
 def seed_row(root: str, task: str, unit: str, seed: int, split: str) -> dict | None:
-    """One seed's forced gap and S1's change in a cell, or None when an evaluation is missing."""
+    """One seed's forced gap and S1's change in a cell; None when the SFT's or the free arm's
+    evaluation is missing. Without both forced arms the row has S1's change only: its gap,
+    chain, block and agrees are None (a seed whose forced arms are still to run)."""
     cell = os.path.join(root, f"{task}-seed{seed}", unit)
     folders = {"sft": os.path.join(cell, f"sft-eval-{split}")}
     for arm in ARMS:
         folders[arm] = os.path.join(cell, arm, f"eval-{split}")
     folders["chain"] = os.path.join(root, f"{task}-seed{seed}", "chain", f"eval-{split}")
-    if not all(os.path.exists(os.path.join(f, "samples.jsonl")) for f in folders.values()):
+    found = {name: os.path.exists(os.path.join(folder, "samples.jsonl"))
+             for name, folder in folders.items()}
+    if not (found["sft"] and found["free"]):
         return None
-    samples = {name: read_samples(folder) for name, folder in folders.items()}
-    accuracy = {arm: per_problem(samples[arm], "correct") for arm in ("chain", "block", "free")}
+    samples = {name: read_samples(folder) for name, folder in folders.items() if found[name]}
+    accuracy = {arm: per_problem(samples[arm], "correct") for arm in samples if arm != "sft"}
     share = {name: per_problem(samples[name], "has_parallel") for name in ("sft", "free")}
-    gap = paired_bootstrap(accuracy["chain"], accuracy["block"])
     change = paired_bootstrap(share["sft"], share["free"])
-    return {"seed": seed, "gap": gap, "change": change,
-            "chain": statistics.mean(accuracy["chain"].values()),
-            "block": statistics.mean(accuracy["block"].values()),
-            "free": statistics.mean(accuracy["free"].values()),
-            "sft_share": statistics.mean(share["sft"].values()),
-            "free_share": statistics.mean(share["free"].values()),
-            "agrees": sign(gap[0]) != 0 and sign(gap[0]) == sign(change[0]),
-            "curves": training_curves(os.path.join(cell, "free", "grpo")),
-            "group_size": group_size(os.path.join(cell, "free", "grpo"))}
+    row = {"seed": seed, "gap": None, "change": change, "chain": None, "block": None,
+           "free": statistics.mean(accuracy["free"].values()),
+           "sft_share": statistics.mean(share["sft"].values()),
+           "free_share": statistics.mean(share["free"].values()), "agrees": None,
+           "curves": training_curves(os.path.join(cell, "free", "grpo"))}
+    if found["chain"] and found["block"]:
+        gap = paired_bootstrap(accuracy["chain"], accuracy["block"])
+        row["gap"] = gap
+        row["chain"] = statistics.mean(accuracy["chain"].values())
+        row["block"] = statistics.mean(accuracy["block"].values())
+        row["agrees"] = sign(gap[0]) != 0 and sign(gap[0]) == sign(change[0])
+    return row
 
 
-def group_size(grpo_folder: str) -> int | None:
-    """The run's group_size from its settings.json (None when the file is absent)."""
-    path = os.path.join(grpo_folder, "settings.json")
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)["settings"]["group_size"]["value"]
+def with_gap(rows: list[dict]) -> list[dict]:
+    """The rows whose forced arms both finished."""
+    return [r for r in rows if r["gap"] is not None]
 
 
-def absorbing(curves: dict, size: int) -> dict | None:
-    """Why a dropped share stays dropped: from the first step at or below LOW_SHARE on, the mean
-    block share p, the measured share of groups holding both kinds, the share predicted if each
-    of a group's `size` responses opened a block independently with probability p (averaged
-    over the steps: 1 - (1 - p)^size - p^size, about size x p for a small p), and the steps
-    where the share climbed back above LOW_SHARE. Only those mixed groups give the advantages
-    anything to say about blocks, so a share near 0 gets almost no signal either way (the
-    same holds for S2's block bonus, which also acts only inside a group). None when the
-    share never fell that low."""
+def number_text(value: float | None) -> str:
+    if value is None:
+        return "not run"
+    return f"{value:.1f}"
+
+
+def after_the_drop(curves: dict) -> dict | None:
+    """What S1's rollouts said about blocks once it had dropped them: from the first step at or
+    below LOW_SHARE on, the steps, the mean block share, the steps whose rollouts held a block
+    beside a response without one (the gap measured), the mean accuracy gap (with a block minus
+    without, points) over those, how many of them favoured blocks, and the steps whose share
+    climbed back above LOW_SHARE. A share that stays down while the gap is against blocks is
+    RL following its signal; an absorbing share would stay down while the gap favours them.
+    None when the share never fell that low."""
     shares = curves["share"]
     low = [i for i, share in enumerate(shares) if share <= LOW_SHARE]
     if not low:
         return None
     after = range(low[0], len(shares))
-    predicted = []
-    for i in after:
-        p = shares[i] / 100
-        predicted.append(100 * (1 - (1 - p) ** size - p ** size))
+    gaps = [curves["gap"][i] for i in after if curves["gap"][i] is not None]
     return {"first_step": low[0] + 1, "steps": len(after),
             "share": statistics.mean(shares[i] for i in after),
-            "mixed": statistics.mean(curves["mixed"][i] for i in after),
-            "predicted": statistics.mean(predicted),
+            "measured": len(gaps), "gap": statistics.mean(gaps) if gaps else None,
+            "favoured": sum(1 for gap in gaps if gap > 0),
             "back_above": sum(1 for i in after if shares[i] > LOW_SHARE)}
 
 
@@ -210,12 +214,16 @@ def report(cells: dict, seeds: list[int], split: str) -> str:
         if not rows:
             lines.append(f"| {task} | {unit} | none finished | | | |")
             continue
-        gap = t_interval([r["gap"][0] for r in rows])
         change = t_interval([r["change"][0] for r in rows])
-        agree = [str(r["seed"]) for r in rows if r["agrees"]]
+        forced = with_gap(rows)
+        gap_text = "not run"
+        if forced:
+            gap_text = interval_text(*t_interval([r["gap"][0] for r in forced]))
+        agree = [str(r["seed"]) for r in forced if r["agrees"]]
         ran = ", ".join(str(r["seed"]) for r in rows)
-        lines.append(f"| {task} | {unit} | {ran} | {interval_text(*gap)} | "
-                     f"{interval_text(*change)} | {len(agree)} of {len(rows)} "
+        lines.append(f"| {task} | {unit} | {ran} | {gap_text} (seeds "
+                     f"{', '.join(str(r['seed']) for r in forced) or 'none'}) | "
+                     f"{interval_text(*change)} | {len(agree)} of {len(forced)} "
                      f"({', '.join(agree) or 'none'}) |")
     title = ("Only the unit changes: steps minus tokens, per seed (both cells finished) and "
              "across seeds (t 95%), in points:")
@@ -227,42 +235,56 @@ def report(cells: dict, seeds: list[int], split: str) -> str:
         both = sorted(set(by_seed["tokens"]) & set(by_seed["steps"]))
         if not both:
             continue
-        gaps = [by_seed["steps"][s]["gap"][0] - by_seed["tokens"][s]["gap"][0] for s in both]
         changes = [by_seed["steps"][s]["change"][0] - by_seed["tokens"][s]["change"][0]
                    for s in both]
-        per_seed_gaps = " / ".join(f"{g:+.1f}" for g in gaps)
+        gap_seeds = [s for s in both
+                     if by_seed["steps"][s]["gap"] is not None
+                     and by_seed["tokens"][s]["gap"] is not None]
+        gaps = [by_seed["steps"][s]["gap"][0] - by_seed["tokens"][s]["gap"][0]
+                for s in gap_seeds]
+        gap_text = "not run"
+        if gaps:
+            per_seed_gaps = " / ".join(f"{g:+.1f}" for g in gaps)
+            gap_text = (f"{per_seed_gaps}; {interval_text(*t_interval(gaps))} (seeds "
+                        f"{', '.join(map(str, gap_seeds))})")
         per_seed_changes = " / ".join(f"{c:+.1f}" for c in changes)
-        lines.append(f"| {task} | {', '.join(map(str, both))} | {per_seed_gaps}; "
-                     f"{interval_text(*t_interval(gaps))} | {per_seed_changes}; "
-                     f"{interval_text(*t_interval(changes))} |")
+        lines.append(f"| {task} | {', '.join(map(str, both))} | {gap_text} | "
+                     f"{per_seed_changes}; {interval_text(*t_interval(changes))} |")
     header = ("| task | unit | seed | chain | block | free | forced gap | SFT share | S1 share | "
               "S1's change | agrees |")
     lines += ["", "Per seed:", "", header, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for (task, unit), rows in cells.items():
         for r in rows:
-            lines.append(f"| {task} | {unit} | {r['seed']} | {r['chain']:.1f} | "
-                         f"{r['block']:.1f} | {r['free']:.1f} | {interval_text(*r['gap'])} | "
+            gap_text = "not run"
+            agrees = "-"
+            if r["gap"] is not None:
+                gap_text = interval_text(*r["gap"])
+                agrees = "yes" if r["agrees"] else "no"
+            lines.append(f"| {task} | {unit} | {r['seed']} | {number_text(r['chain'])} | "
+                         f"{number_text(r['block'])} | {r['free']:.1f} | {gap_text} | "
                          f"{r['sft_share']:.1f}% | {r['free_share']:.1f}% | "
-                         f"{interval_text(*r['change'])} | {'yes' if r['agrees'] else 'no'} |")
-    header = (f"| task | unit | seed | first step at <= {LOW_SHARE:g}% | steps after | blocks | "
-              f"groups with both kinds, measured | predicted | steps back above {LOW_SHARE:g}% |")
-    absorbed = []
+                         f"{interval_text(*r['change'])} | {agrees} |")
+    header = (f"| task | unit | seed | first step at <= {LOW_SHARE:g}% | steps from it | blocks | "
+              "steps with the gap measured | its mean | steps it favoured blocks | "
+              f"steps back above {LOW_SHARE:g}% |")
+    dropped = []
     for (task, unit), rows in cells.items():
         for r in rows:
-            held = None
-            if r["group_size"] is not None:
-                held = absorbing(r["curves"], r["group_size"])
+            held = after_the_drop(r["curves"])
             if held is None:
                 continue
-            absorbed.append(f"| {task} | {unit} | {r['seed']} | {held['first_step']} | "
-                            f"{held['steps']} | {held['share']:.2f}% | {held['mixed']:.2f}% | "
-                            f"{held['predicted']:.2f}% | {held['back_above']} |")
-    if absorbed:
-        title = ("Why a dropped share stays dropped (S1's training rollouts, from the first "
-                 f"step at or below {LOW_SHARE:g}% on; predicted: each response opens a block "
-                 "independently at the step's share):")
-        lines += ["", title, "", header, "|---|---|---|---|---|---|---|---|---|"]
-        lines += absorbed
+            gap_text = "-"
+            if held["gap"] is not None:
+                gap_text = f"{held['gap']:+.1f}"
+            dropped.append(f"| {task} | {unit} | {r['seed']} | {held['first_step']} | "
+                           f"{held['steps']} | {held['share']:.2f}% | {held['measured']} | "
+                           f"{gap_text} | {held['favoured']} | {held['back_above']} |")
+    if dropped:
+        title = ("After the drop (S1's training rollouts, from the first step at or below "
+                 f"{LOW_SHARE:g}% blocks on; the gap: accuracy with a block minus without, "
+                 "points, on the steps that held both kinds):")
+        lines += ["", title, "", header, "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += dropped
     missing = []
     for (task, unit), rows in cells.items():
         done = {r["seed"] for r in rows}
@@ -285,24 +307,25 @@ def plot(cells: dict, out: str):
     import matplotlib.pyplot as plt
 
     fig, (ax, curves_ax) = plt.subplots(1, 2, figsize=(12, 5))
-    for (task, unit), rows in cells.items():
-        if not rows:
-            continue
-        gaps = [r["gap"][0] for r in rows]
-        changes = [r["change"][0] for r in rows]
-        points = ax.scatter(gaps, changes, s=18, alpha=0.6)
-        color = points.get_facecolor()[0]
+    for index, ((task, unit), rows) in enumerate(cells.items()):
+        color = f"C{index}"                   # matplotlib's color cycle: one color a cell
+        forced = with_gap(rows)
+        gaps = [r["gap"][0] for r in forced]
+        changes = [r["change"][0] for r in forced]
+        ax.scatter(gaps, changes, s=18, alpha=0.6, color=color)
         for r in rows:
             for key, style in (("share", "-"), ("mixed", ":"), ("gap", "--")):
                 values = moving_mean(r["curves"][key])
                 curves_ax.plot(range(1, len(values) + 1), values, color=color, linestyle=style,
                                linewidth=1)
+        if not forced:
+            continue
         gap, gap_low, gap_high = t_interval(gaps)
         change, change_low, change_high = t_interval(changes)
         xerr = None if gap_low is None else [[gap - gap_low], [gap_high - gap]]
         yerr = None if change_low is None else [[change - change_low], [change_high - change]]
         ax.errorbar([gap], [change], xerr=xerr, yerr=yerr, color=color, marker="s",
-                    capsize=3, label=f"{task}, budget in {unit} ({len(rows)} seeds)")
+                    capsize=3, label=f"{task}, budget in {unit} ({len(forced)} seeds)")
     ax.axhline(0, color="grey", linewidth=0.5)
     ax.axvline(0, color="grey", linewidth=0.5)
     ax.set_xlabel("forced gap: forced block - forced chain (Mean@4, points)")
