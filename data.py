@@ -758,6 +758,25 @@ def embedded_test_parts(spec: str) -> str | None:
     return ",".join(name.removesuffix(":rl") + ":test" for name in names)
 
 
+# A real training set's own held-out part: where grpo.py evaluates a run on it by default.
+REAL_TEST_PARTS = {"gsm8k:train": "gsm8k:test"}
+
+
+def own_test_parts(spec: str) -> str | None:
+    """The held-out parts of `spec`: an embedded spec's (embedded_test_parts), a real set's
+    (REAL_TEST_PARTS: "gsm8k:train" -> "gsm8k:test"); None if some name of it has none."""
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    if names and all(name in REAL_TEST_PARTS for name in names):
+        return ",".join(REAL_TEST_PARTS[name] for name in names)
+    return embedded_test_parts(spec)
+
+
+def is_embedded(spec: str) -> bool:
+    """Whether every name of `spec` is one of the embedded tasks' (synthetic:*, carry:*)."""
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    return all(name in SYNTHETIC_NAMES + CARRY_NAMES for name in names)
+
+
 def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: int | None = None,
               seed: int = 0, data_dir: str | None = None, tokenizer=None,
               parallel_fraction: float = 0.5, max_paths: int = 2) -> list[dict]:
