@@ -663,8 +663,9 @@ def check_parallel_traces(records: list[dict], parallel: list[bool], where: str,
     traces = sum(parallel)
     blockless = sum(bool(r["solution"]) for r in records) - traces
     dropped = "; ".join(f"{n} x {why}" for why, n in reasons.most_common()) or "none"
-    print(f"[data] {where}: {traces - sum(reasons.values())} of {traces} parallel traces pass the "
-          f"format check, {blockless} more traces have no parallel block; dropped: {dropped}",
+    print(f"[data] {where}: kept {len(kept)} of {len(records)} records: "
+          f"{traces - sum(reasons.values())} of {traces} parallel traces pass the format check "
+          f"(dropped: {dropped}), {blockless} traces have no parallel block (kept)",
           file=sys.stderr)
     return kept
 
@@ -849,8 +850,9 @@ def tokenize_records(records: list[dict], tokenizer, style: str, max_length: int
             examples.append(Example(prompt, response))
     if too_long or malformed:
         first = f" (first: {first_reason})" if malformed else ""
-        log(f"dropped {too_long} of {len(records)} examples longer than max_length={max_length} "
-            f"tokens and {malformed} with a malformed parallel structure{first}")
+        log(f"{len(examples)} examples from {len(records)} records with a solution: dropped "
+            f"{too_long} longer than max_length={max_length} tokens and {malformed} with a "
+            f"malformed parallel structure{first}")
     if not examples:
         raise ValueError(f"no training examples left out of {len(records)} records ({too_long} "
                          f"too long, {malformed} malformed): check --data and --max_length")
