@@ -663,8 +663,9 @@ def check_parallel_traces(records: list[dict], parallel: list[bool], where: str,
     traces = sum(parallel)
     blockless = sum(bool(r["solution"]) for r in records) - traces
     dropped = "; ".join(f"{n} x {why}" for why, n in reasons.most_common()) or "none"
-    print(f"[data] {where}: {traces - sum(reasons.values())} of {traces} parallel traces pass the "
-          f"format check, {blockless} more traces have no parallel block; dropped: {dropped}",
+    print(f"[data] {where}: kept {len(kept)} of {len(records)} records: "
+          f"{traces - sum(reasons.values())} of {traces} parallel traces pass the format check "
+          f"(dropped: {dropped}), {blockless} traces have no parallel block (kept)",
           file=sys.stderr)
     return kept
 
@@ -758,6 +759,25 @@ def embedded_test_parts(spec: str) -> str | None:
     return ",".join(name.removesuffix(":rl") + ":test" for name in names)
 
 
+# A real training set's own held-out part: where grpo.py evaluates a run on it by default.
+REAL_TEST_PARTS = {"gsm8k:train": "gsm8k:test"}
+
+
+def own_test_parts(spec: str) -> str | None:
+    """The held-out parts of `spec`: an embedded spec's (embedded_test_parts), a real set's
+    (REAL_TEST_PARTS: "gsm8k:train" -> "gsm8k:test"); None if some name of it has none."""
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    if names and all(name in REAL_TEST_PARTS for name in names):
+        return ",".join(REAL_TEST_PARTS[name] for name in names)
+    return embedded_test_parts(spec)
+
+
+def is_embedded(spec: str) -> bool:
+    """Whether every name of `spec` is one of the embedded tasks' (synthetic:*, carry:*)."""
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    return all(name in SYNTHETIC_NAMES + CARRY_NAMES for name in names)
+
+
 def load_data(spec: str, style: str = "parallel", strict: bool = False, limit: int | None = None,
               seed: int = 0, data_dir: str | None = None, tokenizer=None,
               parallel_fraction: float = 0.5, max_paths: int = 2) -> list[dict]:
@@ -830,8 +850,9 @@ def tokenize_records(records: list[dict], tokenizer, style: str, max_length: int
             examples.append(Example(prompt, response))
     if too_long or malformed:
         first = f" (first: {first_reason})" if malformed else ""
-        log(f"dropped {too_long} of {len(records)} examples longer than max_length={max_length} "
-            f"tokens and {malformed} with a malformed parallel structure{first}")
+        log(f"{len(examples)} examples from {len(records)} records with a solution: dropped "
+            f"{too_long} longer than max_length={max_length} tokens and {malformed} with a "
+            f"malformed parallel structure{first}")
     if not examples:
         raise ValueError(f"no training examples left out of {len(records)} records ({too_long} "
                          f"too long, {malformed} malformed): check --data and --max_length")

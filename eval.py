@@ -453,7 +453,7 @@ def own_tokenizer(name_or_path: str):
     be loaded."""
     if name_or_path == "tiny" or config_only(name_or_path):
         return None
-    check_model_name(name_or_path, weights=False)
+    check_model_name(name_or_path)               # a model's folder: a tokenizer's alone says so
     local_only = not os.path.isdir(name_or_path) and not hub_reachable()   # the cache only
     try:
         return AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_only)

@@ -39,7 +39,7 @@ import torch.distributed as dist
 import config
 import plumbing
 from attention import TagIds, autocast, token_scores
-from data import embedded_test_parts, load_data, prompt_style_of
+from data import is_embedded, load_data, own_test_parts, prompt_style_of
 from eval import evaluate_run, first_evaluation, fit_context, log_line, own_tokenizer, rollout_stats
 from model import Mode, resolve_preset
 from rewards import RewardSchedule, score_batch
@@ -84,7 +84,7 @@ class GRPOConfig(SamplingFlags, plumbing.RunFlags):
     ppo_mini_batches: config.PositiveInt = 2       # optimizer steps per training step
     micro_batch_size: config.PositiveInt | None = None   # rollouts per forward on one rank
     micro_batch_tokens: config.NonNegativeInt = 0  # also cap a micro-batch's padded tokens (0 = no)
-    eval_data: str | None = None         # held-out problems ("" = none); embedded --data: its test
+    eval_data: str | None = None         # held-out problems ("" = none); --data: its test part
     eval_every: config.NonNegativeInt | None = None    # steps between evaluations (0: first, last)
     eval_samples: config.NonNegativeInt | None = None  # first problems of each part (0 = all)
     eval_k: config.PositiveInt | None = None           # responses per problem (Mean@k, Pass@k)
@@ -554,8 +554,13 @@ def resolve_defaults(cfg: GRPOConfig, world_size: int = 1, find_model: bool = Fa
         cfg = dataclasses.replace(cfg, model=plumbing.default_init(cfg.mode, cfg.model))
     preset, _ = resolve_preset(cfg.preset, cfg.model)
     if cfg.data is not None and cfg.eval_data is None:
-        # the given problems' own test part (carry:hard:rl -> carry:hard:test), not the preset's
-        cfg = dataclasses.replace(cfg, eval_data=embedded_test_parts(cfg.data))
+        # the given problems' own test part (carry:hard:rl -> carry:hard:test, gsm8k:train ->
+        # gsm8k:test), not the preset's; real data without one (dapo): the paper preset's
+        # benchmark, under another preset none (its synthetic test sets say nothing of real data)
+        held_out = own_test_parts(cfg.data)
+        if held_out is None and not is_embedded(cfg.data) and preset != "paper":
+            held_out = ""
+        cfg = dataclasses.replace(cfg, eval_data=held_out)
     cfg = config.apply_preset(dataclasses.replace(cfg, preset=preset), config.GRPO_PRESETS)
     config.check_grpo(cfg, world_size)
     return cfg
@@ -570,6 +575,9 @@ def setup(cfg: GRPOConfig, d: plumbing.Dist, records, eval_records) -> GRPORun:
     run = plumbing.load_run(cfg, d, cfg.model, settings, cls=GRPORun)
     for note in config.grpo_notes(cfg, d.world_size):
         run.log(f"note: {note}")
+    if eval_records is None and not cfg.eval_data and not is_embedded(cfg.data):
+        run.log(f"note: no held-out evaluation (--data={cfg.data} has no test part): give "
+                "--eval_data=aime25 (or another benchmark)")
     style = "sequential" if cfg.mode == "sequential" else "parallel"
     run.prompt_style = prompt_style_of(cfg.preset, style)
     data_name = "the given records" if records is not None else cfg.data

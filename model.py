@@ -171,6 +171,11 @@ def check_model_name(name: str, weights: bool = True, flag: str = "--model") -> 
             example = inside[-1]
             raise FileNotFoundError(f"{name!r} is a run folder, not a checkpoint: pass one of its "
                                     f"checkpoints, e.g. {example!r}")
+        if weights and has_tokenizer:                  # a tokenizer's folder, not a model's
+            raise FileNotFoundError(f"{name!r} has no config.json: it holds a tokenizer, not a "
+                                    f"model; give {flag} a checkpoint or Hugging Face model "
+                                    "folder, or train the tiny model on this tokenizer: sft.py "
+                                    f"--model=tiny --tokenizer={name}")
         if weights or not has_tokenizer:
             raise FileNotFoundError(f"{name!r} has no config.json: pass a checkpoint folder "
                                     "written by sft.py or grpo.py, or a Hugging Face model "

@@ -1303,5 +1303,7 @@ def run_script(script: str, config_class, train, argv: list[str]) -> None:
     except KeyboardInterrupt:
         sys.exit(interrupted(script, cfg.out_dir if cfg else None))
     if summary["stopped_by"].startswith(("SIG", "a signal")):
+        if int(os.environ.get("RANK", "0")) != 0:
+            sys.exit(1)                            # rank 0 says where the checkpoint is
         sys.exit(f"{script}: stopped by {summary['stopped_by']} after step {summary['steps']}; "
                  f"--resume=True continues from {summary['checkpoint']}")

@@ -318,8 +318,8 @@ def test_parallel_gsm8k_filter(capfd):
     import pyarrow.parquet as pq
     recs = load_data("parallel_gsm8k", data_dir=DATA)
     err = capfd.readouterr().err
-    assert "335 of 338 parallel traces pass" in err
-    assert "3 more traces have no parallel block" in err
+    assert "kept 338 of 341 records: 335 of 338 parallel traces pass the format check" in err
+    assert "3 traces have no parallel block (kept)" in err
     assert "1 x unclosed <Summary> at token N" in err
     assert len(recs) == 338
     table = pq.read_table(os.path.join(DATA, "parallel_gsm8k", "train.parquet"))

@@ -11,6 +11,7 @@ import torch
 
 import config
 import eval as ev
+import sft
 from attention import TagIds, parse_structure
 from data import ANSWER_FIELDS, PROBLEM_FIELDS, SOLUTION_FIELDS, build_prompt, load_data
 from model import build_char_tokenizer, load_model, mode_from_config, read_checkpoint_config
@@ -273,8 +274,8 @@ def test_checkpoint_mode_and_tag_check(tmp_path, tiny):
     (ckpt / "parallel_r1.json").write_text(json.dumps({"mode": "sequential"}))
     assert mode_from_config(read_checkpoint_config(str(ckpt))[0]) == "sequential"
 
-    bare = tmp_path / "bare"                      # a tokenizer that never had the tags
-    build_char_tokenizer().save_pretrained(str(bare))
+    bare = tmp_path / "bare"                      # a model whose tokenizer never had the tags
+    save_checkpoint(str(bare), model, build_char_tokenizer())
     tok_bare = ev.own_tokenizer(str(bare))
     with pytest.raises(ValueError, match="allow_untrained_tags"):
         ev.check_tags(tok_bare, str(bare), "unseen")
@@ -286,6 +287,23 @@ def test_checkpoint_mode_and_tag_check(tmp_path, tiny):
                              out_dir=str(tmp_path / "o")))
     with pytest.raises(FileNotFoundError, match="no folder"):           # a path that does not exist
         ev.own_tokenizer(str(tmp_path / "nothing-here"))
+
+
+def test_a_tokenizer_folder_as_model_says_so_before_the_tags(tmp_path, tiny):
+    """eval.py --model=<a tokenizer's folder> asked for --allow_untrained_tags=True first; the
+    missing model (no config.json) is said first, with --tokenizer's use (sft.py too)."""
+    folder = tmp_path / "qwen3-tokenizer"
+    build_char_tokenizer().save_pretrained(str(folder))
+    said = (f"'{folder}' has no config.json: it holds a tokenizer, not a model; give --model a "
+            "checkpoint or Hugging Face model folder, or train the tiny model on this tokenizer: "
+            f"sft.py --model=tiny --tokenizer={folder}")
+    with pytest.raises(FileNotFoundError) as refused:
+        ev.run(ev.EvalConfig(model=str(folder), data="synthetic:easy:test",
+                             out_dir=str(tmp_path / "o")))
+    assert str(refused.value) == said
+    with pytest.raises(FileNotFoundError) as refused:
+        sft.setup(sft.SFTConfig(model=str(folder), out_dir=str(tmp_path / "s")), None, None)
+    assert str(refused.value) == said
 
 
 def test_run_writes_table_samples_and_summary(tmp_path, tiny):

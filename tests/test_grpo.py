@@ -291,6 +291,19 @@ def test_defaults_and_modes(capsys):
         ("scaffold", "tiered", None, "")
 
 
+def test_real_data_eval_data_default_follows_the_data():
+    """--data=<real set> without --eval_data: its own test part, else (tiny preset) none, not the
+    preset's synthetic test sets; the paper preset keeps its benchmark; an explicit flag wins."""
+    def resolved(**given):
+        return grpo.resolve_defaults(GRPOConfig(model="tiny", **given)).eval_data
+    assert resolved(data="dapo", preset="tiny") == ""
+    assert resolved(data="gsm8k:train", preset="tiny") == "gsm8k:test"
+    assert resolved(data="dapo", preset="paper") == "aime25"
+    assert resolved(data="dapo", preset="tiny", eval_data="aime24") == "aime24"
+    assert resolved(data="synthetic:easy:test", preset="tiny") == \
+        "synthetic:easy:test,synthetic:medium:test,synthetic:hard:test"
+
+
 def test_missing_sft_checkpoint_says_what_to_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError,

@@ -421,6 +421,22 @@ def test_ctrl_c_says_what_was_kept(tmp_path):
         f"latest, {tmp_path}/checkpoint-3)")
 
 
+def test_a_signal_stop_is_told_by_rank_0_only(monkeypatch, tmp_path):
+    """Under torchrun only rank 0 knows the checkpoint's path (Run.save): rank 1 said "continues
+    from None"; it exits with status 1 and says nothing."""
+    path = str(tmp_path / "checkpoint-4")
+
+    def stopped(cfg):
+        checkpoint = path if os.environ["RANK"] == "0" else None
+        return {"stopped_by": "SIGINT", "steps": 4, "checkpoint": checkpoint}
+    told = f"sft.py: stopped by SIGINT after step 4; --resume=True continues from {path}"
+    for rank, said in (("0", told), ("1", 1)):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as stop:
+            plumbing.run_script("sft.py", sft.SFTConfig, stopped, [])
+        assert stop.value.code == said
+
+
 def test_a_resume_into_a_locked_folder_refuses_before_it_says_resumed(finished_run, tmp_path,
                                                                        capsys):
     copy = tmp_path / "copy"

@@ -472,9 +472,9 @@ def test_bad_input_is_dropped_or_refused(model_dir, tmp_path):
     printed = []
     ex = sft.tokenize_records(records, tok, "bare", 256, log=printed.append)
     assert len(ex) == 2
-    assert printed == [("dropped 1 of 4 examples longer than max_length=256 tokens and 1 with a "
-                        "malformed parallel structure (first: t1: block at token 0 has 1 path(s), "
-                        "needs >= 2)")]
+    assert printed == [("2 examples from 4 records with a solution: dropped 1 longer than "
+                        "max_length=256 tokens and 1 with a malformed parallel structure (first: "
+                        "t1: block at token 0 has 1 path(s), needs >= 2)")]
     with pytest.raises(ValueError, match="no training examples left out of 1 records"):
         sft.tokenize_records(records[2:3], tok, "bare", 256, log=lambda *a: None)
     with pytest.raises(ValueError, match="does not have '<Parallel>' as one token"):
