@@ -772,6 +772,17 @@ def own_test_parts(spec: str) -> str | None:
     return embedded_test_parts(spec)
 
 
+def held_out_default(spec: str, preset: str) -> str | None:
+    """GRPO's held-out problems when --eval_data is not given: the given problems' own test part
+    (carry:hard:rl -> carry:hard:test, gsm8k:train -> gsm8k:test), not the preset's; for real
+    data without one (dapo) none ("") unless the paper preset names its benchmark (None: the
+    preset's), as the tiny preset's synthetic test sets say nothing of real data."""
+    held_out = own_test_parts(spec)
+    if held_out is None and not is_embedded(spec) and preset != "paper":
+        return ""
+    return held_out
+
+
 def is_embedded(spec: str) -> bool:
     """Whether every name of `spec` is one of the embedded tasks' (synthetic:*, carry:*)."""
     names = [name.strip() for name in spec.split(",") if name.strip()]

@@ -39,7 +39,7 @@ import torch.distributed as dist
 import config
 import plumbing
 from attention import TagIds, autocast, token_scores
-from data import is_embedded, load_data, own_test_parts, prompt_style_of
+from data import held_out_default, is_embedded, load_data, prompt_style_of
 from eval import evaluate_run, first_evaluation, fit_context, log_line, own_tokenizer, rollout_stats
 from model import Mode, resolve_preset
 from rewards import RewardSchedule, score_batch
@@ -554,13 +554,7 @@ def resolve_defaults(cfg: GRPOConfig, world_size: int = 1, find_model: bool = Fa
         cfg = dataclasses.replace(cfg, model=plumbing.default_init(cfg.mode, cfg.model))
     preset, _ = resolve_preset(cfg.preset, cfg.model)
     if cfg.data is not None and cfg.eval_data is None:
-        # the given problems' own test part (carry:hard:rl -> carry:hard:test, gsm8k:train ->
-        # gsm8k:test), not the preset's; real data without one (dapo): the paper preset's
-        # benchmark, under another preset none (its synthetic test sets say nothing of real data)
-        held_out = own_test_parts(cfg.data)
-        if held_out is None and not is_embedded(cfg.data) and preset != "paper":
-            held_out = ""
-        cfg = dataclasses.replace(cfg, eval_data=held_out)
+        cfg = dataclasses.replace(cfg, eval_data=held_out_default(cfg.data, preset))
     cfg = config.apply_preset(dataclasses.replace(cfg, preset=preset), config.GRPO_PRESETS)
     config.check_grpo(cfg, world_size)
     return cfg
