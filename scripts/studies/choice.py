@@ -31,7 +31,6 @@ import random
 import statistics
 import sys
 
-ARMS = ("chain", "block", "free")
 UNITS = ("tokens", "steps")
 TASKS = ("pair", "carry")
 BOOTSTRAP = 2000             # resamples of the problems in a paired bootstrap
@@ -128,10 +127,10 @@ def seed_row(root: str, task: str, unit: str, seed: int, split: str) -> dict | N
     evaluation is missing. Without both forced arms the row has S1's change only: its gap,
     chain, block and agrees are None (a seed whose forced arms are still to run)."""
     cell = os.path.join(root, f"{task}-seed{seed}", unit)
-    folders = {"sft": os.path.join(cell, f"sft-eval-{split}")}
-    for arm in ARMS:
-        folders[arm] = os.path.join(cell, arm, f"eval-{split}")
-    folders["chain"] = os.path.join(root, f"{task}-seed{seed}", "chain", f"eval-{split}")
+    folders = {"sft": os.path.join(cell, f"sft-eval-{split}"),
+               "chain": os.path.join(root, f"{task}-seed{seed}", "chain", f"eval-{split}"),
+               "block": os.path.join(cell, "block", f"eval-{split}"),
+               "free": os.path.join(cell, "free", f"eval-{split}")}
     found = {name: os.path.exists(os.path.join(folder, "samples.jsonl"))
              for name, folder in folders.items()}
     if not (found["sft"] and found["free"]):
