@@ -6,12 +6,14 @@
 #           a seed: a chain's decode steps are its tokens, so both units give the same run)
 #   block   grpo.py --recipe=unseen-s1 --open_block=True   forced block: the runtime opens one
 #   free    grpo.py --recipe=unseen-s1          free choice (Unseen S1, accuracy reward)
+#   s2      grpo.py --recipe=unseen-s2          free choice under S2's alternating reward (its tiered
+#           steps pay a bonus for a block): does a share near 0 come back? (issue 45, item 4)
 # each evaluated on the hard problems of every part of SPLITS ("val": to choose settings; "test":
 # read once a reported run) at the run's own unit and B, as it was trained; the SFT too (free, at
 # each unit), for S1's block-share change. In $OUT (runs/choice):
 #   <task>-seed<s>/sft (pair: sft.py --seed, the demo's SFT; carry: scripts/studies/carry_sft.sh, shared
 #   with budget.sh in $CARRY_SFT_DIR), <task>-seed<s>/<unit>/sft-eval-<split>,
-#   <task>-seed<s>/<unit>/{block,free}/{grpo,eval-<split>}, <task>-seed<s>/chain/{grpo,eval-<split>}
+#   <task>-seed<s>/<unit>/{block,free,s2}/{grpo,eval-<split>}, <task>-seed<s>/chain/{grpo,eval-<split>}
 # then scripts/studies/choice.py: results/choice.md (the 2 x 2 table: forced gap, S1's change, seeds that
 # agree) and results/choice.png, from the last split of SPLITS.
 #
@@ -40,7 +42,7 @@ DEFAULT_SPLITS="val test"
 SPLITS=$(echo ${SPLITS-$DEFAULT_SPLITS})
 DEFAULT_UNITS="tokens steps"
 UNITS=$(echo ${UNITS-$DEFAULT_UNITS})
-DEFAULT_ARMS="chain block free"
+DEFAULT_ARMS="chain block free s2"
 ARMS=$(echo ${ARMS-$DEFAULT_ARMS})
 LANES=${LANES-2}
 OUT=${OUT:-runs/choice}
@@ -181,6 +183,7 @@ arm_job() {
     chain) recipe=baseline; arm_flags="" ;;
     block) recipe=unseen-s1; arm_flags="--open_block=True" ;;
     free) recipe=unseen-s1; arm_flags="" ;;
+    s2) recipe=unseen-s2; arm_flags="" ;;
   esac
   local split
   if [ "$arm" = free ]; then          # the SFT's own share at this unit: S1's starting point
@@ -242,20 +245,20 @@ else
   echo "[$(date +%H:%M:%S)] FAILED $0 seed $1 $2 $3: see $log"
   exit 1
 fi'
-failed=0
+failed=""
 if ! run_lanes "$LANES" "$lane" "$jobs"; then
-  failed=1
+  failed="a job failed (its FAILED line above names its log)"
   RESULTS_DIR=${RESULTS:-$OUT}
 fi
 if $PY scripts/studies/choice.py "$OUT" --seeds="${SEEDS// /,}" --tasks="${TASKS// /,}" \
     --split="$REPORT_SPLIT" --md="$RESULTS_DIR/choice.md" --plot="$RESULTS_DIR/choice.png"; then
   echo "choice.sh took $(( $(date +%s) - start )) s; table: $RESULTS_DIR/choice.md," \
     "figure: $RESULTS_DIR/choice.png"
-else
-  failed=1
+elif [ -z "$failed" ]; then
+  failed="every job finished, but no cell has a seed with its SFT's and free arm's evaluations"
+  failed+=" yet (the table's needs: choice.py's line above)"
 fi
-if [ $failed = 1 ]; then
-  echo "choice.sh: a job failed or none finished (above); fix it and run again: finished" \
-    "steps are skipped" >&2
+if [ -n "$failed" ]; then
+  echo "choice.sh: $failed; run it again when fixed: finished steps are skipped" >&2
   exit 1
 fi
