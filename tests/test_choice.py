@@ -103,14 +103,45 @@ def test_training_curves_in_percent_and_their_means_skip_missing_gaps(tmp_path):
 
 
 def test_after_the_drop_by_hand():
-    """Shares 50, 4, 10, 0 (%), gaps -80, -60, None, +20: the first step at or below 5% is
-    step 2; from it on 3 steps, mean share 14/3, the gap measured on 2 (-60, +20: mean -20),
-    favouring blocks on 1, one step back above 5%."""
-    curves = {"share": [50.0, 4.0, 10.0, 0.0], "mixed": [], "gap": [-80.0, -60.0, None, 20.0]}
+    """Shares 50, 4, 10, 0 (%), mixed groups 50, 10, 30, 0, gaps -80, -60, None, +20: the first
+    step at or below 5% is step 2; from it on 3 steps, mean share 14/3, mixed 40/3, the gap
+    measured on 2 (-60, +20: mean -20), favouring blocks on 1, one step back above 5%. Were the
+    responses independent: 1 - p^4 - (1 - p)^4 = 0.15065088 at 4%, 0.3438 at 10%, 0 at 0%."""
+    curves = {"share": [50.0, 4.0, 10.0, 0.0], "mixed": [50.0, 10.0, 30.0, 0.0],
+              "gap": [-80.0, -60.0, None, 20.0]}
     held = choice.after_the_drop(curves)
-    assert held == {"first_step": 2, "steps": 3, "share": pytest.approx(14 / 3), "measured": 2,
+    assert held == {"first_step": 2, "steps": 3, "share": pytest.approx(14 / 3),
+                    "mixed": pytest.approx(40 / 3),
+                    "independent": pytest.approx((15.065088 + 34.38) / 3), "measured": 2,
                     "gap": -20.0, "favoured": 1, "back_above": 1}
-    assert choice.after_the_drop({"share": [50.0, 6.0], "mixed": [], "gap": [0.0, 0.0]}) is None
+    assert choice.after_the_drop({"share": [50.0, 6.0], "mixed": [0.0, 0.0],
+                                  "gap": [0.0, 0.0]}) is None
+
+
+def test_s2_beside_s1_by_hand(tmp_path):
+    """Two problems, two samples each, in seed 0's steps cell. S1 (free): blocks 1 of 2 and 0 of
+    2 (25%), right 2 and 0 (50); S2: blocks on all 4 (100%), right 1 and 1 (50). S2 - S1: share
+    +50 and +100 (mean +75, interval [+50, +100]), Mean@4 -50 and +50 (mean 0). One seed: no
+    across-seed interval, and +75 >= 15: S2 leads on 1 of 1. S2's training share 0.5% from its
+    step 1 (mixed groups 2%): the after-the-drop row names the arm."""
+    cell = tmp_path / "pair-seed0" / "steps"
+    _write_eval(cell / "free" / "eval-test", [[(1, 1, 9, 9), (1, 0, 9, 9)], [(0, 0, 9, 9)] * 2])
+    _write_eval(cell / "s2" / "eval-test", [[(1, 1, 9, 9), (0, 1, 9, 9)]] * 2)
+    (cell / "s2" / "grpo").mkdir()
+    row = {"parallel_ratio": 0.005, "mixed_groups": 0.02, "block_accuracy_gap": None}
+    (cell / "s2" / "grpo" / "log.jsonl").write_text(json.dumps(row) + "\n")
+    cells = choice.collect(str(tmp_path), [0, 1], ("pair",), "test", row_of=choice.s2_row)
+    assert cells[("pair", "tokens")] == []
+    (seed0,) = cells[("pair", "steps")]
+    assert (seed0["s1_share"], seed0["s2_share"]) == (25.0, 100.0)
+    assert (seed0["s1_accuracy"], seed0["s2_accuracy"]) == (50.0, 50.0)
+    assert seed0["lead"][0] == 75.0 and 50.0 <= seed0["lead"][1] <= seed0["lead"][2] <= 100.0
+    assert seed0["accuracy"][0] == 0.0
+    text = "\n".join(choice.s2_lines(cells))
+    assert "| pair | steps | 0 | +75.0 | +0.0 | 1 of 1 (0) |" in text
+    assert "| pair | steps | 0 | 25.0% | 100.0% | +75.0 [" in text
+    report = choice.report({("pair", "steps"): []}, [0], "test", cells)
+    assert "| pair | steps | S2 | 0 | 1 | 1 | 0.50% | 2.0% (2.0%) | 0 | - | 0 | 0 |" in report
 
 
 def test_the_unit_effect_is_steps_minus_tokens_per_seed():

@@ -10,6 +10,12 @@ The folder holds, per task t, seed s and unit u (tokens, steps): t-seed<s>/<u>/s
 block) and free (Unseen S1), and t-seed<s>/chain/eval-<split> (the forced chain, one run for both
 units: a chain's decode steps are its tokens), each an eval.py folder (samples.jsonl).
 
+S2 beside S1: per cell and seed, the s2 arm's (Unseen S2, t-seed<s>/<u>/s2/eval-<split>) block
+share and Mean@k minus the free arm's, each with its paired bootstrap interval; across seeds, a t
+interval and the seeds where S2 leads by S2_LEAD points or more; and both arms' training rollouts
+after their share first fell to LOW_SHARE (the after-the-drop table): with few groups holding
+both kinds, S2's bonus has nothing to act on, so a share near 0 would stay there (absorbing).
+
 Per cell (task x unit) and seed: the forced gap, Mean@k of the forced block minus the forced
 chain, and S1's block-share change, the free arm's share of responses with a block minus the
 SFT's, each with a paired bootstrap 95% interval over the problems (both arms answered the same
@@ -42,7 +48,10 @@ T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
          9: 2.262, 10: 2.228}
 UNIT_COLUMN = {"tokens": "T", "steps": "D"}   # samples.jsonl's count of each unit
 WINDOW = 10                  # steps in the figure's moving means (as scripts/studies/dynamics.py)
-LOW_SHARE = 5.0              # a block share (%) at or below which S1 has dropped blocks
+LOW_SHARE = 5.0              # a block share (%) at or below which an arm has dropped blocks
+S2_LEAD = 15.0               # points of block share by which S2 "holds blocks" beside S1 (issue 45)
+ARM_NAMES = {"free": "S1", "s2": "S2"}
+GROUP_SIZE = 4               # responses a prompt in both tasks' GRPO runs (choice.sh)
 
 
 def read_samples(folder: str) -> list[dict]:
@@ -94,7 +103,7 @@ def sign(value: float) -> int:
 
 
 def training_curves(grpo_folder: str) -> dict:
-    """The free arm's training rows (log.jsonl): per step, the block share, the share of groups
+    """A free-choice arm's training rows (log.jsonl): per step, the block share, the share of groups
     holding both kinds and the accuracy with a block minus without (None: one kind absent), %."""
     path = os.path.join(grpo_folder, "log.jsonl")
     curves = {"share": [], "mixed": [], "gap": []}
@@ -153,6 +162,27 @@ def seed_row(root: str, task: str, unit: str, seed: int, split: str) -> dict | N
     return row
 
 
+def s2_row(root: str, task: str, unit: str, seed: int, split: str) -> dict | None:
+    """One seed's S2 beside S1 in a cell: each arm's block share and Mean@k, S2 minus S1 of each
+    with its paired bootstrap interval, and S2's training curves; None when either evaluation is
+    missing."""
+    cell = os.path.join(root, f"{task}-seed{seed}", unit)
+    folders = {arm: os.path.join(cell, arm, f"eval-{split}") for arm in ARM_NAMES}
+    if not all(os.path.exists(os.path.join(f, "samples.jsonl")) for f in folders.values()):
+        return None
+    samples = {arm: read_samples(folder) for arm, folder in folders.items()}
+    share = {arm: per_problem(samples[arm], "has_parallel") for arm in ARM_NAMES}
+    accuracy = {arm: per_problem(samples[arm], "correct") for arm in ARM_NAMES}
+    return {"seed": seed,
+            "s1_share": statistics.mean(share["free"].values()),
+            "s2_share": statistics.mean(share["s2"].values()),
+            "lead": paired_bootstrap(share["free"], share["s2"]),
+            "s1_accuracy": statistics.mean(accuracy["free"].values()),
+            "s2_accuracy": statistics.mean(accuracy["s2"].values()),
+            "accuracy": paired_bootstrap(accuracy["free"], accuracy["s2"]),
+            "curves": training_curves(os.path.join(cell, "s2", "grpo"))}
+
+
 def with_gap(rows: list[dict]) -> list[dict]:
     """The rows whose forced arms both finished."""
     return [r for r in rows if r["gap"] is not None]
@@ -164,9 +194,19 @@ def number_text(value: float | None) -> str:
     return f"{value:.1f}"
 
 
+def mixed_if_independent(share: float) -> float:
+    """The share (%) of groups of GROUP_SIZE holding both kinds when each response opens a block
+    with probability share (%) on its own: 1 - p^G - (1 - p)^G. At 1% blocks: 3.9% of groups."""
+    p = share / 100
+    return 100 * (1 - p ** GROUP_SIZE - (1 - p) ** GROUP_SIZE)
+
+
 def after_the_drop(curves: dict) -> dict | None:
-    """What S1's rollouts said about blocks once it had dropped them: from the first step at or
-    below LOW_SHARE on, the steps, the mean block share, the steps whose rollouts held a block
+    """What an arm's rollouts said about blocks once it had dropped them: from the first step at
+    or below LOW_SHARE on, the steps, the mean block share, the mean share of groups holding both
+    kinds (the only groups where a block's reward can move the advantages) and that share were
+    the group's responses independent draws at the step's share, the steps whose rollouts held a
+    block
     beside a response without one (the gap measured), the mean accuracy gap (with a block minus
     without, points) over those, how many of them favoured blocks, and the steps whose share
     climbed back above LOW_SHARE. A share that stays down while the gap is against blocks is
@@ -180,17 +220,19 @@ def after_the_drop(curves: dict) -> dict | None:
     gaps = [curves["gap"][i] for i in after if curves["gap"][i] is not None]
     return {"first_step": low[0] + 1, "steps": len(after),
             "share": statistics.mean(shares[i] for i in after),
+            "mixed": statistics.mean(curves["mixed"][i] for i in after),
+            "independent": statistics.mean(mixed_if_independent(shares[i]) for i in after),
             "measured": len(gaps), "gap": statistics.mean(gaps) if gaps else None,
             "favoured": sum(1 for gap in gaps if gap > 0),
             "back_above": sum(1 for i in after if shares[i] > LOW_SHARE)}
 
 
-def collect(root: str, seeds: list[int], tasks: tuple, split: str) -> dict:
-    """{(task, unit): [seed_row of each seed that finished]}."""
+def collect(root: str, seeds: list[int], tasks: tuple, split: str, row_of=seed_row) -> dict:
+    """{(task, unit): [row_of(...) of each seed that finished]} (seed_row, or s2_row)."""
     cells = {}
     for task in tasks:
         for unit in UNITS:
-            rows = [seed_row(root, task, unit, seed, split) for seed in seeds]
+            rows = [row_of(root, task, unit, seed, split) for seed in seeds]
             cells[(task, unit)] = [row for row in rows if row is not None]
     return cells
 
@@ -201,7 +243,36 @@ def interval_text(value: float, low, high) -> str:
     return f"{value:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
-def report(cells: dict, seeds: list[int], split: str) -> str:
+def s2_lines(s2_cells: dict) -> list[str]:
+    """The S2-beside-S1 tables: across seeds per cell, then per seed."""
+    title = (f"S2 beside S1 (the same SFT, cell and seed; only the reward differs): S2 minus S1 "
+             f"in points, t 95% across seeds; S2 holds blocks where it leads by {S2_LEAD:g} or "
+             "more:")
+    header = ("| task | unit | seeds | block share, S2 - S1 | Mean@4, S2 - S1 | "
+              f"seeds where S2 leads by >= {S2_LEAD:g} |")
+    lines = ["", title, "", header, "|---|---|---|---|---|---|"]
+    for (task, unit), rows in s2_cells.items():
+        if not rows:
+            continue
+        lead = t_interval([r["lead"][0] for r in rows])
+        accuracy = t_interval([r["accuracy"][0] for r in rows])
+        held = [str(r["seed"]) for r in rows if r["lead"][0] >= S2_LEAD]
+        lines.append(f"| {task} | {unit} | {', '.join(str(r['seed']) for r in rows)} | "
+                     f"{interval_text(*lead)} | {interval_text(*accuracy)} | "
+                     f"{len(held)} of {len(rows)} ({', '.join(held) or 'none'}) |")
+    header = ("| task | unit | seed | S1 share | S2 share | S2 - S1 | S1 Mean@4 | S2 Mean@4 | "
+              "S2 - S1 |")
+    lines += ["", header, "|---|---|---|---|---|---|---|---|---|"]
+    for (task, unit), rows in s2_cells.items():
+        for r in rows:
+            lines.append(f"| {task} | {unit} | {r['seed']} | {r['s1_share']:.1f}% | "
+                         f"{r['s2_share']:.1f}% | {interval_text(*r['lead'])} | "
+                         f"{r['s1_accuracy']:.1f} | {r['s2_accuracy']:.1f} | "
+                         f"{interval_text(*r['accuracy'])} |")
+    return lines
+
+
+def report(cells: dict, seeds: list[int], split: str, s2_cells: dict | None = None) -> str:
     legend = (f"Hard `:{split}` problems, at each run's own unit and budget. Forced gap: Mean@4 "
               "of the forced block minus the forced chain; S1's change: the free arm's share of "
               "responses with a block minus its SFT's (points). Per seed: paired bootstrap 95% "
@@ -263,26 +334,34 @@ def report(cells: dict, seeds: list[int], split: str) -> str:
                          f"{number_text(r['block'])} | {r['free']:.1f} | {gap_text} | "
                          f"{r['sft_share']:.1f}% | {r['free_share']:.1f}% | "
                          f"{interval_text(*r['change'])} | {agrees} |")
-    header = (f"| task | unit | seed | first step at <= {LOW_SHARE:g}% | steps from it | blocks | "
-              "steps with the gap measured | its mean | steps it favoured blocks | "
-              f"steps back above {LOW_SHARE:g}% |")
+    if s2_cells and any(s2_cells.values()):
+        lines += s2_lines(s2_cells)
+    header = (f"| task | unit | arm | seed | first step at <= {LOW_SHARE:g}% | steps from it | "
+              "blocks | groups with both kinds (if independent) | steps with the gap measured | "
+              f"its mean | steps it favoured blocks | steps back above {LOW_SHARE:g}% |")
+    arms = [("S1", cells)]
+    if s2_cells:
+        arms.append(("S2", s2_cells))
     dropped = []
-    for (task, unit), rows in cells.items():
-        for r in rows:
-            held = after_the_drop(r["curves"])
-            if held is None:
-                continue
-            gap_text = "-"
-            if held["gap"] is not None:
-                gap_text = f"{held['gap']:+.1f}"
-            dropped.append(f"| {task} | {unit} | {r['seed']} | {held['first_step']} | "
-                           f"{held['steps']} | {held['share']:.2f}% | {held['measured']} | "
-                           f"{gap_text} | {held['favoured']} | {held['back_above']} |")
+    for arm, arm_cells in arms:
+        for (task, unit), rows in arm_cells.items():
+            for r in rows:
+                held = after_the_drop(r["curves"])
+                if held is None:
+                    continue
+                gap_text = "-"
+                if held["gap"] is not None:
+                    gap_text = f"{held['gap']:+.1f}"
+                dropped.append(f"| {task} | {unit} | {arm} | {r['seed']} | "
+                               f"{held['first_step']} | {held['steps']} | {held['share']:.2f}% | "
+                               f"{held['mixed']:.1f}% ({held['independent']:.1f}%) | "
+                               f"{held['measured']} | {gap_text} | "
+                               f"{held['favoured']} | {held['back_above']} |")
     if dropped:
-        title = ("After the drop (S1's training rollouts, from the first step at or below "
+        title = ("After the drop (an arm's training rollouts, from the first step at or below "
                  f"{LOW_SHARE:g}% blocks on; the gap: accuracy with a block minus without, "
                  "points, on the steps that held both kinds):")
-        lines += ["", title, "", header, "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", title, "", header, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         lines += dropped
     missing = []
     for (task, unit), rows in cells.items():
@@ -402,7 +481,8 @@ def main(argv: list[str] | None = None):
     if not any(cells.values()):
         parser.error(f"{args.folders[0]}: no seed with every evaluation of a cell "
                      f"(<task>-seed<s>/<unit>/sft-eval-{args.split} and <arm>/eval-{args.split})")
-    text = report(cells, args.seeds, args.split)
+    s2_cells = collect(args.folders[0], args.seeds, args.tasks, args.split, row_of=s2_row)
+    text = report(cells, args.seeds, args.split, s2_cells)
     print(text)
     if args.md:
         with open(args.md, "w", encoding="utf-8") as fh:
