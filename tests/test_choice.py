@@ -79,7 +79,8 @@ def test_sweep_cuts_each_unit_at_the_cap(tmp_path):
 @pytest.mark.parametrize("setting,message", [
     ("UNITS=tokens tokens", "names tokens twice"), ("ARMS=chain forced", "unknown 'forced'"),
     ("PAIR_KL=-1", "PAIR_KL=-1: give a number"), ("SEEDS=", "SEEDS must not be empty"),
-    ("SPLITS=train", "unknown 'train' in SPLITS")])
+    ("SPLITS=train", "unknown 'train' in SPLITS"),
+    ("UNITS=tokens", "the s2low arm trains under decode steps only")])
 def test_choice_sh_refuses_bad_settings_before_anything_runs(tmp_path, setting, message):
     name, value = setting.split("=", 1)
     env = dict(os.environ, **{name: value}, OUT=str(tmp_path / "out"), PY="false")
@@ -87,6 +88,19 @@ def test_choice_sh_refuses_bad_settings_before_anything_runs(tmp_path, setting, 
                          capture_output=True, text=True, check=False)
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_s2low_without_its_start_fails_naming_it(tmp_path):
+    """ARMS=s2low alone on an empty folder: no job of this run trains the free arm under tokens,
+    so the s2low job fails at once (no wait), saying where its start should be."""
+    env = dict(os.environ, OUT=str(tmp_path / "out"), SEEDS="0", TASKS="pair", UNITS="steps",
+               ARMS="s2low", SPLITS="test", LANES="1", WAIT_S="1")
+    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "studies", "choice.sh")], env=env,
+                         capture_output=True, text=True, check=False, timeout=120)
+    assert out.returncode == 1 and "FAILED pair seed 0 steps s2low" in out.stdout, out.stdout
+    log = (tmp_path / "out" / "pair-seed0-steps-s2low.log").read_text()
+    assert "no " + str(tmp_path / "out") + "/pair-seed0/tokens/free/grpo/checkpoint-100" in log
+    assert (tmp_path / "out" / "pair-seed0-steps-s2low.failed").exists()
 
 
 def test_training_curves_in_percent_and_their_means_skip_missing_gaps(tmp_path):
@@ -142,6 +156,24 @@ def test_s2_beside_s1_by_hand(tmp_path):
     assert "| pair | steps | 0 | 25.0% | 100.0% | +75.0 [" in text
     report = choice.report({("pair", "steps"): []}, [0], "test", cells)
     assert "| pair | steps | S2 | 0 | 1 | 1 | 0.50% | 2.0% (2.0%) | 0 | - | 0 | 0 |" in report
+
+
+def test_a_dropped_share_and_where_s2_took_it(tmp_path):
+    """Seed 0: S1's end under tokens opened a block on 1 of 4 samples (25%); S2 from it (s2low,
+    steps cell) on 4 of 4 (100%, right 3 of 4: 75): it came back (above 5%). Seed 1: only its
+    start exists: no row."""
+    seed_dir = tmp_path / "pair-seed0"
+    _write_eval(seed_dir / "tokens" / "free" / "eval-test", [[(1, 1, 9, 9), (1, 0, 9, 9)],
+                                                             [(0, 0, 9, 9)] * 2])
+    _write_eval(seed_dir / "steps" / "s2low" / "eval-test", [[(1, 1, 9, 9)] * 2,
+                                                             [(1, 1, 9, 9), (0, 1, 9, 9)]])
+    _write_eval(tmp_path / "pair-seed1" / "tokens" / "free" / "eval-test", [[(1, 0, 9, 9)]])
+    row = choice.return_row(str(tmp_path), "pair", 0, "test")
+    assert (row["start_share"], row["share"], row["accuracy"]) == (25.0, 100.0, 75.0)
+    assert choice.return_row(str(tmp_path), "pair", 1, "test") is None
+    text = "\n".join(choice.return_lines({"pair": [row]}))
+    assert "| pair | 0 | 25.0% | 100.0% | 75.0 |" in text
+    assert "| pair | came back on | 1 of 1 seeds (0) | | |" in text
 
 
 def test_the_unit_effect_is_steps_minus_tokens_per_seed():

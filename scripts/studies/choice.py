@@ -15,6 +15,8 @@ share and Mean@k minus the free arm's, each with its paired bootstrap interval; 
 interval and the seeds where S2 leads by S2_LEAD points or more; and both arms' training rollouts
 after their share first fell to LOW_SHARE (the after-the-drop table): with few groups holding
 both kinds, S2's bonus has nothing to act on, so a share near 0 would stay there (absorbing).
+The s2low arm tests that: S2 under decode steps from the free arm's end under tokens, where S1
+dropped blocks (t-seed<s>/steps/s2low/eval-<split>): its share against the share it started from.
 
 Per cell (task x unit) and seed: the forced gap, Mean@k of the forced block minus the forced
 chain, and S1's block-share change, the free arm's share of responses with a block minus the
@@ -183,6 +185,23 @@ def s2_row(root: str, task: str, unit: str, seed: int, split: str) -> dict | Non
             "curves": training_curves(os.path.join(cell, "s2", "grpo"))}
 
 
+def return_row(root: str, task: str, seed: int, split: str) -> dict | None:
+    """One seed's s2low arm: the share it started from (the free arm's end under tokens), its own
+    share and Mean@k at the end, and its training curves; None when either evaluation is
+    missing."""
+    folders = {"start": os.path.join(root, f"{task}-seed{seed}", "tokens", "free",
+                                     f"eval-{split}"),
+               "end": os.path.join(root, f"{task}-seed{seed}", "steps", "s2low", f"eval-{split}")}
+    if not all(os.path.exists(os.path.join(f, "samples.jsonl")) for f in folders.values()):
+        return None
+    samples = {name: read_samples(folder) for name, folder in folders.items()}
+    share = {name: per_problem(samples[name], "has_parallel") for name in folders}
+    return {"seed": seed, "start_share": statistics.mean(share["start"].values()),
+            "share": statistics.mean(share["end"].values()),
+            "accuracy": statistics.mean(per_problem(samples["end"], "correct").values()),
+            "curves": training_curves(os.path.join(os.path.dirname(folders["end"]), "grpo"))}
+
+
 def with_gap(rows: list[dict]) -> list[dict]:
     """The rows whose forced arms both finished."""
     return [r for r in rows if r["gap"] is not None]
@@ -243,6 +262,23 @@ def interval_text(value: float, low, high) -> str:
     return f"{value:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
+def return_lines(returns: dict) -> list[str]:
+    """The s2low table: per task and seed, the share S2 started from and its share at the end."""
+    title = ("Does a dropped share come back? S2 under decode steps, started from S1's end under "
+             f"tokens; it came back where its share ends above {LOW_SHARE:g}%:")
+    lines = ["", title, "", "| task | seed | blocks at the start | blocks at the end | Mean@4 |",
+             "|---|---|---|---|---|"]
+    for task, rows in returns.items():
+        for r in rows:
+            lines.append(f"| {task} | {r['seed']} | {r['start_share']:.1f}% | {r['share']:.1f}% | "
+                         f"{r['accuracy']:.1f} |")
+        back = [str(r["seed"]) for r in rows if r["share"] > LOW_SHARE]
+        if rows:
+            lines.append(f"| {task} | came back on | {len(back)} of {len(rows)} seeds "
+                         f"({', '.join(back) or 'none'}) | | |")
+    return lines
+
+
 def s2_lines(s2_cells: dict) -> list[str]:
     """The S2-beside-S1 tables: across seeds per cell, then per seed."""
     title = (f"S2 beside S1 (the same SFT, cell and seed; only the reward differs): S2 minus S1 "
@@ -272,7 +308,8 @@ def s2_lines(s2_cells: dict) -> list[str]:
     return lines
 
 
-def report(cells: dict, seeds: list[int], split: str, s2_cells: dict | None = None) -> str:
+def report(cells: dict, seeds: list[int], split: str, s2_cells: dict | None = None,
+           returns: dict | None = None) -> str:
     legend = (f"Hard `:{split}` problems, at each run's own unit and budget. Forced gap: Mean@4 "
               "of the forced block minus the forced chain; S1's change: the free arm's share of "
               "responses with a block minus its SFT's (points). Per seed: paired bootstrap 95% "
@@ -336,12 +373,16 @@ def report(cells: dict, seeds: list[int], split: str, s2_cells: dict | None = No
                          f"{interval_text(*r['change'])} | {agrees} |")
     if s2_cells and any(s2_cells.values()):
         lines += s2_lines(s2_cells)
+    if returns and any(returns.values()):
+        lines += return_lines(returns)
     header = (f"| task | unit | arm | seed | first step at <= {LOW_SHARE:g}% | steps from it | "
               "blocks | groups with both kinds (if independent) | steps with the gap measured | "
               f"its mean | steps it favoured blocks | steps back above {LOW_SHARE:g}% |")
     arms = [("S1", cells)]
     if s2_cells:
         arms.append(("S2", s2_cells))
+    if returns:
+        arms.append(("S2 from S1's end", {(task, "steps"): rows for task, rows in returns.items()}))
     dropped = []
     for arm, arm_cells in arms:
         for (task, unit), rows in arm_cells.items():
@@ -482,7 +523,11 @@ def main(argv: list[str] | None = None):
         parser.error(f"{args.folders[0]}: no seed with every evaluation of a cell "
                      f"(<task>-seed<s>/<unit>/sft-eval-{args.split} and <arm>/eval-{args.split})")
     s2_cells = collect(args.folders[0], args.seeds, args.tasks, args.split, row_of=s2_row)
-    text = report(cells, args.seeds, args.split, s2_cells)
+    returns = {}
+    for task in args.tasks:
+        rows = [return_row(args.folders[0], task, seed, args.split) for seed in args.seeds]
+        returns[task] = [row for row in rows if row is not None]
+    text = report(cells, args.seeds, args.split, s2_cells, returns)
     print(text)
     if args.md:
         with open(args.md, "w", encoding="utf-8") as fh:

@@ -7,13 +7,17 @@
 #   block   grpo.py --recipe=unseen-s1 --open_block=True   forced block: the runtime opens one
 #   free    grpo.py --recipe=unseen-s1          free choice (Unseen S1, accuracy reward)
 #   s2      grpo.py --recipe=unseen-s2          free choice under S2's alternating reward (its tiered
-#           steps pay a bonus for a block): does a share near 0 come back? (issue 45, item 4)
+#           steps pay a bonus for a block), from the SFT
+#   s2low   the same from the free arm's end under tokens (its share dropped near 0), trained and
+#           evaluated under decode steps only: does a share near 0 come back where S2 pays for
+#           blocks? (issue 45, item 4; it waits for that free arm when this run trains it)
 # each evaluated on the hard problems of every part of SPLITS ("val": to choose settings; "test":
 # read once a reported run) at the run's own unit and B, as it was trained; the SFT too (free, at
 # each unit), for S1's block-share change. In $OUT (runs/choice):
 #   <task>-seed<s>/sft (pair: sft.py --seed, the demo's SFT; carry: scripts/studies/carry_sft.sh, shared
 #   with budget.sh in $CARRY_SFT_DIR), <task>-seed<s>/<unit>/sft-eval-<split>,
-#   <task>-seed<s>/<unit>/{block,free,s2}/{grpo,eval-<split>}, <task>-seed<s>/chain/{grpo,eval-<split>}
+#   <task>-seed<s>/<unit>/{block,free,s2}/{grpo,eval-<split>}, <task>-seed<s>/steps/s2low/{...},
+#   <task>-seed<s>/chain/{grpo,eval-<split>}
 # then scripts/studies/choice.py: results/choice.md (the 2 x 2 table: forced gap, S1's change, seeds that
 # agree) and results/choice.png, from the last split of SPLITS.
 #
@@ -42,7 +46,7 @@ DEFAULT_SPLITS="val test"
 SPLITS=$(echo ${SPLITS-$DEFAULT_SPLITS})
 DEFAULT_UNITS="tokens steps"
 UNITS=$(echo ${UNITS-$DEFAULT_UNITS})
-DEFAULT_ARMS="chain block free s2"
+DEFAULT_ARMS="chain block free s2 s2low"
 ARMS=$(echo ${ARMS-$DEFAULT_ARMS})
 LANES=${LANES-2}
 OUT=${OUT:-runs/choice}
@@ -89,6 +93,9 @@ check_list SEEDS "$SEEDS" ""
 check_list SPLITS "$SPLITS" "$DEFAULT_SPLITS"
 check_list UNITS "$UNITS" "$DEFAULT_UNITS"
 check_list ARMS "$ARMS" "$DEFAULT_ARMS"
+if [[ " $ARMS " == *" s2low "* ]] && [[ " $UNITS " != *" steps "* ]]; then
+  fail "the s2low arm trains under decode steps only: add steps to UNITS or leave s2low out"
+fi
 for name in LANES GRPO_STEPS PAIR_B CARRY_B EVAL_LIMIT; do
   if ! [[ ${!name} =~ ^[1-9][0-9]{0,8}$ ]]; then
     fail "$name=${!name}: give a whole number from 1 to 999999999"
@@ -148,6 +155,21 @@ sft_of() {
   echo "$model"
 }
 
+# The free arm's end under tokens for task $1, seed $2 (s2low's start): waits while this run
+# trains it; fails when that job failed or no job of this run makes it.
+dropped_of() {
+  local model=$OUT/$1-seed$2/tokens/free/grpo/checkpoint-$GRPO_STEPS
+  while [ ! -d "$model" ]; do
+    if [ -f "$OUT/$1-seed$2-tokens-free.failed" ] || [ "$DROPPED_MADE" = 0 ]; then
+      echo "[$(date +%H:%M:%S)] no $model: s2low starts from the free arm trained under" \
+        "tokens (ARMS with free, UNITS with tokens)" >&2
+      return 1
+    fi
+    sleep "$WAIT_S"
+  done
+  echo "$model"
+}
+
 # One job: task $1, seed $2, unit $3, arm $4; $5 = train when it trains the seed's SFT.
 arm_job() {
   local task=$1
@@ -155,7 +177,11 @@ arm_job() {
   local unit=$3
   local arm=$4
   local model
-  model=$(sft_of "$task" "$seed" "$5") || return 1
+  if [ "$arm" = s2low ]; then
+    model=$(dropped_of "$task" "$seed") || return 1
+  else
+    model=$(sft_of "$task" "$seed" "$5") || return 1
+  fi
   local dir=$OUT/$task-seed$seed/$unit
   local b=$PAIR_B
   local kl=$PAIR_KL
@@ -183,7 +209,7 @@ arm_job() {
     chain) recipe=baseline; arm_flags="" ;;
     block) recipe=unseen-s1; arm_flags="--open_block=True" ;;
     free) recipe=unseen-s1; arm_flags="" ;;
-    s2) recipe=unseen-s2; arm_flags="" ;;
+    s2 | s2low) recipe=unseen-s2; arm_flags="" ;;
   esac
   local split
   if [ "$arm" = free ]; then          # the SFT's own share at this unit: S1's starting point
@@ -207,21 +233,35 @@ arm_job() {
       --name="$arm" --out_dir="$arm_dir/eval-$split" || return 1
   done
 }
-export -f sft_of arm_job
+DROPPED_MADE=0                    # 1: this run trains the free arms under tokens (s2low's start)
+if [[ " $ARMS " == *" free "* ]] && [[ " $UNITS " == *" tokens "* ]]; then
+  DROPPED_MADE=1
+fi
+export -f sft_of dropped_of arm_job
 export JOBS_SCRIPT PY OUT GRPO_STEPS PAIR_B PAIR_KL CARRY_B CARRY_KL EVAL_LIMIT EVAL_K SPLITS \
-  CARRY_SFT_DIR CARRY_SFT_STEPS PAIR_SFT_STEPS CARRY_BATCH WAIT_S
+  CARRY_SFT_DIR CARRY_SFT_STEPS PAIR_SFT_STEPS CARRY_BATCH WAIT_S DROPPED_MADE
 
-# The jobs: each seed's SFT-training job first (the first unit and arm), then the others.
+# The jobs: each seed's SFT-training job first (the first unit and arm), then the others, then
+# s2low (it waits for a free arm).
 first_unit=${UNITS%% *}
-first_arm=${ARMS%% *}
+first_arm=${ARMS/s2low/}
+first_arm=$(echo $first_arm)
+first_arm=${first_arm%% *}
 jobs=""
 rest=""
+last=""
 for task in $TASKS; do
   for seed in $SEEDS; do
     for unit in $UNITS; do
       for arm in $ARMS; do
         if [ "$arm" = chain ] && [ "$unit" != "$first_unit" ]; then
           continue                     # the chain is trained once a seed (above)
+        fi
+        if [ "$arm" = s2low ]; then
+          if [ "$unit" = steps ]; then
+            last+="$task $seed $unit $arm wait"$'\n'
+          fi
+          continue
         fi
         if [ "$unit" = "$first_unit" ] && [ "$arm" = "$first_arm" ]; then
           jobs+="$task $seed $unit $arm train"$'\n'
@@ -232,16 +272,18 @@ for task in $TASKS; do
     done
   done
 done
-jobs+=$rest
+jobs+=$rest$last
 echo "choice.sh: tasks $TASKS, seeds $SEEDS, units $UNITS, arms $ARMS, splits $SPLITS," \
   "$LANES lanes; logs: $OUT/<task>-seed<s>-<unit>-<arm>.log"
 lane='log=$OUT/$0-seed$1-$2-$3.log
 echo "[$(date +%H:%M:%S)] start $0 seed $1 $2 $3"
 echo "== choice.sh, $(date)" >> "$log"
 t0=$(date +%s)
+rm -f "$OUT/$0-seed$1-$2-$3.failed"
 if arm_job "$0" "$1" "$2" "$3" "$4" >> "$log" 2>&1; then
   echo "[$(date +%H:%M:%S)] done $0 seed $1 $2 $3 in $(( $(date +%s) - t0 )) s"
 else
+  touch "$OUT/$0-seed$1-$2-$3.failed"
   echo "[$(date +%H:%M:%S)] FAILED $0 seed $1 $2 $3: see $log"
   exit 1
 fi'
