@@ -415,17 +415,26 @@ def report(cells: dict, seeds: list[int], split: str, s2_cells: dict | None = No
     return "\n".join(lines)
 
 
-def plot(cells: dict, out: str):
+def plot(cells: dict, out: str, s2_cells: dict | None = None, returns: dict | None = None):
     """Left: per cell, the forced gap against S1's change: a point per seed, the across-seed mean
-    with its t intervals as crossed bars; the claim holds in the quadrants of equal signs. Right:
+    with its t intervals as crossed bars; the claim holds in the quadrants of equal signs. Middle:
     S1's training rollouts against the step (WINDOW-step means, a line per seed): the block share
     (solid) and the signal RL sees, the share of groups holding both kinds (dotted) and the
-    accuracy with a block minus without (dashed)."""
+    accuracy with a block minus without (dashed). Right (when S2 ran): the same block share and
+    groups holding both kinds for S2 from the SFT (a color a cell) and from S1's drop (black)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, curves_ax) = plt.subplots(1, 2, figsize=(12, 5))
+    s2_runs = []
+    for index, rows in enumerate((s2_cells or {}).values()):
+        s2_runs += [(f"C{index}", r["curves"]) for r in rows]
+    for rows in (returns or {}).values():
+        s2_runs += [("black", r["curves"]) for r in rows]
+    panels = 2 + bool(s2_runs)
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 5))
+    ax = axes[0]
+    curves_ax = axes[1]
     for index, ((task, unit), rows) in enumerate(cells.items()):
         color = f"C{index}"                   # matplotlib's color cycle: one color a cell
         forced = with_gap(rows)
@@ -456,6 +465,17 @@ def plot(cells: dict, out: str):
     curves_ax.set_ylabel("blocks (solid), groups with both kinds (dotted),\n"
                          "acc. with - without a block (dashed), %")
     curves_ax.set_title(f"What S1 sees and does ({WINDOW}-step means, a line per seed)",
+                        fontsize=10)
+    if s2_runs:
+        s2_ax = axes[2]
+        for color, curves in s2_runs:
+            for key, style in (("share", "-"), ("mixed", ":")):
+                values = moving_mean(curves[key])
+                s2_ax.plot(range(1, len(values) + 1), values, color=color, linestyle=style,
+                           linewidth=1)
+        s2_ax.set_xlabel("GRPO step (Unseen S2)")
+        s2_ax.set_ylabel("blocks (solid), groups with both kinds (dotted), %")
+        s2_ax.set_title("S2 from the SFT (colors as left) and from S1's drop (black)",
                         fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -533,7 +553,7 @@ def main(argv: list[str] | None = None):
         with open(args.md, "w", encoding="utf-8") as fh:
             fh.write("# The choice, controlled (scripts/studies/choice.sh)\n\n" + text + "\n")
     if args.plot:
-        plot(cells, args.plot)
+        plot(cells, args.plot, s2_cells, returns)
     return 0
 
 
