@@ -156,6 +156,9 @@ def test_s2_beside_s1_by_hand(tmp_path):
     assert "| pair | steps | 0 | 25.0% | 100.0% | +75.0 [" in text
     report = choice.report({("pair", "steps"): []}, [0], "test", cells)
     assert "| pair | steps | S2 | 0 | 1 | 1 | 0.50% | 2.0% (2.0%) | 0 | - | 0 | 0 |" in report
+    pytest.importorskip("matplotlib")
+    choice.plot({("pair", "steps"): []}, str(tmp_path / "choice.png"), cells)
+    assert (tmp_path / "choice.png").stat().st_size > 0
 
 
 def test_a_dropped_share_and_where_s2_took_it(tmp_path):
