@@ -459,7 +459,9 @@ def plot(cells: dict, out: str, s2_cells: dict | None = None, returns: dict | No
     ax.set_xlabel("forced gap: forced block - forced chain (Mean@4, points)")
     ax.set_ylabel("S1's block-share change (points)")
     ax.set_title("Does RL follow the forced gap? (scripts/studies/choice.sh)", fontsize=10)
-    ax.legend(fontsize=8)
+    handles, _ = ax.get_legend_handles_labels()
+    if handles:                               # none when no cell has its forced arms yet
+        ax.legend(fontsize=8)
     curves_ax.axhline(0, color="grey", linewidth=0.5)
     curves_ax.set_xlabel("GRPO step (free choice, Unseen S1)")
     curves_ax.set_ylabel("blocks (solid), groups with both kinds (dotted),\n"
