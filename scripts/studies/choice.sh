@@ -36,7 +36,7 @@ cd "$(dirname "$0")/../.."   # scripts/studies/ -> the repository
 PY=${PY:-.venv/bin/python}
 JOBS_SCRIPT=choice.sh
 source scripts/studies/jobs.sh   # check_python, step (run a command unless its output exists), run_lanes
-DEFAULTS="OUT=runs/choice GRPO_STEPS=100 PAIR_B=48 PAIR_KL=0 CARRY_B=104 CARRY_KL=0.3"
+DEFAULTS="OUT=runs/choice GRPO_STEPS=100 PAIR_B=48 PAIR_KL=0 CARRY_B=160 CARRY_KL=0.3"
 DEFAULTS+=" EVAL_LIMIT=500 CARRY_SFT_DIR=runs/budget-carry"
 DEFAULT_TASKS="pair carry"
 TASKS=$(echo ${TASKS-$DEFAULT_TASKS})
@@ -53,7 +53,7 @@ OUT=${OUT:-runs/choice}
 GRPO_STEPS=${GRPO_STEPS:-100}
 PAIR_B=${PAIR_B:-48}
 PAIR_KL=${PAIR_KL:-0}
-CARRY_B=${CARRY_B:-104}
+CARRY_B=${CARRY_B:-160}
 CARRY_KL=${CARRY_KL:-0.3}
 EVAL_LIMIT=${EVAL_LIMIT:-500}      # hard problems of a part (all 500), 4 samples each
 EVAL_K=4
