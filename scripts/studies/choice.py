@@ -53,7 +53,6 @@ WINDOW = 10                  # steps in the figure's moving means (as scripts/st
 LOW_SHARE = 5.0              # a block share (%) at or below which an arm has dropped blocks
 S2_LEAD = 15.0               # points of block share by which S2 "holds blocks" beside S1 (issue 45)
 ARM_NAMES = {"free": "S1", "s2": "S2"}
-GROUP_SIZE = 4               # responses a prompt in both tasks' GRPO runs (choice.sh)
 
 
 def read_samples(folder: str) -> list[dict]:
@@ -213,19 +212,11 @@ def number_text(value: float | None) -> str:
     return f"{value:.1f}"
 
 
-def mixed_if_independent(share: float) -> float:
-    """The share (%) of groups of GROUP_SIZE holding both kinds when each response opens a block
-    with probability share (%) on its own: 1 - p^G - (1 - p)^G. At 1% blocks: 3.9% of groups."""
-    p = share / 100
-    return 100 * (1 - p ** GROUP_SIZE - (1 - p) ** GROUP_SIZE)
-
-
 def after_the_drop(curves: dict) -> dict | None:
     """What an arm's rollouts said about blocks once it had dropped them: from the first step at
     or below LOW_SHARE on, the steps, the mean block share, the mean share of groups holding both
-    kinds (the only groups where a block's reward can move the advantages) and that share were
-    the group's responses independent draws at the step's share, the steps whose rollouts held a
-    block
+    kinds (the only groups where a block's reward can move the advantages), the steps whose
+    rollouts held a block
     beside a response without one (the gap measured), the mean accuracy gap (with a block minus
     without, points) over those, how many of them favoured blocks, and the steps whose share
     climbed back above LOW_SHARE. A share that stays down while the gap is against blocks is
@@ -240,7 +231,6 @@ def after_the_drop(curves: dict) -> dict | None:
     return {"first_step": low[0] + 1, "steps": len(after),
             "share": statistics.mean(shares[i] for i in after),
             "mixed": statistics.mean(curves["mixed"][i] for i in after),
-            "independent": statistics.mean(mixed_if_independent(shares[i]) for i in after),
             "measured": len(gaps), "gap": statistics.mean(gaps) if gaps else None,
             "favoured": sum(1 for gap in gaps if gap > 0),
             "back_above": sum(1 for i in after if shares[i] > LOW_SHARE)}
@@ -395,8 +385,7 @@ def report(cells: dict, seeds: list[int], split: str, s2_cells: dict | None = No
                     gap_text = f"{held['gap']:+.1f}"
                 dropped.append(f"| {task} | {unit} | {arm} | {r['seed']} | "
                                f"{held['first_step']} | {held['steps']} | {held['share']:.2f}% | "
-                               f"{held['mixed']:.1f}% ({held['independent']:.1f}%) | "
-                               f"{held['measured']} | {gap_text} | "
+                               f"{held['mixed']:.1f}% | {held['measured']} | {gap_text} | "
                                f"{held['favoured']} | {held['back_above']} |")
     if dropped:
         title = ("After the drop (an arm's training rollouts, from the first step at or below "
