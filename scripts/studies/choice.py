@@ -366,8 +366,8 @@ def report(cells: dict, seeds: list[int], split: str, s2_cells: dict | None = No
     if returns and any(returns.values()):
         lines += return_lines(returns)
     header = (f"| task | unit | arm | seed | first step at <= {LOW_SHARE:g}% | steps from it | "
-              "blocks | groups with both kinds (if independent) | steps with the gap measured | "
-              f"its mean | steps it favoured blocks | steps back above {LOW_SHARE:g}% |")
+              "blocks | groups with both kinds | steps with the gap measured | its mean | "
+              f"steps it favoured blocks | steps back above {LOW_SHARE:g}% |")
     arms = [("S1", cells)]
     if s2_cells:
         arms.append(("S2", s2_cells))
