@@ -271,9 +271,9 @@ def return_lines(returns: dict) -> list[str]:
 
 def s2_lines(s2_cells: dict) -> list[str]:
     """The S2-beside-S1 tables: across seeds per cell, then per seed."""
-    title = (f"S2 beside S1 (the same SFT, cell and seed; only the reward differs): S2 minus S1 "
-             f"in points, t 95% across seeds; S2 holds blocks where it leads by {S2_LEAD:g} or "
-             "more:")
+    title = ("S2 beside S1 (the same SFT, cell and seed; S2 as the paper's: the alternating reward "
+             f"and clip_ratio_high 0.28): S2 minus S1 in points, t 95% across seeds; S2 holds "
+             f"blocks where it leads by {S2_LEAD:g} or more:")
     header = ("| task | unit | seeds | block share, S2 - S1 | Mean@4, S2 - S1 | "
               f"seeds where S2 leads by >= {S2_LEAD:g} |")
     lines = ["", title, "", header, "|---|---|---|---|---|---|"]
