@@ -6,17 +6,20 @@
 #           a seed: a chain's decode steps are its tokens, so both units give the same run)
 #   block   grpo.py --recipe=unseen-s1 --open_block=True   forced block: the runtime opens one
 #   free    grpo.py --recipe=unseen-s1          free choice (Unseen S1, accuracy reward)
-#   s2      grpo.py --recipe=unseen-s2          free choice under S2's alternating reward (its tiered
-#           steps pay a bonus for a block), from the SFT
-#   s2low   the same from the free arm's end under tokens (its share dropped near 0), trained and
+#   s2      grpo.py --recipe=unseen-s2          free choice under the paper's S2: the alternating
+#           reward (its tiered steps pay a bonus for a block) and clip_ratio_high 0.28; from the SFT
+#   s2low   S2 from the free arm's end under tokens (its share dropped near 0), trained and
 #           evaluated under decode steps only: does a share near 0 come back where S2 pays for
 #           blocks? (issue 45, item 4; it waits for that free arm when this run trains it)
+#   blocklow  the forced block from that same end, under decode steps: would a block pay there
+#           once trained? (the control for s2low: beside it, the chain s2low mostly writes)
 # each evaluated on the hard problems of every part of SPLITS ("val": to choose settings; "test":
 # read once a reported run) at the run's own unit and B, as it was trained; the SFT too (free, at
 # each unit), for S1's block-share change. In $OUT (runs/choice):
 #   <task>-seed<s>/sft (pair: sft.py --seed, the demo's SFT; carry: scripts/studies/carry_sft.sh, shared
 #   with budget.sh in $CARRY_SFT_DIR), <task>-seed<s>/<unit>/sft-eval-<split>,
-#   <task>-seed<s>/<unit>/{block,free,s2}/{grpo,eval-<split>}, <task>-seed<s>/steps/s2low/{...},
+#   <task>-seed<s>/<unit>/{block,free,s2}/{grpo,eval-<split>},
+#   <task>-seed<s>/steps/{s2low,blocklow}/{grpo,eval-<split>},
 #   <task>-seed<s>/chain/{grpo,eval-<split>}
 # then scripts/studies/choice.py: results/choice.md (the 2 x 2 table: forced gap, S1's change, seeds that
 # agree) and results/choice.png, from the last split of SPLITS.
@@ -46,7 +49,7 @@ DEFAULT_SPLITS="val test"
 SPLITS=$(echo ${SPLITS-$DEFAULT_SPLITS})
 DEFAULT_UNITS="tokens steps"
 UNITS=$(echo ${UNITS-$DEFAULT_UNITS})
-DEFAULT_ARMS="chain block free s2 s2low"
+DEFAULT_ARMS="chain block free s2 s2low blocklow"
 ARMS=$(echo ${ARMS-$DEFAULT_ARMS})
 LANES=${LANES-2}
 OUT=${OUT:-runs/choice}
@@ -93,9 +96,11 @@ check_list SEEDS "$SEEDS" ""
 check_list SPLITS "$SPLITS" "$DEFAULT_SPLITS"
 check_list UNITS "$UNITS" "$DEFAULT_UNITS"
 check_list ARMS "$ARMS" "$DEFAULT_ARMS"
-if [[ " $ARMS " == *" s2low "* ]] && [[ " $UNITS " != *" steps "* ]]; then
-  fail "the s2low arm trains under decode steps only: add steps to UNITS or leave s2low out"
-fi
+for arm in s2low blocklow; do
+  if [[ " $ARMS " == *" $arm "* ]] && [[ " $UNITS " != *" steps "* ]]; then
+    fail "the $arm arm trains under decode steps only: add steps to UNITS or leave $arm out"
+  fi
+done
 for name in LANES GRPO_STEPS PAIR_B CARRY_B EVAL_LIMIT; do
   if ! [[ ${!name} =~ ^[1-9][0-9]{0,8}$ ]]; then
     fail "$name=${!name}: give a whole number from 1 to 999999999"
@@ -155,14 +160,14 @@ sft_of() {
   echo "$model"
 }
 
-# The free arm's end under tokens for task $1, seed $2 (s2low's start): waits while this run
-# trains it; fails when that job failed or no job of this run makes it.
+# The free arm's end under tokens for task $1, seed $2 (where s2low and blocklow start): waits
+# while this run trains it; fails when that job failed or no job of this run makes it.
 dropped_of() {
   local model=$OUT/$1-seed$2/tokens/free/grpo/checkpoint-$GRPO_STEPS
   while [ ! -d "$model" ]; do
     if [ -f "$OUT/$1-seed$2-tokens-free.failed" ] || [ "$DROPPED_MADE" = 0 ]; then
-      echo "[$(date +%H:%M:%S)] no $model: s2low starts from the free arm trained under" \
-        "tokens (ARMS with free, UNITS with tokens)" >&2
+      echo "[$(date +%H:%M:%S)] no $model: s2low and blocklow start from the free arm" \
+        "trained under tokens (ARMS with free, UNITS with tokens)" >&2
       return 1
     fi
     sleep "$WAIT_S"
@@ -177,7 +182,7 @@ arm_job() {
   local unit=$3
   local arm=$4
   local model
-  if [ "$arm" = s2low ]; then
+  if [ "$arm" = s2low ] || [ "$arm" = blocklow ]; then
     model=$(dropped_of "$task" "$seed") || return 1
   else
     model=$(sft_of "$task" "$seed" "$5") || return 1
@@ -207,7 +212,7 @@ arm_job() {
   local arm_flags
   case $arm in
     chain) recipe=baseline; arm_flags="" ;;
-    block) recipe=unseen-s1; arm_flags="--open_block=True" ;;
+    block | blocklow) recipe=unseen-s1; arm_flags="--open_block=True" ;;
     free) recipe=unseen-s1; arm_flags="" ;;
     s2 | s2low) recipe=unseen-s2; arm_flags="" ;;
   esac
@@ -233,7 +238,7 @@ arm_job() {
       --name="$arm" --out_dir="$arm_dir/eval-$split" || return 1
   done
 }
-DROPPED_MADE=0                    # 1: this run trains the free arms under tokens (s2low's start)
+DROPPED_MADE=0                    # 1: this run trains the free arms under tokens (the drop)
 if [[ " $ARMS " == *" free "* ]] && [[ " $UNITS " == *" tokens "* ]]; then
   DROPPED_MADE=1
 fi
@@ -242,9 +247,10 @@ export JOBS_SCRIPT PY OUT GRPO_STEPS PAIR_B PAIR_KL CARRY_B CARRY_KL EVAL_LIMIT 
   CARRY_SFT_DIR CARRY_SFT_STEPS PAIR_SFT_STEPS CARRY_BATCH WAIT_S DROPPED_MADE
 
 # The jobs: each seed's SFT-training job first (the first unit and arm), then the others, then
-# s2low (it waits for a free arm).
+# s2low and blocklow (they wait for a free arm).
 first_unit=${UNITS%% *}
 first_arm=${ARMS/s2low/}
+first_arm=${first_arm/blocklow/}
 first_arm=$(echo $first_arm)
 first_arm=${first_arm%% *}
 jobs=""
@@ -257,7 +263,7 @@ for task in $TASKS; do
         if [ "$arm" = chain ] && [ "$unit" != "$first_unit" ]; then
           continue                     # the chain is trained once a seed (above)
         fi
-        if [ "$arm" = s2low ]; then
+        if [ "$arm" = s2low ] || [ "$arm" = blocklow ]; then
           if [ "$unit" = steps ]; then
             last+="$task $seed $unit $arm wait"$'\n'
           fi
