@@ -161,20 +161,31 @@ def test_s2_beside_s1_by_hand(tmp_path):
 
 def test_a_dropped_share_and_where_s2_took_it(tmp_path):
     """Seed 0: S1's end under tokens opened a block on 1 of 4 samples (25%); S2 from it (s2low,
-    steps cell) on 4 of 4 (100%, right 3 of 4: 75): it came back (above 5%). Seed 1: only its
-    start exists: no row."""
+    steps cell) on 4 of 4 (100%, right 2 and 1 of 2: 75): it came back (above 5%); the forced
+    block from the same start (blocklow) right 1 and 0 of 2 (25): a gap of -50 on each problem,
+    [-50, -50]. Seed 1: only its start exists: no row. Seed 2: no blocklow: its gap not run."""
     seed_dir = tmp_path / "pair-seed0"
     _write_eval(seed_dir / "tokens" / "free" / "eval-test", [[(1, 1, 9, 9), (1, 0, 9, 9)],
                                                              [(0, 0, 9, 9)] * 2])
     _write_eval(seed_dir / "steps" / "s2low" / "eval-test", [[(1, 1, 9, 9)] * 2,
                                                              [(1, 1, 9, 9), (0, 1, 9, 9)]])
+    _write_eval(seed_dir / "steps" / "blocklow" / "eval-test", [[(1, 1, 9, 9), (0, 1, 9, 9)],
+                                                                [(0, 1, 9, 9)] * 2])
     _write_eval(tmp_path / "pair-seed1" / "tokens" / "free" / "eval-test", [[(1, 0, 9, 9)]])
+    for part in ("tokens/free", "steps/s2low"):
+        _write_eval(tmp_path / "pair-seed2" / part / "eval-test", [[(1, 0, 9, 9)]])
     row = choice.return_row(str(tmp_path), "pair", 0, "test")
     assert (row["start_share"], row["share"], row["accuracy"]) == (25.0, 100.0, 75.0)
+    assert row["block"] == 25.0 and row["gap"] == (-50.0, -50.0, -50.0)
     assert choice.return_row(str(tmp_path), "pair", 1, "test") is None
-    text = "\n".join(choice.return_lines({"pair": [row]}))
-    assert "| pair | 0 | 25.0% | 100.0% | 75.0 |" in text
-    assert "| pair | came back on | 1 of 1 seeds (0) | | |" in text
+    seed2 = choice.return_row(str(tmp_path), "pair", 2, "test")
+    assert (seed2["share"], seed2["block"], seed2["gap"]) == (0.0, None, None)
+    text = "\n".join(choice.return_lines({"pair": [row, seed2]}))
+    assert "| pair | 0 | 25.0% | 100.0% | 75.0 | 25.0 | -50.0 [-50.0, -50.0] |" in text
+    assert "| pair | 2 | 0.0% | 0.0% | 100.0 | not run | not run |" in text
+    assert "| pair | across seeds | came back on 1 of 2 (0) | | | | -50.0 |" in text
+
+
 
 
 def test_the_unit_effect_is_steps_minus_tokens_per_seed():

@@ -186,19 +186,29 @@ def s2_row(root: str, task: str, unit: str, seed: int, split: str) -> dict | Non
 
 def return_row(root: str, task: str, seed: int, split: str) -> dict | None:
     """One seed's s2low arm: the share it started from (the free arm's end under tokens), its own
-    share and Mean@k at the end, and its training curves; None when either evaluation is
-    missing."""
-    folders = {"start": os.path.join(root, f"{task}-seed{seed}", "tokens", "free",
-                                     f"eval-{split}"),
-               "end": os.path.join(root, f"{task}-seed{seed}", "steps", "s2low", f"eval-{split}")}
-    if not all(os.path.exists(os.path.join(f, "samples.jsonl")) for f in folders.values()):
+    share and Mean@k at the end, and its training curves; None when either evaluation is missing.
+    With the blocklow arm (the forced block from the same start) also its Mean@k and the gap
+    blocklow - s2low with its paired bootstrap interval (s2low writes chains nearly always: the
+    forced gap from the drop); None without it."""
+    seed_dir = os.path.join(root, f"{task}-seed{seed}")
+    folders = {"start": os.path.join(seed_dir, "tokens", "free", f"eval-{split}"),
+               "end": os.path.join(seed_dir, "steps", "s2low", f"eval-{split}"),
+               "block": os.path.join(seed_dir, "steps", "blocklow", f"eval-{split}")}
+    found = {name: os.path.exists(os.path.join(folder, "samples.jsonl"))
+             for name, folder in folders.items()}
+    if not (found["start"] and found["end"]):
         return None
-    samples = {name: read_samples(folder) for name, folder in folders.items()}
-    share = {name: per_problem(samples[name], "has_parallel") for name in folders}
-    return {"seed": seed, "start_share": statistics.mean(share["start"].values()),
-            "share": statistics.mean(share["end"].values()),
-            "accuracy": statistics.mean(per_problem(samples["end"], "correct").values()),
-            "curves": training_curves(os.path.join(os.path.dirname(folders["end"]), "grpo"))}
+    samples = {name: read_samples(folder) for name, folder in folders.items() if found[name]}
+    share = {name: per_problem(samples[name], "has_parallel") for name in ("start", "end")}
+    accuracy = {name: per_problem(samples[name], "correct") for name in samples if name != "start"}
+    row = {"seed": seed, "start_share": statistics.mean(share["start"].values()),
+           "share": statistics.mean(share["end"].values()),
+           "accuracy": statistics.mean(accuracy["end"].values()), "block": None, "gap": None,
+           "curves": training_curves(os.path.join(seed_dir, "steps", "s2low", "grpo"))}
+    if found["block"]:
+        row["block"] = statistics.mean(accuracy["block"].values())
+        row["gap"] = paired_bootstrap(accuracy["end"], accuracy["block"])
+    return row
 
 
 def with_gap(rows: list[dict]) -> list[dict]:
@@ -253,19 +263,31 @@ def interval_text(value: float, low, high) -> str:
 
 
 def return_lines(returns: dict) -> list[str]:
-    """The s2low table: per task and seed, the share S2 started from and its share at the end."""
+    """The s2low table: per task and seed, the share S2 started from, its share and Mean@4 at the
+    end, and beside it the forced block trained from the same start (blocklow): would a block
+    pay there once trained?"""
     title = ("Does a dropped share come back? S2 under decode steps, started from S1's end under "
-             f"tokens; it came back where its share ends above {LOW_SHARE:g}%:")
-    lines = ["", title, "", "| task | seed | blocks at the start | blocks at the end | Mean@4 |",
-             "|---|---|---|---|---|"]
+             f"tokens (it came back where its share ends above {LOW_SHARE:g}%); beside it the "
+             "forced block trained from the same start (blocklow), Mean@4 minus S2's:")
+    header = ("| task | seed | blocks at the start | blocks at the end | Mean@4 | forced block "
+              "from the start | its gap [95%] |")
+    lines = ["", title, "", header, "|---|---|---|---|---|---|---|"]
     for task, rows in returns.items():
         for r in rows:
+            gap_text = "not run"
+            if r["gap"] is not None:
+                gap_text = interval_text(*r["gap"])
             lines.append(f"| {task} | {r['seed']} | {r['start_share']:.1f}% | {r['share']:.1f}% | "
-                         f"{r['accuracy']:.1f} |")
+                         f"{r['accuracy']:.1f} | {number_text(r['block'])} | {gap_text} |")
+        if not rows:
+            continue
         back = [str(r["seed"]) for r in rows if r["share"] > LOW_SHARE]
-        if rows:
-            lines.append(f"| {task} | came back on | {len(back)} of {len(rows)} seeds "
-                         f"({', '.join(back) or 'none'}) | | |")
+        gaps = [r["gap"][0] for r in rows if r["gap"] is not None]
+        gap_text = "not run"
+        if gaps:
+            gap_text = interval_text(*t_interval(gaps))
+        lines.append(f"| {task} | across seeds | came back on {len(back)} of {len(rows)} "
+                     f"({', '.join(back) or 'none'}) | | | | {gap_text} |")
     return lines
 
 
