@@ -186,8 +186,6 @@ def test_a_dropped_share_and_where_s2_took_it(tmp_path):
     assert "| pair | across seeds | came back on 1 of 2 (0) | | | | -50.0 |" in text
 
 
-
-
 def test_the_unit_effect_is_steps_minus_tokens_per_seed():
     """Seed 0: gaps -10 (tokens) and +5 (steps), changes -80 and +20: +15 and +100. Seed 1:
     gaps -20 and +10, changes -60 and -10: +30 and +50. Across seeds: 22.5 with half-width
