@@ -409,6 +409,8 @@ def report(cells: dict, seeds: list[int], split: str, s2_cells: dict | None = No
                                f"{held['first_step']} | {held['steps']} | {held['share']:.2f}% | "
                                f"{held['mixed']:.1f}% | {held['measured']} | {gap_text} | "
                                f"{held['favoured']} | {held['back_above']} |")
+    if not dropped:
+        lines += ["", f"After the drop: no arm's training share fell to {LOW_SHARE:g}% or below."]
     if dropped:
         title = ("After the drop (an arm's training rollouts, from the first step at or below "
                  f"{LOW_SHARE:g}% blocks on; the gap: accuracy with a block minus without, "
@@ -529,21 +531,26 @@ def parse_tasks(text: str) -> tuple:
 
 
 def main(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    first_paragraph = __doc__.split("\n\n")[0]
+    parser = argparse.ArgumentParser(description=first_paragraph.replace("\n", " "))
     parser.add_argument("folders", nargs="+", help="the folder choice.sh wrote (runs/choice); "
                         "with --sweep, the forced chain's and the forced block's eval folders")
-    parser.add_argument("--seeds", type=parse_numbers, default=[0, 1, 2, 3, 4])
-    parser.add_argument("--tasks", type=parse_tasks, default=TASKS)
+    parser.add_argument("--seeds", type=parse_numbers, default=[0, 1, 2, 3, 4],
+                        help="the seeds to read, comma-separated")
+    parser.add_argument("--tasks", type=parse_tasks, default=TASKS,
+                        help=f"the tasks to read, comma-separated, of {','.join(TASKS)}")
     parser.add_argument("--split", choices=("val", "test"), default="test",
                         help="the evaluations to read (eval-<split>)")
     parser.add_argument("--md", default="", help="also write the table here")
     parser.add_argument("--plot", default="", help="draw the figure here (a .png)")
-    parser.add_argument("--sweep", action="store_true", help="the forced gap at caps (above)")
-    parser.add_argument("--caps", type=parse_numbers, default=[32, 48, 64, 96, 128])
+    parser.add_argument("--sweep", action="store_true", help="print the forced gap of two "
+                        "evaluations cut at each of --caps, in tokens and in decode steps")
+    parser.add_argument("--caps", type=parse_numbers, default=[32, 48, 64, 96, 128],
+                        help="with --sweep: the budgets to cut at, comma-separated")
     args = parser.parse_args(argv)
     for folder in args.folders:
         if not os.path.isdir(folder):
-            parser.error(f"{folder}: no such folder")
+            parser.error(f"{folder}: not a folder")
     if args.sweep:
         if len(args.folders) != 2:
             parser.error("--sweep reads two eval folders: the forced chain's, the forced block's")
@@ -560,6 +567,10 @@ def main(argv: list[str] | None = None):
     for task in args.tasks:
         rows = [return_row(args.folders[0], task, seed, args.split) for seed in args.seeds]
         returns[task] = [row for row in rows if row is not None]
+    for out in (args.md, args.plot):
+        folder = os.path.dirname(out)
+        if folder and not os.path.isdir(folder):
+            parser.error(f"{out}: its folder {folder} does not exist")
     text = report(cells, args.seeds, args.split, s2_cells, returns)
     print(text)
     if args.md:

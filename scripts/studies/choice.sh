@@ -165,7 +165,12 @@ sft_of() {
 dropped_of() {
   local model=$OUT/$1-seed$2/tokens/free/grpo/checkpoint-$GRPO_STEPS
   while [ ! -d "$model" ]; do
-    if [ -f "$OUT/$1-seed$2-tokens-free.failed" ] || [ "$DROPPED_MADE" = 0 ]; then
+    if [ -f "$OUT/$1-seed$2-tokens-free.failed" ]; then
+      echo "[$(date +%H:%M:%S)] no $model: the free arm under tokens, where s2low and" \
+        "blocklow start, failed: see $OUT/$1-seed$2-tokens-free.log" >&2
+      return 1
+    fi
+    if [ "$DROPPED_MADE" = 0 ]; then
       echo "[$(date +%H:%M:%S)] no $model: s2low and blocklow start from the free arm" \
         "trained under tokens (ARMS with free, UNITS with tokens)" >&2
       return 1
@@ -300,6 +305,9 @@ if ! run_lanes "$LANES" "$lane" "$jobs"; then
 fi
 if $PY scripts/studies/choice.py "$OUT" --seeds="${SEEDS// /,}" --tasks="${TASKS// /,}" \
     --split="$REPORT_SPLIT" --md="$RESULTS_DIR/choice.md" --plot="$RESULTS_DIR/choice.png"; then
+  if [ -n "$failed" ]; then
+    echo "choice.sh: the table above holds only what finished, earlier runs' included"
+  fi
   echo "choice.sh took $(( $(date +%s) - start )) s; table: $RESULTS_DIR/choice.md," \
     "figure: $RESULTS_DIR/choice.png"
 elif [ -z "$failed" ]; then

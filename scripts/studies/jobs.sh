@@ -1,4 +1,4 @@
-# Sourced by scripts/studies/budget.sh and scripts/studies/dynamics.sh: the Python they run, the steps of their
+# Sourced by scripts/studies/budget.sh, dynamics.sh and choice.sh: the Python they run, the steps of their
 # jobs and how a stop stops them. Not the method: a reader of the study may skip it.
 
 # `check_python`: PY runs and imports what the study needs (matplotlib for its figure), or the
