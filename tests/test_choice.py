@@ -4,6 +4,7 @@ post-hoc cut; scripts/studies/choice.sh's refusals of bad settings."""
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -101,6 +102,36 @@ def test_s2low_without_its_start_fails_naming_it(tmp_path):
     log = (tmp_path / "out" / "pair-seed0-steps-s2low.log").read_text()
     assert "no " + str(tmp_path / "out") + "/pair-seed0/tokens/free/grpo/checkpoint-100" in log
     assert (tmp_path / "out" / "pair-seed0-steps-s2low.failed").exists()
+
+
+def test_a_second_choice_sh_on_a_running_seed_is_refused(tmp_path):
+    """While another process holds pair seed 1's lock in OUT, choice.sh for seeds 0 and 1 stops
+    before any job (exit 2), naming the seed and the lock; the same run for seed 0 alone starts
+    (it fails at once on its missing start instead: ARMS=s2low)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    lock = out / ".pair-seed1.lock"
+    holder = subprocess.Popen(["flock", str(lock), "sleep", "60"])
+    try:
+        for _ in range(50):                  # until the holder has taken the lock
+            if lock.exists():
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+        env = dict(os.environ, OUT=str(out), TASKS="pair", UNITS="steps", ARMS="s2low",
+                   SPLITS="test", LANES="1")
+        script = os.path.join(ROOT, "scripts", "studies", "choice.sh")
+        refused = subprocess.run(["bash", script], env=dict(env, SEEDS="0 1"),
+                                 capture_output=True, text=True, check=False, timeout=120)
+        assert refused.returncode == 2, refused.stderr
+        assert "another choice.sh is running pair seed 1" in refused.stderr
+        assert not (out / "pair-seed0-steps-s2low.log").exists()
+        alone = subprocess.run(["bash", script], env=dict(env, SEEDS="0"), capture_output=True,
+                               text=True, check=False, timeout=120)
+        assert alone.returncode == 1 and "FAILED pair seed 0 steps s2low" in alone.stdout
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_training_curves_in_percent_and_their_means_skip_missing_gaps(tmp_path):

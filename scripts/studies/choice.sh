@@ -127,6 +127,19 @@ if [ $all_defaults = 1 ] && [ "$SEEDS" = "$DEFAULT_SEEDS" ] && [ "$TASKS" = "$DE
 fi
 REPORT_SPLIT=${SPLITS##* }        # the table reads the last split (test, when asked for)
 mkdir -p "$OUT" "$RESULTS_DIR"
+# One choice.sh at a time per task and seed in OUT: a second one would race for the seed's SFT and
+# its refused SFT would fail the first one's waiting jobs. Runs on other seeds or tasks may share
+# OUT. The lock is the open file: it goes when this script and its jobs end, however they end.
+for task in $TASKS; do
+  for seed in $SEEDS; do
+    lock=$OUT/.$task-seed$seed.lock
+    exec {lock_fd}> "$lock"
+    if ! flock -n "$lock_fd"; then
+      fail "another choice.sh is running $task seed $seed in OUT=$OUT ($lock is held):" \
+        "wait for it, or give this run other SEEDS or another OUT"
+    fi
+  done
+done
 start=$(date +%s)
 
 # The SFT of task $1, seed $2: trains it ($3 = train) or waits for the job that does; prints its
