@@ -14,9 +14,10 @@ S2 beside S1: per cell and seed, the s2 arm's (Unseen S2, t-seed<s>/<u>/s2/eval-
 share and Mean@k minus the free arm's, each with its paired bootstrap interval; across seeds, a t
 interval and the seeds where S2 leads by S2_LEAD points or more; and both arms' training rollouts
 after their share first fell to LOW_SHARE (the after-the-drop table): with few groups holding
-both kinds, S2's bonus has nothing to act on, so a share near 0 would stay there (absorbing).
-The s2low arm tests that: S2 under decode steps from the free arm's end under tokens, where S1
-dropped blocks (t-seed<s>/steps/s2low/eval-<split>): its share against the share it started from.
+both kinds, S2's bonus has little to act on. The s2low arm: S2 under decode steps from the free
+arm's end under tokens, where S1 dropped blocks (t-seed<s>/steps/s2low/eval-<split>): its share
+against the share it started from; beside it blocklow, the forced block trained from the same
+start (its injected `<Parallel>` is not trained: it tests the paths, not the choice to open).
 
 Per cell (task x unit) and seed: the forced gap, Mean@k of the forced block minus the forced
 chain, and S1's block-share change, the free arm's share of responses with a block minus the
@@ -52,7 +53,7 @@ UNIT_COLUMN = {"tokens": "T", "steps": "D"}   # samples.jsonl's count of each un
 WINDOW = 10                  # steps in the figure's moving means (as scripts/studies/dynamics.py)
 LOW_SHARE = 5.0              # a block share (%) at or below which an arm has dropped blocks
 S2_LEAD = 15.0               # points of block share by which S2 "holds blocks" beside S1 (issue 45)
-ARM_NAMES = {"free": "S1", "s2": "S2"}
+FREE_ARMS = ("free", "s2")     # S1 and S2, both free to open a block
 
 
 def read_samples(folder: str) -> list[dict]:
@@ -168,12 +169,12 @@ def s2_row(root: str, task: str, unit: str, seed: int, split: str) -> dict | Non
     with its paired bootstrap interval, and S2's training curves; None when either evaluation is
     missing."""
     cell = os.path.join(root, f"{task}-seed{seed}", unit)
-    folders = {arm: os.path.join(cell, arm, f"eval-{split}") for arm in ARM_NAMES}
+    folders = {arm: os.path.join(cell, arm, f"eval-{split}") for arm in FREE_ARMS}
     if not all(os.path.exists(os.path.join(f, "samples.jsonl")) for f in folders.values()):
         return None
     samples = {arm: read_samples(folder) for arm, folder in folders.items()}
-    share = {arm: per_problem(samples[arm], "has_parallel") for arm in ARM_NAMES}
-    accuracy = {arm: per_problem(samples[arm], "correct") for arm in ARM_NAMES}
+    share = {arm: per_problem(samples[arm], "has_parallel") for arm in FREE_ARMS}
+    accuracy = {arm: per_problem(samples[arm], "correct") for arm in FREE_ARMS}
     return {"seed": seed,
             "s1_share": statistics.mean(share["free"].values()),
             "s2_share": statistics.mean(share["s2"].values()),
