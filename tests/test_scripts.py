@@ -318,6 +318,7 @@ FAKE_PY = r"""#!/usr/bin/env bash
 echo "$*" >> "$CALLS"
 case "$1" in
   -c|scripts/studies/dynamics.py|scripts/studies/budget_curve.py) exit 0 ;;
+  scripts/studies/seeds_table.py|scripts/look/plot_s1_s2.py|scripts/look/plot.py) exit 0 ;;
 esac
 for arg in "$@"; do
   case $arg in
@@ -475,3 +476,65 @@ def test_dynamics_signal_means_skip_steps_without_a_gap_and_the_plot_shows_them(
     dynamics.plot(runs, str(tmp_path / "d.png"))
     figure = plt.gcf()
     assert len(figure.axes) == 3 and len(figure.axes[2].lines) == 3   # mixed, gap, the zero line
+
+
+def test_seeds_table_gives_each_cell_its_t_interval_across_seeds(tmp_path):
+    """Three seeds of one method, hard Mean@8 0.5 / 0.6 / 0.7: the mean 60.0, the sample standard
+    deviation 10, the t quantile 4.303 (2 degrees of freedom): 60.0 -/+ 4.303 * 10 / sqrt(3) =
+    24.84, so [35.2, 84.8]. One seed of another method: its value alone."""
+    folders = []
+    for seed, (accuracy, name) in enumerate([(0.5, "A"), (0.6, "A"), (0.7, "A"), (0.25, "B")]):
+        folder = tmp_path / f"eval_{seed}"
+        folder.mkdir()
+        bench = {"parallel_ratio": 0.5, "mean_at_k": accuracy, "k": 8, "mean_T": 40.0,
+                 "mean_D": 30.0}
+        summary = {"name": name, "benchmarks": {"hard": bench}, "avg_mean_at_k": accuracy}
+        (folder / "summary.json").write_text(json.dumps(summary))
+        folders.append(str(folder))
+    out = run_script("studies/seeds_table.py", *folders)
+    assert "| A | 3 | 50.0 [50.0, 50.0] | 60.0 [35.2, 84.8] | 40.0 [40.0, 40.0] " \
+           "| 30.0 [30.0, 30.0] | 60.0 [35.2, 84.8] |" in out
+    assert "| B | 1 | 50.0 | 25.0 | 40.0 | 30.0 | 25.0 |" in out
+
+
+def test_reproduce_sh_trains_each_recipe_from_its_sft_and_refuses_a_changed_setting(tmp_path):
+    """make reproduce's script, with a stand-in python, one seed: three SFTs, then five GRPO runs,
+    each from its own SFT (baseline: sequential; seen: Seen; the rest: Unseen), every checkpoint
+    evaluated on the split asked for; a rerun trains nothing; another GRPO_STEPS into the same OUT
+    is refused at the first GRPO step, not mixed with the earlier runs."""
+    fake, calls = _stand_in_python(tmp_path)
+    out = tmp_path / "out"
+    env = dict(os.environ, PY=str(fake), CALLS=str(calls), OUT=str(out), SEEDS="0", LANES="1",
+               SPLIT="val")
+    script = os.path.join(ROOT, "scripts", "studies", "reproduce.sh")
+
+    def run(**settings):
+        return subprocess.run(["bash", script], env=dict(env, **settings), capture_output=True,
+                              text=True, timeout=120, check=False)
+
+    first = run()
+    assert first.returncode == 0, first.stdout + first.stderr
+    lines = calls.read_text().splitlines()
+    sft = [c for c in lines if c.startswith("sft.py")]
+    assert len(sft) == 3 and "--style=sequential --mode=seen" in sft[2]
+    grpo = {c.split()[1]: c for c in lines if c.startswith("grpo.py")}
+    expected = {"--recipe=baseline": "sequential", "--recipe=seen": "seen",
+                "--recipe=unseen-s1": "unseen", "--recipe=unseen-s2": "unseen",
+                "--recipe=scaffold": "unseen"}
+    assert sorted(grpo) == sorted(expected)
+    for recipe, style in expected.items():
+        assert f"--model={out}/sft_{style}_seed0/checkpoint-400 " in grpo[recipe]
+    evals = [c for c in lines if c.startswith("eval.py")]
+    assert len(evals) == 8
+    assert all("--data=synthetic:easy:val,synthetic:medium:val,synthetic:hard:val" in c
+               for c in evals)
+    assert (out / "results.md").parent == out          # not the default: results/ untouched
+
+    again = run()
+    assert again.returncode == 0, again.stdout + again.stderr
+    trained = ("sft.py", "grpo.py", "eval.py")
+    assert not [c for c in calls.read_text().splitlines()[len(lines):] if c.startswith(trained)]
+    changed = run(GRPO_STEPS="50")
+    assert changed.returncode == 1
+    assert "was made by another command" in (out / "grpo_baseline_seed0.log").read_text()
+    assert not [c for c in calls.read_text().splitlines()[len(lines):] if c.startswith("grpo.py")]

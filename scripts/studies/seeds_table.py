@@ -1,7 +1,8 @@
 """One Table-2 style table whose rows pool the seeds of a method: every cell is the mean over seeds
-and, after "±", half the spread (max - min) / 2.
+and, in brackets, its 95% t interval across seeds (the seed as the unit: a trained model is one
+draw; scripts/studies/choice.py's t_interval). One seed: the value alone.
 
-    python scripts/studies/seeds_table.py runs/reproduce/eval_*      [--out=results/results.md]
+    python scripts/studies/seeds_table.py runs/table2/eval_*      [--out=results/results.md]
 
 Each argument is an eval.py output folder (it holds summary.json); folders whose summary has the
 same "name" are seeds of one method (reproduce.sh names them "<method>" and puts the seed in the
@@ -12,13 +13,18 @@ import json
 import os
 import sys
 
+from choice import t_interval  # scripts/studies/choice.py, beside this file
+
 OUT_FLAG = "--out="
 
 
 def cell(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
-    m = sum(values) / len(values)
-    spread = (max(values) - min(values)) / 2
-    return f"{scale * m:.{digits}f}" + (f" ±{scale * spread:.{digits}f}" if len(values) > 1 else "")
+    """'mean [low, high]' of values x scale, the interval across seeds; 'mean' for one seed."""
+    mean, low, high = t_interval([scale * v for v in values])
+    text = f"{mean:.{digits}f}"
+    if low is not None:
+        text += f" [{low:.{digits}f}, {high:.{digits}f}]"
+    return text
 
 
 def seeds_table(folders: list[str]) -> str:
