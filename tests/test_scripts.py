@@ -538,3 +538,20 @@ def test_reproduce_sh_trains_each_recipe_from_its_sft_and_refuses_a_changed_sett
     assert changed.returncode == 1
     assert "was made by another command" in (out / "grpo_baseline_seed0.log").read_text()
     assert not [c for c in calls.read_text().splitlines()[len(lines):] if c.startswith("grpo.py")]
+
+
+@pytest.mark.parametrize("script,setting", [
+    ("choice.sh", "OUT"), ("dynamics.sh", "OUT"), ("reproduce.sh", "OUT"),
+    ("budget.sh", "CARRY_OUT")])
+def test_a_study_whose_out_is_a_file_stops_once_naming_it(tmp_path, script, setting):
+    """An output folder setting naming a file stops the study before anything runs, with one line
+    that names the setting (mkdir once reported it twice, in its own words); the file is kept."""
+    taken = tmp_path / "notes.txt"
+    taken.write_text("a user's file")
+    env = dict(os.environ, **{setting: str(taken)}, PY=sys.executable, TASKS="carry",
+               SEEDS="0", RESULTS=str(tmp_path / "results"))
+    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "studies", script)], env=env,
+                         capture_output=True, text=True, check=False, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr == f"{script}: {setting}={taken} is a file, not a folder: give a folder\n"
+    assert taken.read_text() == "a user's file"

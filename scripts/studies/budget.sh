@@ -171,9 +171,9 @@ if all_defaults "$CARRY_DEFAULTS" && [ "$CARRY_CAPS" = "$DEFAULT_CARRY_CAPS" ]; 
 fi
 for task in $TASKS; do
   if [ "$task" = pair ]; then
-    mkdir -p "$OUT" "$PAIR_RESULTS"
+    make_folders OUT="$OUT" RESULTS="$PAIR_RESULTS"
   else
-    mkdir -p "$CARRY_OUT" "$CARRY_RESULTS"
+    make_folders CARRY_OUT="$CARRY_OUT" RESULTS="$CARRY_RESULTS"
   fi
 done
 start=$(date +%s)

@@ -126,7 +126,7 @@ if [ $all_defaults = 1 ] && [ "$SEEDS" = "$DEFAULT_SEEDS" ] && [ "$TASKS" = "$DE
   RESULTS_DIR=${RESULTS:-results}
 fi
 REPORT_SPLIT=${SPLITS##* }        # the table reads the last split (test, when asked for)
-mkdir -p "$OUT" "$RESULTS_DIR"
+make_folders OUT="$OUT" RESULTS="$RESULTS_DIR"
 # One choice.sh at a time per task and seed in OUT: a second one would race for the seed's SFT and
 # its refused SFT would fail the first one's waiting jobs. Runs on other seeds or tasks may share
 # OUT. The lock is the open file: it goes when this script and its jobs end, however they end.

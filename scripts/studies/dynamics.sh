@@ -116,7 +116,7 @@ if [ $all_defaults = 1 ] && [ "$SEEDS" = "$DEFAULT_SEEDS" ] && [ "$TASKS" = "$DE
     && [ "$PAIR_FLAGS" = "$DEFAULT_PAIR_FLAGS" ]; then
   RESULTS_DIR=${RESULTS:-results}
 fi
-mkdir -p "$OUT" "$RESULTS_DIR"
+make_folders OUT="$OUT" RESULTS="$RESULTS_DIR"
 start=$(date +%s)
 
 # The pair task, seed $1: the demo's SFT, then S1 and S2 from it, each evaluated as the demo does.

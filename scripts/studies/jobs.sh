@@ -16,6 +16,23 @@ check_python() {
   fi
 }
 
+# `make_folders NAME=FOLDER...`: makes each FOLDER (the setting NAME names it), or stops the
+# script, before any training, when one is a file or cannot be made, naming the setting.
+make_folders() {
+  local pair
+  for pair in "$@"; do
+    local folder=${pair#*=}
+    if [ -e "$folder" ] && [ ! -d "$folder" ]; then
+      echo "$JOBS_SCRIPT: ${pair%%=*}=$folder is a file, not a folder: give a folder" >&2
+      exit 2
+    fi
+    if ! mkdir -p "$folder" 2> /dev/null; then
+      echo "$JOBS_SCRIPT: cannot make ${pair%%=*}=$folder: give a folder you can write" >&2
+      exit 2
+    fi
+  done
+}
+
 # `step OUTPUT COMMAND...` runs COMMAND, timed, unless OUTPUT exists. The command (with $PY
 # written as "python") is kept beside OUTPUT's folder (<folder>.command): a rerun whose command
 # differs (another setting, the same OUT) is refused rather than mixed with the earlier run. A

@@ -64,7 +64,7 @@ for pair in $DEFAULTS; do
     RESULTS_DIR=${RESULTS:-$OUT}
   fi
 done
-mkdir -p "$OUT" "$RESULTS_DIR"
+make_folders OUT="$OUT" RESULTS="$RESULTS_DIR"
 start=$(date +%s)
 
 # The SFT behind each run: its folder's name (sft_<style>_seed<s>) and sft.py's flags.
