@@ -99,6 +99,7 @@ def test_s2low_without_its_start_fails_naming_it(tmp_path):
     out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "studies", "choice.sh")], env=env,
                          capture_output=True, text=True, check=False, timeout=120)
     assert out.returncode == 1 and "FAILED pair seed 0 steps s2low" in out.stdout, out.stdout
+    assert "SFT comes first" not in out.stdout          # s2low alone trains no SFT
     log = (tmp_path / "out" / "pair-seed0-steps-s2low.log").read_text()
     assert "no " + str(tmp_path / "out") + "/pair-seed0/tokens/free/grpo/checkpoint-100" in log
     assert (tmp_path / "out" / "pair-seed0-steps-s2low.failed").exists()

@@ -319,6 +319,7 @@ echo "$*" >> "$CALLS"
 case "$1" in
   -c|scripts/studies/dynamics.py|scripts/studies/budget_curve.py) exit 0 ;;
   scripts/studies/seeds_table.py|scripts/look/plot_s1_s2.py|scripts/look/plot.py) exit 0 ;;
+  scripts/studies/choice.py) exit 0 ;;
 esac
 for arg in "$@"; do
   case $arg in
@@ -326,7 +327,10 @@ for arg in "$@"; do
     --max_steps=*) steps=${arg#--max_steps=} ;;
   esac
 done
-if [ "$1" = eval.py ]; then
+if [ -z "$out" ]; then
+  echo "stand-in python: no --out_dir in: $*" >&2
+  exit 3
+elif [ "$1" = eval.py ]; then
   mkdir -p "$out" && echo '{}' > "$out/summary.json"
 else
   mkdir -p "$out/checkpoint-$steps" && touch "$out/checkpoint-$steps/trainer_state.pt"
@@ -555,3 +559,23 @@ def test_a_study_whose_out_is_a_file_stops_once_naming_it(tmp_path, script, sett
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stderr == f"{script}: {setting}={taken} is a file, not a folder: give a folder\n"
     assert taken.read_text() == "a user's file"
+
+
+def test_choice_sh_says_which_sfts_it_trains_before_the_arms(tmp_path):
+    """choice.sh, carry task, seeds 0 and 1, seed 0's SFT already made: it says that seed 1's SFT
+    comes first (a 25-minute training a user did not ask for by name), not seed 0's, and trains
+    only seed 1's (with a stand-in python)."""
+    fake, calls = _stand_in_python(tmp_path)
+    sft_dir = tmp_path / "sft"
+    (sft_dir / "sft-seed0" / "checkpoint-1000").mkdir(parents=True)
+    env = dict(os.environ, PY=str(fake), CALLS=str(calls), OUT=str(tmp_path / "out"),
+               TASKS="carry", SEEDS="0 1", UNITS="tokens", ARMS="chain", SPLITS="test",
+               LANES="1", CARRY_SFT_DIR=str(sft_dir), RESULTS=str(tmp_path / "results"))
+    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "studies", "choice.sh")],
+                         env=env, capture_output=True, text=True, check=False, timeout=120)
+    announced = [line for line in out.stdout.splitlines() if "SFT comes first" in line]
+    expected = (f"choice.sh: carry seed 1: its SFT comes first (scripts/studies/carry_sft.sh into"
+                f" {sft_dir}, ~25 min on one core)")
+    assert announced == [expected], out.stdout
+    sft_calls = [c for c in calls.read_text().splitlines() if c.startswith("sft.py")]
+    assert len(sft_calls) == 1 and "--seed=1 " in sft_calls[0]

@@ -299,6 +299,17 @@ done
 jobs+=$rest$last
 echo "choice.sh: tasks $TASKS, seeds $SEEDS, units $UNITS, arms $ARMS, splits $SPLITS," \
   "$LANES lanes; logs: $OUT/<task>-seed<s>-<unit>-<arm>.log"
+for seed in $SEEDS; do     # say what comes before the arms: the SFTs this run still has to train
+  if [ -n "$first_arm" ] && [[ " $TASKS " == *" pair "* ]] \
+      && [ ! -d "$OUT/pair-seed$seed/sft/checkpoint-$PAIR_SFT_STEPS" ]; then
+    echo "choice.sh: pair seed $seed: its SFT comes first (sft.py, ~4 min on one core)"
+  fi
+  if [ -n "$first_arm" ] && [[ " $TASKS " == *" carry "* ]] \
+      && [ ! -d "$CARRY_SFT_DIR/sft-seed$seed/checkpoint-$CARRY_SFT_STEPS" ]; then
+    echo "choice.sh: carry seed $seed: its SFT comes first (scripts/studies/carry_sft.sh into" \
+      "$CARRY_SFT_DIR, ~25 min on one core)"
+  fi
+done
 lane='log=$OUT/$0-seed$1-$2-$3.log
 echo "[$(date +%H:%M:%S)] start $0 seed $1 $2 $3"
 echo "== choice.sh, $(date)" >> "$log"
