@@ -150,6 +150,7 @@ def grpo_step(run: GRPORun, step: int) -> dict | None:
         keep = has_variance.repeat_interleave(cfg.group_size)
         trained = [r for r, k in zip(rollouts, keep.tolist()) if k]
         trained_advantages = advantages[keep]
+    lr = run.optimizer.param_groups[0]["lr"]       # this step's (the update moves the schedule on)
     update = ppo_update(run.train_model, run.optimizer, trained, trained_advantages, cfg,
                         tags=run.tags, pad_id=run.pad_id, scheduler=run.scheduler,
                         ref_model=run.ref_model, clip_ratio_high=stage.clip_ratio_high,
@@ -163,7 +164,7 @@ def grpo_step(run: GRPORun, step: int) -> dict | None:
     return {"step": step, "reward_kind": stage.reward.kind_at(step),
             **rollout_stats(rollouts, scores, has_variance, d.device),
             "adv_abs_mean": abs_sum / max(count, 1.0), "rollouts_trained": int(trained_count),
-            **update, "lr": run.optimizer.param_groups[0]["lr"],
+            **update, "lr": lr,
             "clip_ratio_high": stage.clip_ratio_high, **clock.laps}
 
 

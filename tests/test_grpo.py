@@ -586,6 +586,22 @@ def test_max_time_stops_after_a_step_and_says_so(tmp_path, monkeypatch, capsys):
     assert "summary.py" not in printed
 
 
+def test_each_row_logs_the_lr_its_step_trained_at(tmp_path, monkeypatch):
+    """Warm-up 2, constant after, lr 1e-3: steps 1-3 train at 0.5e-3, 1e-3, 1e-3 (lr_factor: (step
+    + 1) / 2 while step < 2, 0-based). The row once read the lr after the update had moved the
+    schedule on: the next step's (1e-3 at step 1)."""
+    monkeypatch.setattr(grpo, "score_batch", fake_scores)
+    model, tok = tiny(seed=1)
+    init = save_checkpoint(str(tmp_path / "init"), model, tok)
+    records = [{"id": str(i), "problem": f"Ava has {i} pens.", "answer": str(i)} for i in range(2)]
+    grpo.train(tiny_run(model=init, batch_size=2, group_size=2, max_new_tokens=8, max_steps=3,
+                        lr=1e-3, warmup_steps=2, lr_schedule="constant", eval_data="",
+                        log_every=0, out_dir=str(tmp_path / "run")),
+               records=records)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [row["lr"] for row in rows] == [0.5e-3, 1e-3, 1e-3]
+
+
 # --------------------------------------------------------------------------------------------------
 # Resume: 4 steps = 2 steps + resume + 2 steps
 
