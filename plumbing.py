@@ -652,7 +652,9 @@ class Run:
     signal_received: str = ""              # SIGINT or SIGTERM, caught by `steps`
     step_rng: dict | None = None           # the RNGs as the step in flight began (`abandon_step`)
     saved_step: int | None = None          # the step of the latest checkpoint (every rank's)
-    t_start: float = 0.0
+    t_start: float = 0.0                   # when this process's loop began
+    elapsed_before: float = 0.0            # training seconds before it (a resumed run's earlier)
+    elapsed: float = 0.0                   # training seconds up to the last completed step
     t_saved: float = 0.0                   # when the last checkpoint was written (or the start)
     bar: object = None
     pending_save: concurrent.futures.Future | None = None   # --checkpoint=async: the save in
@@ -719,7 +721,8 @@ class Run:
         with `trainer_state` every save_every steps and at the last: the total, --max_time, or
         a caught signal (every rank decides alike, or the next collective would hang)."""
         cfg = self.cfg
-        row["elapsed"] = time.monotonic() - self.t_start
+        self.elapsed = self.elapsed_before + time.monotonic() - self.t_start
+        row["elapsed"] = self.elapsed             # across resumes: the run's, not this process's
         self.write(row)
         self.bar.set_postfix(**postfix)
         self.bar.update(1)
@@ -788,7 +791,8 @@ class Run:
         cfg = self.cfg
         path = os.path.join(cfg.out_dir, f"checkpoint-{self.step}")
         state = dict(step=self.step, config=dataclasses.asdict(cfg), **trainer_state,
-                     rng=rng or rng_state(), scheduler=self.scheduler.state_dict())
+                     rng=rng or rng_state(), scheduler=self.scheduler.state_dict(),
+                     elapsed=self.elapsed)
         if cfg.checkpoint == "full":
             self.save_full(path, state)
         else:
@@ -1154,6 +1158,8 @@ def restore(run: Run, lr_lambda) -> None:
         run.log(f"note: with this run's settings (lr, steps, schedule) the next step trains at lr "
                 f"{new_lr:.3g}, not the checkpoint's {stored_lr:.3g}")
     run.step = run.state["step"]
+    run.elapsed_before = run.state.get("elapsed", 0.0)   # older checkpoints lack it
+    run.elapsed = run.elapsed_before
     set_rng_state(run.state["rng"])
 
 

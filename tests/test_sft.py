@@ -753,3 +753,22 @@ def test_the_final_loss_is_the_last_steps(model_dir, tmp_path, monkeypatch, caps
               for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert (resumed["steps"], resumed["trained_steps"], resumed["final_loss"]) == (5, 2, logged[4])
     assert "SFT done at step 5 of 5: 2 steps in " in capsys.readouterr().out
+
+
+def test_elapsed_counts_on_across_a_resume(model_dir, tmp_path):
+    """A checkpoint keeps the run's training seconds (the last logged row's "elapsed"); a resumed
+    run's rows count on from them, not from 0 (they once restarted in every new process). The
+    checkpoint's value is set to 1000 s here, so the resumed rows must read 1000 s and more."""
+    records = make_records(10)
+    sft.train(config(model_dir, tmp_path / "run", max_steps=2, save_every=0), records=records)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    state_file = tmp_path / "run" / "checkpoint-2" / "trainer_state.pt"
+    state = torch.load(state_file, weights_only=False)
+    assert state["elapsed"] == rows[-1]["elapsed"]
+    state["elapsed"] = 1000.0
+    torch.save(state, state_file)
+    sft.train(config(model_dir, tmp_path / "run", max_steps=4, save_every=0, resume="True"),
+              records=records)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows[-2:]] == [3, 4]
+    assert 1000.0 < rows[-2]["elapsed"] < rows[-1]["elapsed"] < 1000.0 + 600.0
