@@ -17,7 +17,6 @@ export TOKENIZERS_PARALLELISM ?= false
 # idle OpenMP threads sleep instead of spinning (spinning made shared 2-core machines 5x slower)
 export OMP_WAIT_POLICY ?= PASSIVE
 SEED    ?= 0
-export SEED
 
 .PHONY: demo test install reproduce clean student grade grade-run
 
@@ -55,9 +54,9 @@ grade-run: $(STAMP)
 	@$(BIN)/python scripts/kit/grade.py $(EX) || echo "exit status $$?" > $(GRADE_FAILED)
 
 demo: $(STAMP) $(EXTRA)
-	bash scripts/studies/demo.sh
+	SEED=$(SEED) bash scripts/studies/demo.sh
 
-reproduce: $(STAMP)
+reproduce: $(STAMP) $(EXTRA)
 	bash scripts/studies/reproduce.sh
 
 # clean keeps runs/ (trained models are a user's work): remove it by hand when you mean to

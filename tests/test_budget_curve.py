@@ -108,6 +108,10 @@ def test_json_rows_make_one_plot_row_per_task_and_print_both_reports(tmp_path):
 def test_budget_sh_refuses_bad_settings_before_it_trains(tmp_path):
     """Every setting is checked before the first job (hours of training) starts; PY=false makes a
     job that did start fail at once, and OUT is a scratch folder."""
+    no_matplotlib = tmp_path / "bin" / "python"       # imports all but matplotlib (make install's)
+    no_matplotlib.parent.mkdir()
+    no_matplotlib.write_text('#!/usr/bin/env bash\n[[ "$*" != *matplotlib* ]]\n')
+    no_matplotlib.chmod(0o755)
     cases = {(("TASKS", "*"),): "unknown task '*' in TASKS",
              (("SEEDS", "0,1,2"),): "give whole numbers separated by spaces",
              (("SEEDS", "0 1 0"),): 'SEEDS="0 1 0" names seed 0 twice',
@@ -116,7 +120,8 @@ def test_budget_sh_refuses_bad_settings_before_it_trains(tmp_path):
              (("CARRY_CAPS", "0,64"),): "CARRY_CAPS holds 0: give budgets from 1 to",
              (("LANES", "0"),): "LANES=0: give the number of jobs at once",
              (("PY", "/no/such/python"),): "no Python at PY=/no/such/python: run make test",
-             (): "cannot import torch, transformers and matplotlib",   # PY=false: no Python
+             (): "cannot import torch and transformers: run make install",   # PY=false
+             (("PY", str(no_matplotlib)),): "cannot import matplotlib (for the study's figure)",
              (("METHODS", "sequential sequential"),): 'names sequential twice',
              (("TASKS", "pair pair"),): 'TASKS="pair pair" names pair twice',
              (("SEEDS", "007"),): "SEEDS holds '007'",
@@ -135,7 +140,7 @@ def test_budget_sh_refuses_bad_settings_before_it_trains(tmp_path):
                              env=dict(os.environ, PY="false", OUT=str(tmp_path / "x")),
                              capture_output=True, text=True, timeout=60, check=False)
         assert out.returncode == 2 and "takes no arguments" in out.stderr, out.stderr
-    assert not os.listdir(tmp_path)                   # nothing was started or created
+    assert os.listdir(tmp_path) == ["bin"]           # nothing was started or created
 
 
 def test_dynamics_sh_refuses_bad_settings_before_it_trains(tmp_path):

@@ -554,6 +554,7 @@ def test_a_study_whose_out_is_a_file_stops_once_naming_it(tmp_path, script, sett
     taken.write_text("a user's file")
     env = dict(os.environ, **{setting: str(taken)}, PY=sys.executable, TASKS="carry",
                SEEDS="0", RESULTS=str(tmp_path / "results"))
+    env.pop("SEED", None)                       # its note (test_a_singular_...) is not this test's
     out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "studies", script)], env=env,
                          capture_output=True, text=True, check=False, timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr
@@ -579,3 +580,20 @@ def test_choice_sh_says_which_sfts_it_trains_before_the_arms(tmp_path):
     assert announced == [expected], out.stdout
     sft_calls = [c for c in calls.read_text().splitlines() if c.startswith("sft.py")]
     assert len(sft_calls) == 1 and "--seed=1 " in sft_calls[0]
+
+
+def test_a_singular_setting_gets_a_note_naming_the_plural(tmp_path):
+    """SEED=3 (for SEEDS) would be ignored without a word and all five seeds would start: the
+    study says so first, on stderr, and names what it goes on with. Here it stops right after,
+    at an OUT that is a file, so nothing runs."""
+    taken = tmp_path / "notes.txt"
+    taken.write_text("")
+    env = dict(os.environ, OUT=str(taken), PY=sys.executable, SEED="3", TASK="pair")
+    env.pop("SEEDS", None)
+    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "studies", "choice.sh")], env=env,
+                         capture_output=True, text=True, check=False, timeout=120)
+    seed_note = ('choice.sh: note: SEED=3 is not one of its settings, SEEDS is (SEEDS="3" for'
+                 ' that alone); going on with SEEDS="0 1 2 3 4" (Ctrl-C stops it cleanly)')
+    task_note = ('choice.sh: note: TASK=pair is not one of its settings, TASKS is (TASKS="pair"'
+                 ' for that alone); going on with TASKS="pair carry" (Ctrl-C stops it cleanly)')
+    assert out.stderr.splitlines()[:2] == [seed_note, task_note], out.stderr

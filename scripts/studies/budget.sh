@@ -147,6 +147,7 @@ if [ "$OUT" -ef "$CARRY_OUT" ] || [ "$OUT" = "$CARRY_OUT" ]; then
   exit 2
 fi
 check_python
+note_singular SEED TASK
 # results/ (the README's tables and figure) is written only by a run with every default setting;
 # any other run writes its report into its own OUT folder (or RESULTS=).
 # $1 = the task's "NAME=default" list; true if each of those settings has its default.

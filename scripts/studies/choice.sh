@@ -112,6 +112,7 @@ for name in PAIR_KL CARRY_KL; do
   fi
 done
 check_python
+note_singular SEED TASK UNIT ARM SPLIT
 RESULTS_DIR=${RESULTS:-$OUT}
 all_defaults=1
 for pair in $DEFAULTS; do

@@ -98,6 +98,7 @@ for flag in $PAIR_FLAGS; do
   esac
 done
 check_python
+note_singular SEED TASK
 if ! problem=$($PY -c 'import sys, config, grpo; config.parse(grpo.GRPOConfig, sys.argv[1:])' \
     $PAIR_FLAGS 2>&1 > /dev/null); then
   echo "dynamics.sh: PAIR_FLAGS=\"$PAIR_FLAGS\" is not a set of grpo.py flags:" \

@@ -9,11 +9,30 @@ check_python() {
       ".venv), or set PY=" >&2
     exit 2
   fi
-  if ! $PY -c "import torch, transformers, matplotlib" 2> /dev/null; then
-    echo "$JOBS_SCRIPT: PY=$PY cannot import torch, transformers and matplotlib: run make test" \
-      "or make demo (they set up .venv), or point PY= at such a Python" >&2
+  if ! $PY -c "import torch, transformers" 2> /dev/null; then
+    echo "$JOBS_SCRIPT: PY=$PY cannot import torch and transformers: run make install (it" \
+      "sets up .venv), or point PY= at such a Python" >&2
     exit 2
   fi
+  if ! $PY -c "import matplotlib" 2> /dev/null; then
+    echo "$JOBS_SCRIPT: PY=$PY cannot import matplotlib (for the study's figure): run" \
+      "$PY -m pip install -r requirements-extra.txt (make test and make demo do)" >&2
+    exit 2
+  fi
+}
+
+# `note_singular NAME...`: a note for each NAME set in the environment whose plural (NAMEs) is the
+# setting: SEED=1 would be ignored without a word and the whole study would start.
+note_singular() {
+  local name
+  for name in "$@"; do
+    local plural=${name}S
+    if [ -n "${!name+set}" ]; then
+      echo "$JOBS_SCRIPT: note: $name=${!name} is not one of its settings, $plural is" \
+        "($plural=\"${!name}\" for that alone); going on with $plural=\"${!plural}\"" \
+        "(Ctrl-C stops it cleanly)" >&2
+    fi
+  done
 }
 
 # `make_folders NAME=FOLDER...`: makes each FOLDER (the setting NAME names it), or stops the

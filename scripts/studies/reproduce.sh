@@ -54,6 +54,7 @@ if [ "$SPLIT" != test ] && [ "$SPLIT" != val ]; then
   fail "SPLIT=$SPLIT: give test (to report) or val (to choose a setting)"
 fi
 check_python
+note_singular SEED
 RESULTS_DIR=${RESULTS:-results}
 if [ "$SEEDS" != "$DEFAULT_SEEDS" ]; then
   RESULTS_DIR=${RESULTS:-$OUT}

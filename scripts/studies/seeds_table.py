@@ -13,13 +13,24 @@ import json
 import os
 import sys
 
-from choice import t_interval  # scripts/studies/choice.py, beside this file
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))   # two folders up
+sys.path.insert(0, ROOT)   # scripts.<folder>.<name>
+from scripts.studies.choice import t_interval
 
 OUT_FLAG = "--out="
 
 
 def cell(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
-    """'mean [low, high]' of values x scale, the interval across seeds; 'mean' for one seed."""
+    """'mean ±half-spread' of values x scale, (max - min) / 2 (scripts/studies/budget_curve.py's
+    tables); the mean alone for one value."""
+    m = sum(values) / len(values)
+    spread = (max(values) - min(values)) / 2
+    return f"{scale * m:.{digits}f}" + (f" ±{scale * spread:.{digits}f}" if len(values) > 1 else "")
+
+
+def t_cell(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    """'mean [low, high]' of values x scale, the 95% t interval across seeds; the mean alone for
+    one seed."""
     mean, low, high = t_interval([scale * v for v in values])
     text = f"{mean:.{digits}f}"
     if low is not None:
@@ -43,11 +54,11 @@ def seeds_table(folders: list[str]) -> str:
 
     for name, runs in rows.items():
         par = [bench_mean(r, "parallel_ratio") for r in runs]
-        cells = [name, str(len(runs)), cell(par)]
-        cells += [cell([r["benchmarks"][b]["mean_at_k"] for r in runs]) for b in benches]
+        cells = [name, str(len(runs)), t_cell(par)]
+        cells += [t_cell([r["benchmarks"][b]["mean_at_k"] for r in runs]) for b in benches]
         for key in ("mean_T", "mean_D"):
-            cells.append(cell([bench_mean(r, key) for r in runs], scale=1.0))
-        cells.append(cell([r["avg_mean_at_k"] for r in runs]))
+            cells.append(t_cell([bench_mean(r, key) for r in runs], scale=1.0))
+        cells.append(t_cell([r["avg_mean_at_k"] for r in runs]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
