@@ -251,3 +251,25 @@ def test_a_seed_without_its_forced_arms_counts_for_s1_only(tmp_path):
         in text
     assert "| pair | tokens | 1 | not run | not run | 100.0 | not run | 50.0% | 100.0% | " \
            "+50.0 [+50.0, +50.0] | - |" in text
+
+
+def test_the_table_states_the_budget_its_free_arms_were_evaluated_at(tmp_path):
+    """B is read from each free arm's summary.json (eval.py's config): one B a task is stated;
+    two (a rerun with another PAIR_B into the same OUT) are stated with a warning. A fresh user
+    once saw a refused PAIR_B=64 run rewrite the B = 48 table with no word of B."""
+    free_rows = [[(1, 0, 9, 9)] * 2, [(0, 0, 9, 9)] * 2]
+    block_rows = [[(1, 1, 9, 9)] * 2] * 2
+    for seed, budget in ((0, 48), (1, 48)):
+        _seed(tmp_path, seed, block_rows, free_rows)
+        summary = {"config": {"max_new_tokens": budget}}
+        free = tmp_path / f"pair-seed{seed}" / "tokens" / "free" / "eval-val"
+        (free / "summary.json").write_text(json.dumps(summary))
+    cells = choice.collect(str(tmp_path), [0, 1], ("pair",), "val")
+    assert "\nBudget B, as the free arms were evaluated: pair 48.\n" in choice.report(cells, [0, 1],
+                                                                                     "val")
+    summary = {"config": {"max_new_tokens": 64}}
+    free = tmp_path / "pair-seed1" / "tokens" / "free" / "eval-val"
+    (free / "summary.json").write_text(json.dumps(summary))
+    cells = choice.collect(str(tmp_path), [0, 1], ("pair",), "val")
+    assert "\nBudget B, as the free arms were evaluated: pair 48, 64 (runs of different budgets " \
+           "are mixed here!).\n" in choice.report(cells, [0, 1], "val")

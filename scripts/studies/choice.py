@@ -62,6 +62,16 @@ def read_samples(folder: str) -> list[dict]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+def read_budget(folder: str) -> int | None:
+    """The budget B (max_new_tokens) an eval.py folder was made at, from its summary.json; None
+    when it has none."""
+    path = os.path.join(folder, "summary.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)["config"]["max_new_tokens"]
+
+
 def per_problem(samples: list[dict], key: str, unit: str | None = None,
                 cap: int | None = None) -> dict:
     """{problem id: the mean over its samples of `key` ("correct" or "has_parallel")}, in %;
@@ -154,6 +164,7 @@ def seed_row(root: str, task: str, unit: str, seed: int, split: str) -> dict | N
            "free": statistics.mean(accuracy["free"].values()),
            "sft_share": statistics.mean(share["sft"].values()),
            "free_share": statistics.mean(share["free"].values()), "agrees": None,
+           "budget": read_budget(folders["free"]),
            "curves": training_curves(os.path.join(cell, "free", "grpo"))}
     if found["chain"] and found["block"]:
         gap = paired_bootstrap(accuracy["chain"], accuracy["block"])
@@ -329,7 +340,16 @@ def report(cells: dict, seeds: list[int], split: str, s2_cells: dict | None = No
               "interval over the problems; across seeds: mean and t 95% interval (seed the unit).")
     header = ("| task | unit | seeds | forced gap, across seeds | S1's change, across seeds | "
               "seeds that agree (sign of change = sign of gap) |")
-    lines = [legend, "", header, "|---|---|---|---|---|---|"]
+    lines = [legend, ""]
+    budgets = {}                                 # task -> the B its free arms were evaluated at
+    for (task, _), rows in cells.items():
+        budgets.setdefault(task, set()).update(r["budget"] for r in rows if r.get("budget"))
+    known = [f"{task} {', '.join(map(str, sorted(b)))}" for task, b in budgets.items() if b]
+    if known:
+        mixed = any(len(b) > 1 for b in budgets.values())
+        warning = " (runs of different budgets are mixed here!)" if mixed else ""
+        lines += [f"Budget B, as the free arms were evaluated: {'; '.join(known)}{warning}.", ""]
+    lines += [header, "|---|---|---|---|---|---|"]
     for (task, unit), rows in cells.items():
         if not rows:
             lines.append(f"| {task} | {unit} | none finished | | | |")
