@@ -150,7 +150,7 @@ def grpo_step(run: GRPORun, step: int) -> dict | None:
         keep = has_variance.repeat_interleave(cfg.group_size)
         trained = [r for r, k in zip(rollouts, keep.tolist()) if k]
         trained_advantages = advantages[keep]
-    lr = run.optimizer.param_groups[0]["lr"]       # this step's (the update moves the schedule on)
+    lr = run.optimizer.param_groups[0]["lr"]       # the step's first (the update moves it on)
     update = ppo_update(run.train_model, run.optimizer, trained, trained_advantages, cfg,
                         tags=run.tags, pad_id=run.pad_id, scheduler=run.scheduler,
                         ref_model=run.ref_model, clip_ratio_high=stage.clip_ratio_high,

@@ -587,9 +587,10 @@ def test_max_time_stops_after_a_step_and_says_so(tmp_path, monkeypatch, capsys):
 
 
 def test_each_row_logs_the_lr_its_step_trained_at(tmp_path, monkeypatch):
-    """Warm-up 2, constant after, lr 1e-3: steps 1-3 train at 0.5e-3, 1e-3, 1e-3 (lr_factor: (step
-    + 1) / 2 while step < 2, 0-based). The row once read the lr after the update had moved the
-    schedule on: the next step's (1e-3 at step 1)."""
+    """Warm-up 2 optimizer steps, constant after, lr 1e-3, 2 mini-batches (2 optimizer steps) a
+    GRPO step: steps 1-3 begin at optimizer steps 0, 2, 4, at lr 0.5e-3, 1e-3, 1e-3 (lr_factor:
+    (step + 1) / 2 while step < 2). A row logs its step's first lr; it once read the lr after the
+    update had moved the schedule on (1e-3 at step 1)."""
     monkeypatch.setattr(grpo, "score_batch", fake_scores)
     model, tok = tiny(seed=1)
     init = save_checkpoint(str(tmp_path / "init"), model, tok)
