@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -542,6 +543,22 @@ def test_reproduce_sh_trains_each_recipe_from_its_sft_and_refuses_a_changed_sett
     assert changed.returncode == 1
     assert "was made by another command" in (out / "grpo_baseline_seed0.log").read_text()
     assert not [c for c in calls.read_text().splitlines()[len(lines):] if c.startswith("grpo.py")]
+    # a second reproduce.sh in the same OUT while one runs (here: its lock held) trains nothing
+    lock = out / ".reproduce.lock"
+    holder = subprocess.Popen(["flock", str(lock), "sleep", "60"])
+    try:
+        for _ in range(50):                  # until the holder has taken the lock
+            if subprocess.run(["flock", "-n", str(lock), "true"], check=False).returncode:
+                break
+            time.sleep(0.1)
+        before = len(calls.read_text().splitlines())
+        second = run()
+        assert second.returncode == 2
+        assert f"another reproduce.sh is running in OUT={out}" in second.stderr
+        assert not [c for c in calls.read_text().splitlines()[before:] if c.endswith(".py")]
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @pytest.mark.parametrize("script,setting", [

@@ -66,6 +66,13 @@ for pair in $DEFAULTS; do
   fi
 done
 make_folders OUT="$OUT" RESULTS="$RESULTS_DIR"
+# One reproduce.sh at a time in OUT: a second one would train the same runs into the same folders.
+# The lock is the open file: it goes when this script and its jobs end, however they end.
+exec {lock_fd}> "$OUT/.reproduce.lock"
+if ! flock -n "$lock_fd"; then
+  fail "another reproduce.sh is running in OUT=$OUT ($OUT/.reproduce.lock is held): wait for" \
+    "it, or give this run another OUT"
+fi
 start=$(date +%s)
 
 # The SFT behind each run: its folder's name (sft_<style>_seed<s>) and sft.py's flags.
