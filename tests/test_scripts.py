@@ -319,7 +319,13 @@ FAKE_PY = r"""#!/usr/bin/env bash
 echo "$*" >> "$CALLS"
 case "$1" in
   -c|scripts/studies/dynamics.py|scripts/studies/budget_curve.py) exit 0 ;;
-  scripts/studies/seeds_table.py|scripts/look/plot_s1_s2.py|scripts/look/plot.py) exit 0 ;;
+  scripts/studies/seeds_table.py)          # its folders must exist (a path split at a space)
+    for arg in "${@:2}"; do
+      [[ $arg == --out=* ]] && echo "| table |" > "${arg#--out=}" && continue
+      [ -d "$arg" ] || { echo "stand-in python: no folder $arg" >&2; exit 4; }
+    done
+    exit 0 ;;
+  scripts/look/plot_s1_s2.py|scripts/look/plot.py) exit 0 ;;
   scripts/studies/choice.py) exit 0 ;;
 esac
 for arg in "$@"; do
@@ -508,7 +514,7 @@ def test_reproduce_sh_trains_each_recipe_from_its_sft_and_refuses_a_changed_sett
     evaluated on the split asked for; a rerun trains nothing; another GRPO_STEPS into the same OUT
     is refused at the first GRPO step, not mixed with the earlier runs."""
     fake, calls = _stand_in_python(tmp_path)
-    out = tmp_path / "out"
+    out = tmp_path / "an out"                      # a space in it: every path is quoted
     env = dict(os.environ, PY=str(fake), CALLS=str(calls), OUT=str(out), SEEDS="0", LANES="1",
                SPLIT="val")
     script = os.path.join(ROOT, "scripts", "studies", "reproduce.sh")
@@ -522,6 +528,7 @@ def test_reproduce_sh_trains_each_recipe_from_its_sft_and_refuses_a_changed_sett
     lines = calls.read_text().splitlines()
     sft = [c for c in lines if c.startswith("sft.py")]
     assert len(sft) == 3 and "--style=sequential --mode=seen" in sft[2]
+    assert all("--eval_data=synthetic:easy:val " in c for c in sft)   # no :test read
     grpo = {c.split()[1]: c for c in lines if c.startswith("grpo.py")}
     expected = {"--recipe=baseline": "sequential", "--recipe=seen": "seen",
                 "--recipe=unseen-s1": "unseen", "--recipe=unseen-s2": "unseen",
@@ -533,12 +540,17 @@ def test_reproduce_sh_trains_each_recipe_from_its_sft_and_refuses_a_changed_sett
     assert len(evals) == 8
     assert all("--data=synthetic:easy:val,synthetic:medium:val,synthetic:hard:val" in c
                for c in evals)
-    assert (out / "results.md").parent == out          # not the default: results/ untouched
+    table = calls.read_text().splitlines()[-7]                # the table, then its 6 plots
+    assert table.startswith("scripts/studies/seeds_table.py ") and table.count("_val ") == 8
+    assert (out / "results.md").read_text() == ("make reproduce: seeds 0, 100 GRPO steps (the "
+                                                "tiny preset), split val\n\n| table |\n")
 
     again = run()
     assert again.returncode == 0, again.stdout + again.stderr
     trained = ("sft.py", "grpo.py", "eval.py")
     assert not [c for c in calls.read_text().splitlines()[len(lines):] if c.startswith(trained)]
+    twice = run(SEEDS="0 1 0")
+    assert twice.returncode == 2 and 'SEEDS="0 1 0" names seed 0 twice' in twice.stderr
     changed = run(GRPO_STEPS="50")
     assert changed.returncode == 1
     assert "was made by another command" in (out / "grpo_baseline_seed0.log").read_text()

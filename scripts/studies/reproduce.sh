@@ -44,6 +44,9 @@ for seed in $SEEDS; do
   if ! [[ $seed =~ ^(0|[1-9][0-9]{0,8})$ ]]; then
     fail "SEEDS holds '$seed': give whole numbers separated by spaces, e.g. SEEDS=\"0 1 2\""
   fi
+  if [ "$(echo "$SEEDS" | tr ' ' '\n' | grep -cx "$seed")" -gt 1 ]; then
+    fail "SEEDS=\"$SEEDS\" names seed $seed twice: give each once"
+  fi
 done
 for name in LANES GRPO_STEPS; do
   if ! [[ ${!name} =~ ^[1-9][0-9]{0,8}$ ]]; then
@@ -108,8 +111,12 @@ job() {
       seen) name="SFT (Seen)" ;;
       sequential) name="SFT (sequential)" ;;
     esac
+    local sft_eval=""          # a val run reads no :test, not even the SFT's closing samples
+    if [ "$SPLIT" = val ]; then
+      sft_eval="--eval_data=synthetic:easy:val"
+    fi
     step "$OUT/$run/checkpoint-$SFT_STEPS" $PY sft.py --seed="$seed" $(sft_flags "$what") \
-      --max_steps="$SFT_STEPS" --out_dir="$OUT/$run" || return 1
+      --max_steps="$SFT_STEPS" $sft_eval --out_dir="$OUT/$run" || return 1
     evaluate "$OUT/$run/checkpoint-$SFT_STEPS" "$name" "$OUT/eval_${run}_$SPLIT"
     return
   fi
@@ -157,25 +164,28 @@ else
   exit 1
 fi'
 if ! run_lanes "$LANES" "$lane" "$jobs"; then
-  echo "reproduce.sh: a job failed (its FAILED line above names its log); run it again when" \
-    "fixed: finished steps are skipped" >&2
+  echo "reproduce.sh: a job failed or was refused (its FAILED line above names its log, which" \
+    "says why); run it again once that is fixed: finished steps are skipped" >&2
   exit 1
 fi
 
 order="sft_sequential grpo_baseline sft_seen grpo_seen sft_unseen grpo_unseen-s1 grpo_unseen-s2"
 order+=" grpo_scaffold"
-folders=""
+folders=()
 for run in $order; do
   for seed in $SEEDS; do
-    folders+=" $OUT/eval_${run}_seed${seed}_$SPLIT"
+    folders+=("$OUT/eval_${run}_seed${seed}_$SPLIT")
   done
 done
-$PY scripts/studies/seeds_table.py $folders --out="$RESULTS_DIR/results.md"
-curves=""
+table=$RESULTS_DIR/results.md
+$PY scripts/studies/seeds_table.py "${folders[@]}" --out="$table"
+heading="make reproduce: seeds $SEEDS, $GRPO_STEPS GRPO steps (the tiny preset), split $SPLIT"
+printf "%s\n\n%s\n" "$heading" "$(cat "$table")" > "$table"
+curves=()
 for seed in $SEEDS; do
-  curves+=" $OUT/grpo_unseen-s1_seed$seed $OUT/grpo_unseen-s2_seed$seed"
+  curves+=("$OUT/grpo_unseen-s1_seed$seed" "$OUT/grpo_unseen-s2_seed$seed")
 done
-$PY scripts/look/plot_s1_s2.py "$RESULTS_DIR/s1_vs_s2.png" $curves \
+$PY scripts/look/plot_s1_s2.py "$RESULTS_DIR/s1_vs_s2.png" "${curves[@]}" \
   || echo "(no plot: pip install -r requirements-extra.txt)"
 first_seed=${SEEDS%% *}
 for recipe in $RECIPES; do
