@@ -550,7 +550,7 @@ def test_reproduce_sh_trains_each_recipe_from_its_sft_and_refuses_a_changed_sett
     trained = ("sft.py", "grpo.py", "eval.py")
     assert not [c for c in calls.read_text().splitlines()[len(lines):] if c.startswith(trained)]
     twice = run(SEEDS="0 1 0")
-    assert twice.returncode == 2 and 'SEEDS="0 1 0" names seed 0 twice' in twice.stderr
+    assert twice.returncode == 2 and 'SEEDS="0 1 0" names 0 twice' in twice.stderr
     changed = run(GRPO_STEPS="50")
     assert changed.returncode == 1
     assert "was made by another command" in (out / "grpo_baseline_seed0.log").read_text()

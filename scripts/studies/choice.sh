@@ -76,21 +76,6 @@ if [ $# -gt 0 ]; then
     "SEEDS=0 TASKS=pair bash scripts/studies/choice.sh (all of them: the comment at its top)"
 fi
 # Check the settings before anything starts: each list non-empty, known words, none twice.
-check_list() {   # $1 = the setting's name, $2 = its value, $3 = the known words (empty: numbers)
-  [ -n "${2// /}" ] || fail "$1 must not be empty"
-  local word
-  for word in $2; do
-    if [ -n "$3" ] && [[ " $3 " != *" $word "* ]]; then
-      fail "unknown '$word' in $1; known: $3"
-    fi
-    if [ -z "$3" ] && ! [[ $word =~ ^(0|[1-9][0-9]{0,8})$ ]]; then
-      fail "$1 holds '$word': give whole numbers separated by spaces, e.g. $1=\"0 1 2\""
-    fi
-    if [ "$(echo "$2" | tr ' ' '\n' | grep -cx "$word")" -gt 1 ]; then
-      fail "$1=\"$2\" names $word twice: give each once"
-    fi
-  done
-}
 check_list TASKS "$TASKS" "$DEFAULT_TASKS"
 check_list SEEDS "$SEEDS" ""
 check_list SPLITS "$SPLITS" "$DEFAULT_SPLITS"

@@ -21,6 +21,24 @@ check_python() {
   fi
 }
 
+# `check_list NAME VALUE KNOWN`: the list setting NAME (its VALUE) is not empty and names each
+# word once, every word one of KNOWN (empty KNOWN: whole numbers), or the script's `fail` stops it.
+check_list() {
+  [ -n "${2// /}" ] || fail "$1 must not be empty"
+  local word
+  for word in $2; do
+    if [ -n "$3" ] && [[ " $3 " != *" $word "* ]]; then
+      fail "unknown '$word' in $1; known: $3"
+    fi
+    if [ -z "$3" ] && ! [[ $word =~ ^(0|[1-9][0-9]{0,8})$ ]]; then
+      fail "$1 holds '$word': give whole numbers separated by spaces, e.g. $1=\"0 1 2\""
+    fi
+    if [ "$(echo "$2" | tr ' ' '\n' | grep -cx "$word")" -gt 1 ]; then
+      fail "$1=\"$2\" names $word twice: give each once"
+    fi
+  done
+}
+
 # `note_singular NAME...`: a note for each NAME set in the environment whose plural (NAMEs) is the
 # setting: SEED=1 would be ignored without a word and the whole study would start.
 note_singular() {

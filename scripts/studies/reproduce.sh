@@ -39,15 +39,7 @@ if [ $# -gt 0 ]; then
   fail "takes no arguments; its settings are environment variables, e.g." \
     "SEEDS=\"0 1\" make reproduce (all of them: the comment at its top)"
 fi
-[ -n "$SEEDS" ] || fail "SEEDS must not be empty"
-for seed in $SEEDS; do
-  if ! [[ $seed =~ ^(0|[1-9][0-9]{0,8})$ ]]; then
-    fail "SEEDS holds '$seed': give whole numbers separated by spaces, e.g. SEEDS=\"0 1 2\""
-  fi
-  if [ "$(echo "$SEEDS" | tr ' ' '\n' | grep -cx "$seed")" -gt 1 ]; then
-    fail "SEEDS=\"$SEEDS\" names seed $seed twice: give each once"
-  fi
-done
+check_list SEEDS "$SEEDS" ""
 for name in LANES GRPO_STEPS; do
   if ! [[ ${!name} =~ ^[1-9][0-9]{0,8}$ ]]; then
     fail "$name=${!name}: give a whole number from 1 to 999999999"
