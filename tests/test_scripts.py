@@ -511,7 +511,7 @@ def test_seeds_table_gives_each_cell_its_t_interval_across_seeds(tmp_path):
 def test_reproduce_sh_trains_each_recipe_from_its_sft_and_refuses_a_changed_setting(tmp_path):
     """make reproduce's script, with a stand-in python, one seed: three SFTs, then five GRPO runs,
     each from its own SFT (baseline: sequential; seen: Seen; the rest: Unseen), every checkpoint
-    evaluated on the split asked for; a rerun trains nothing; another GRPO_STEPS into the same OUT
+    evaluated on the split asked for; a rerun trains nothing and says so; another GRPO_STEPS into the same OUT
     is refused at the first GRPO step, not mixed with the earlier runs."""
     fake, calls = _stand_in_python(tmp_path)
     out = tmp_path / "an out"                      # a space in it: every path is quoted
@@ -545,8 +545,10 @@ def test_reproduce_sh_trains_each_recipe_from_its_sft_and_refuses_a_changed_sett
     assert (out / "results.md").read_text() == ("make reproduce: seeds 0, 100 GRPO steps (the "
                                                 "tiny preset), split val\n\n| table |\n")
 
+    assert "] done grpo unseen-s2 seed 0 in " in first.stdout
     again = run()
     assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.count(": already made, skipped") == 8 and "] done " not in again.stdout
     trained = ("sft.py", "grpo.py", "eval.py")
     assert not [c for c in calls.read_text().splitlines()[len(lines):] if c.startswith(trained)]
     twice = run(SEEDS="0 1 0")

@@ -292,8 +292,9 @@ if [ "$0" = carry ]; then
 fi
 rm -f "$dir/$1-seed$2.failed"
 echo "== budget.sh, $(date)" >> "$dir/$1-seed$2.log"
+t0=$(date +%s)
 if "${0}_chain" "$1" "$2" >> "$dir/$1-seed$2.log" 2>&1; then
-  echo "[$(date +%H:%M:%S)] done $0 $1 seed $2"
+  job_done "$0 $1 seed $2" "$t0"
 else
   touch "$dir/$1-seed$2.failed"
   echo "[$(date +%H:%M:%S)] FAILED $0 $1 seed $2: see $dir/$1-seed$2.log"

@@ -302,7 +302,7 @@ echo "== choice.sh, $(date)" >> "$log"
 t0=$(date +%s)
 rm -f "$OUT/$0-seed$1-$2-$3.failed"
 if arm_job "$0" "$1" "$2" "$3" "$4" >> "$log" 2>&1; then
-  echo "[$(date +%H:%M:%S)] done $0 seed $1 $2 $3 in $(( $(date +%s) - t0 )) s"
+  job_done "$0 seed $1 $2 $3" "$t0"
 else
   touch "$OUT/$0-seed$1-$2-$3.failed"
   echo "[$(date +%H:%M:%S)] FAILED $0 seed $1 $2 $3: see $log"

@@ -78,6 +78,7 @@ make_folders() {
 # (an evaluation of a model trained again) is stale: refused too. Returns 1 when the command
 # fails or is refused.
 REMADE=""     # the outputs this job has made so far, one per line
+STEPS_RUN=0   # the commands this job has run (0: every output existed)
 step() {
   local output=$1
   shift
@@ -106,6 +107,7 @@ step() {
     return 0
   fi
   REMADE+="$output"$'\n'
+  STEPS_RUN=$((${STEPS_RUN:-0} + 1))
   mkdir -p "$(dirname "$folder")"
   echo "$command" > "$folder.command"
   local resume=""
@@ -123,6 +125,16 @@ step() {
     return 1
   fi
   echo "[$(date +%H:%M:%S)] done in $(( $(date +%s) - t0 )) s"
+}
+
+# `job_done LABEL T0`: a lane's line for a job that succeeded: how long it took, or that it only
+# found its outputs made (a rerun's skipped job is not "done in 0 s").
+job_done() {
+  if [ "${STEPS_RUN:-0}" -eq 0 ]; then
+    echo "[$(date +%H:%M:%S)] $1: already made, skipped"
+  else
+    echo "[$(date +%H:%M:%S)] done $1 in $(( $(date +%s) - $2 )) s"
+  fi
 }
 
 # The processes below $1, each listed before its children.
@@ -162,4 +174,4 @@ run_lanes() {
   setsid xargs -P "$1" -L 1 bash -c "$2" < <(printf "%s" "$3") &
   wait $!           # xargs in the background: a signal reaches the trap at once
 }
-export -f step descendants
+export -f step job_done descendants

@@ -149,7 +149,7 @@ echo "== reproduce.sh, $(date)" >> "$log"
 t0=$(date +%s)
 rm -f "$OUT/$run.failed"
 if job "$0" "$1" "$2" >> "$log" 2>&1; then
-  echo "[$(date +%H:%M:%S)] done $0 $2 seed $1 in $(( $(date +%s) - t0 )) s"
+  job_done "$0 $2 seed $1" "$t0"
 else
   touch "$OUT/$run.failed"
   echo "[$(date +%H:%M:%S)] FAILED $0 $2 seed $1: see $log"
