@@ -511,8 +511,8 @@ def test_seeds_table_gives_each_cell_its_t_interval_across_seeds(tmp_path):
 def test_reproduce_sh_trains_each_recipe_from_its_sft_and_refuses_a_changed_setting(tmp_path):
     """make reproduce's script, with a stand-in python, one seed: three SFTs, then five GRPO runs,
     each from its own SFT (baseline: sequential; seen: Seen; the rest: Unseen), every checkpoint
-    evaluated on the split asked for; a rerun trains nothing and says so; another GRPO_STEPS into the same OUT
-    is refused at the first GRPO step, not mixed with the earlier runs."""
+    evaluated on the split asked for; a rerun trains nothing and says so; another GRPO_STEPS into
+    the same OUT is refused at the first GRPO step, not mixed with the earlier runs."""
     fake, calls = _stand_in_python(tmp_path)
     out = tmp_path / "an out"                      # a space in it: every path is quoted
     env = dict(os.environ, PY=str(fake), CALLS=str(calls), OUT=str(out), SEEDS="0", LANES="1",
