@@ -12,9 +12,10 @@ run's at every step), in STARTS_ROOT/pair-seed<s>/s1tok/grpo/checkpoint-<k>, and
 STARTS_ROOT/pair-seed<s>/s2from<k>/grpo. The commands are in results/LOG.md (2026-12-08).
 
 Per seed and start, from the runs' log.jsonl (training rollouts, 32 prompts x 4 a step): the
-block share S1 had at that step; S2's share over its first FIRST steps and its last LAST steps;
-the share of groups holding both kinds and the accuracy with a block minus without (over the
-steps where both occur), over the first EARLY steps and over the rest. Everything in %.
+block share S1 drew from that start (the reported S1 run's next step); S2's share over its
+first FIRST steps and its last LAST steps; the share of groups holding both kinds and the
+accuracy with a block minus without (over the steps where both occur), over the first EARLY
+steps and over the rest. Everything in %.
 """
 import argparse
 import os
@@ -42,16 +43,15 @@ def s2_folder(choice_root: str, starts_root: str, seed: int, start: int) -> str:
     return os.path.join(starts_root, seed_dir, f"s2from{start}", "grpo")
 
 
-def start_share(choice_root: str, starts_root: str, seed: int, start: int) -> float | None:
-    """S1's block share (%) in its training rollouts of step `start` (the SFT's: step 1's)."""
-    s1 = training_curves(os.path.join(starts_root, f"pair-seed{seed}", "s1tok", "grpo"))
-    if start == END_START:
-        s1 = training_curves(os.path.join(choice_root, f"pair-seed{seed}", "tokens", "free",
-                                          "grpo"))
-    step = max(start, 1)
-    if len(s1["share"]) < step:
+def start_share(choice_root: str, seed: int, start: int) -> float | None:
+    """The block share (%) the start's policy drew: in the reported S1 run under tokens, the
+    rollouts of step start + 1 (the SFT's: step 1's), sampled by the checkpoint after step start;
+    S1's end: its last step's. None where that log is missing or short."""
+    s1 = training_curves(os.path.join(choice_root, f"pair-seed{seed}", "tokens", "free", "grpo"))
+    index = min(start, END_START - 1)           # 0-based: step start + 1
+    if len(s1["share"]) <= index:
         return None
-    return s1["share"][step - 1]
+    return s1["share"][index]
 
 
 def mean_of(values: list) -> float | None:
@@ -69,7 +69,7 @@ def row(choice_root: str, starts_root: str, seed: int, start: int, steps: int) -
         return None
     share = curves["share"]
     return {"seed": seed, "start": start,
-            "s1_share": start_share(choice_root, starts_root, seed, start),
+            "s1_share": start_share(choice_root, seed, start),
             "first": statistics.mean(share[:FIRST]), "last": statistics.mean(share[-LAST:]),
             "mixed_early": statistics.mean(curves["mixed"][:EARLY]),
             "gap_early": mean_of(curves["gap"][:EARLY]),
@@ -85,9 +85,9 @@ def text(value: float | None) -> str:
 
 def report(rows: list[dict]) -> list[str]:
     """The table, a line per run, and each start's count of seeds that kept blocks."""
-    header = (f"| seed | start (S1's step) | S1's share there | S2's share, first {FIRST} → last "
-              f"{LAST} steps | mixed groups, steps 1-{EARLY} / after | block − chain accuracy, "
-              f"steps 1-{EARLY} / after | kept blocks |")
+    header = (f"| seed | start (S1's step) | S1's share from there | S2's share, first {FIRST} "
+              f"→ last {LAST} steps | mixed groups, steps 1-{EARLY} / after "
+              f"| block − chain accuracy, steps 1-{EARLY} / after | kept blocks |")
     lines = [header, "|---|---|---|---|---|---|---|"]
     for r in rows:
         start = "the SFT" if r["start"] == SFT_START else f"step {r['start']}"
