@@ -1,7 +1,7 @@
 """S2 started from points along S1's drop: does where S2 starts decide whether it keeps blocks?
 (issue 45, item 4: S2's absorbing state, shown with the signal RL sees.)
 
-    python scripts/studies/s2_starts.py runs/choice runs/choice-s2-starts [--seeds=0,3,4]
+    python scripts/studies/s2_starts.py runs/choice runs/choice-hyst [--seeds=0,3,4]
         [--starts=4,6,8] [--md=FILE]
 
 Pair task, under decode steps (B = 48), KL 0: every run is choice.sh's s2 arm (Unseen S2) with
