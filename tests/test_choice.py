@@ -291,21 +291,25 @@ def test_s2_starts_by_hand(tmp_path, capsys):
     steps, then 0.9; its first 20 gaps -0.1, then +0.3) and from S1's step 2 (dropped: 0.2, then
     0.01; gaps -0.4 throughout, None on one late step); S1's run drew 80, 40, 10% at steps 1-3 (from
     the SFT: step 1's; from the checkpoint after step 2: step 3's). First 5 steps
-    60.0 / 20.0, last 10 90.0 / 1.0; late gaps +30.0 and -40.0 (the None left out). S1's end
-    (start 100) has not run: it is named, the rest reported."""
+    60.0 / 20.0, at step 8 90.0 / 1.0, last 10 90.0 / 1.0; late gaps +30.0 and -40.0 (the None left
+    out). The control, S1 from the SFT: 0.5 for 5 steps, then 0.3 (first 5: 50.0, last 10: 30.0,
+    so it did not keep them); from step 2 not run ("-"). S1's end (start 100) has not run: it is
+    named, the rest reported."""
     from scripts.studies import s2_starts
     choice_root = tmp_path / "choice"
     starts_root = tmp_path / "starts"
     _write_log(choice_root / "pair-seed0" / "steps" / "s2" / "grpo", [0.6] * 5 + [0.9] * 25,
                gaps=[-0.1] * 20 + [0.3] * 10)
     _write_log(choice_root / "pair-seed0" / "tokens" / "free" / "grpo", [0.8, 0.4, 0.1])
+    _write_log(choice_root / "pair-seed0" / "steps" / "free" / "grpo", [0.5] * 5 + [0.3] * 25)
     _write_log(starts_root / "pair-seed0" / "s2from2" / "grpo", [0.2] * 5 + [0.01] * 25,
                mixed=0.25, gaps=[-0.4] * 29 + [None])
     s2_starts.main([str(choice_root), str(starts_root), "--seeds=0", "--starts=2", "--steps=30"])
     out, err = capsys.readouterr()
-    assert "| 0 | the SFT | 80.0 | 60.0 → 90.0 | 50.0 / 50.0 | -10.0 / +30.0 | yes |" in out
-    assert "| 0 | step 2 | 10.0 | 20.0 → 1.0 | 25.0 / 25.0 | -40.0 / -40.0 | no |" in out
-    assert "start 0: S2 kept blocks (last 10 steps ≥ 50%) on 1 of 1 seeds" in out
+    assert ("| 0 | the SFT | 80.0 | 60.0 → 90.0 → 90.0 | 50.0 / 50.0 | -10.0 / +30.0 | yes "
+            "| 50.0 → 30.0 |") in out
+    assert "| 0 | step 2 | 10.0 | 20.0 → 1.0 → 1.0 | 25.0 / 25.0 | -40.0 / -40.0 | no | - |" in out
+    assert "start 0: S2 kept blocks (last 10 steps ≥ 50%) on 1 of 1 seeds; S1 on 0 of 1" in out
     assert "start 2: S2 kept blocks (last 10 steps ≥ 50%) on 0 of 1 seeds" in out
     assert "runs that kept blocks: block − chain accuracy after step 20: +30.0" in out
     assert "runs that dropped them: block − chain accuracy after step 20: -40.0" in out

@@ -13,9 +13,12 @@ STARTS_ROOT/pair-seed<s>/s2from<k>/grpo. The commands are in results/LOG.md (202
 
 Per seed and start, from the runs' log.jsonl (training rollouts, 32 prompts x 4 a step): the
 block share S1 drew from that start (the reported S1 run's next step); S2's share over its
-first FIRST steps and its last LAST steps; the share of groups holding both kinds and the
-accuracy with a block minus without (over the steps where both occur), over the first EARLY
-steps and over the rest. Everything in %.
+first FIRST steps, at step BEFORE_BONUS (before its first bonus) and over its last LAST steps;
+the share of groups holding both kinds and the accuracy with a block minus without (over the
+steps where both occur), over the first EARLY steps and over the rest; beside it the control,
+S1 (choice's free arm under decode steps) from the same start (STARTS_ROOT/pair-seed<s>/
+s1from<k>/grpo; from the SFT, choice's steps/free).
+Everything in %.
 """
 import argparse
 import os
@@ -29,6 +32,7 @@ FIRST = 5          # steps that give the share S2 starts at
 LAST = 10          # steps that give the share S2 ends at
 EARLY = 20         # steps of the early signal; the rest are the late one
 HELD = 50.0        # a share (%) over the last steps at or above which S2 kept blocks
+BEFORE_BONUS = 8   # S2's last step before its first tiered (bonus) step, 9 (8 accuracy steps in 10)
 SFT_START = 0      # the start that is the SFT itself
 END_START = 100    # the start that is S1's end (choice's s2low arm)
 
@@ -41,6 +45,17 @@ def s2_folder(choice_root: str, starts_root: str, seed: int, start: int) -> str:
     if start == END_START:
         return os.path.join(choice_root, seed_dir, "steps", "s2low", "grpo")
     return os.path.join(starts_root, seed_dir, f"s2from{start}", "grpo")
+
+
+def s1_folder(choice_root: str, starts_root: str, seed: int, start: int) -> str | None:
+    """The grpo folder of S1 (the free arm) under decode steps from the same start, the control:
+    S1 without S2's bonus and clip-higher. None for S1's end (not run)."""
+    seed_dir = f"pair-seed{seed}"
+    if start == SFT_START:
+        return os.path.join(choice_root, seed_dir, "steps", "free", "grpo")
+    if start == END_START:
+        return None
+    return os.path.join(starts_root, seed_dir, f"s1from{start}", "grpo")
 
 
 def start_share(choice_root: str, seed: int, start: int) -> float | None:
@@ -68,7 +83,16 @@ def row(choice_root: str, starts_root: str, seed: int, start: int, steps: int) -
     if len(curves["share"]) < steps:
         return None
     share = curves["share"]
+    s1_first = None
+    s1_last = None
+    folder = s1_folder(choice_root, starts_root, seed, start)
+    if folder is not None:
+        s1 = training_curves(folder)["share"]
+        if len(s1) >= steps:
+            s1_first = statistics.mean(s1[:FIRST])
+            s1_last = statistics.mean(s1[-LAST:])
     return {"seed": seed, "start": start,
+            "before_bonus": share[BEFORE_BONUS - 1], "s1_first": s1_first, "s1_last": s1_last,
             "s1_share": start_share(choice_root, seed, start),
             "first": statistics.mean(share[:FIRST]), "last": statistics.mean(share[-LAST:]),
             "mixed_early": statistics.mean(curves["mixed"][:EARLY]),
@@ -86,23 +110,33 @@ def text(value: float | None) -> str:
 def report(rows: list[dict]) -> list[str]:
     """The table, a line per run, and each start's count of seeds that kept blocks."""
     header = (f"| seed | start (S1's step) | S1's share from there | S2's share, first {FIRST} "
-              f"→ last {LAST} steps | mixed groups, steps 1-{EARLY} / after "
-              f"| block − chain accuracy, steps 1-{EARLY} / after | kept blocks |")
-    lines = [header, "|---|---|---|---|---|---|---|"]
+              f"→ step {BEFORE_BONUS} → last {LAST} steps | mixed groups, steps 1-{EARLY} / after "
+              f"| block − chain accuracy, steps 1-{EARLY} / after | kept blocks "
+              f"| control: S1 from there, first {FIRST} → last {LAST} |")
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         start = "the SFT" if r["start"] == SFT_START else f"step {r['start']}"
         s1_share = "-" if r["s1_share"] is None else f"{r['s1_share']:.1f}"
         kept = "yes" if r["last"] >= HELD else "no"
-        lines.append(f"| {r['seed']} | {start} | {s1_share} | {r['first']:.1f} → {r['last']:.1f} "
+        control = "-"
+        if r["s1_last"] is not None:
+            control = f"{r['s1_first']:.1f} → {r['s1_last']:.1f}"
+        lines.append(f"| {r['seed']} | {start} | {s1_share} | {r['first']:.1f} → "
+                     f"{r['before_bonus']:.1f} → {r['last']:.1f} "
                      f"| {r['mixed_early']:.1f} / {r['mixed_late']:.1f} "
-                     f"| {text(r['gap_early'])} / {text(r['gap_late'])} | {kept} |")
+                     f"| {text(r['gap_early'])} / {text(r['gap_late'])} | {kept} | {control} |")
     lines.append("")
     starts = sorted({r["start"] for r in rows})
     for start in starts:
         of_start = [r for r in rows if r["start"] == start]
         kept = sum(r["last"] >= HELD for r in of_start)
-        lines.append(f"start {start}: S2 kept blocks (last {LAST} steps ≥ {HELD:.0f}%) on {kept} "
-                     f"of {len(of_start)} seeds")
+        line = (f"start {start}: S2 kept blocks (last {LAST} steps ≥ {HELD:.0f}%) on {kept} of "
+                f"{len(of_start)} seeds")
+        controls = [r["s1_last"] for r in of_start if r["s1_last"] is not None]
+        if controls:
+            s1_kept = sum(share >= HELD for share in controls)
+            line += f"; S1 on {s1_kept} of {len(controls)}"
+        lines.append(line)
     for kept_blocks in (True, False):
         late = [r["gap_late"] for r in rows
                 if (r["last"] >= HELD) == kept_blocks and r["gap_late"] is not None]
