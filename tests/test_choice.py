@@ -314,3 +314,19 @@ def test_s2_starts_by_hand(tmp_path, capsys):
     assert "runs that kept blocks: block − chain accuracy after step 20: +30.0" in out
     assert "runs that dropped them: block − chain accuracy after step 20: -40.0" in out
     assert err == f"not yet run (30 steps): {choice_root}/pair-seed0/steps/s2low/grpo\n"
+
+
+def test_s2_starts_refuses_a_cut_log_and_too_few_steps(tmp_path):
+    """A log.jsonl cut mid-line (a run read while it writes) stops s2_starts.py with one line that
+    names the run; --steps below the step-8 column, or a start it always shows, is refused."""
+    from scripts.studies import s2_starts
+    folder = tmp_path / "pair-seed0" / "steps" / "s2" / "grpo"
+    folder.mkdir(parents=True)
+    (folder / "log.jsonl").write_text('{"step": 1, "parall')
+    with pytest.raises(SystemExit) as cut:
+        s2_starts.main([str(tmp_path), str(tmp_path), "--seeds=0"])
+    assert str(cut.value).startswith("s2_starts.py: seed 0, start 0: a log.jsonl line is not")
+    for flags in (["--steps=5"], ["--starts=0,4"]):
+        with pytest.raises(SystemExit) as refused:
+            s2_starts.main([str(tmp_path), str(tmp_path), *flags])
+        assert refused.value.code == 2

@@ -159,6 +159,11 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--steps", type=int, default=100, help="S2's training steps")
     parser.add_argument("--md", default="", help="also write the table here")
     args = parser.parse_args(argv)
+    if args.steps < max(BEFORE_BONUS, LAST, FIRST):
+        parser.error(f"--steps={args.steps}: give at least {max(BEFORE_BONUS, LAST, FIRST)}")
+    if SFT_START in args.starts or END_START in args.starts:
+        parser.error(f"--starts: {SFT_START} (the SFT) and {END_START} (S1's end) are always "
+                     "shown; name only the steps between")
     for folder in (args.choice_root, args.starts_root):
         if not os.path.isdir(folder):
             sys.exit(f"s2_starts.py: {folder} is not a folder: give the choice.sh folder and "
@@ -167,7 +172,11 @@ def main(argv: list[str] | None = None):
     missing = []
     for seed in args.seeds:
         for start in [SFT_START, *args.starts, END_START]:
-            found = row(args.choice_root, args.starts_root, seed, start, args.steps)
+            try:
+                found = row(args.choice_root, args.starts_root, seed, start, args.steps)
+            except (ValueError, KeyError) as error:      # a cut or foreign log.jsonl line
+                sys.exit(f"s2_starts.py: seed {seed}, start {start}: a log.jsonl line is not a "
+                         f"GRPO step's row ({error!r}): let the run finish, or move that log aside")
             if found is None:
                 missing.append(s2_folder(args.choice_root, args.starts_root, seed, start))
             else:
